@@ -1,0 +1,34 @@
+# binlens: `make run` serves a sample binary; `make test` runs the test suite.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin/binlens
+SAMPLE := build/sample
+HOST ?= 127.0.0.1
+PORT ?= 8765
+
+.PHONY: run test lint bench clean sample
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+$(SAMPLE): tests/fixtures/src/sample.c
+	mkdir -p build
+	cc -O2 -g -o $@ $<
+
+sample: $(SAMPLE)
+
+run: $(VENV)/.installed $(SAMPLE)
+	$(BIN) info $(SAMPLE)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check src tests bench
+
+clean:
+	rm -rf build .pytest_cache

@@ -1,0 +1,93 @@
+"""address.* and address_space.*: resolve addresses and names; list the mapped address space."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from binlens.api.common import ProgramIdentity
+from binlens.api.models import AddressText, HexAddress, Params, ProgramRef, Result
+from binlens.api.registry import READ_ONLY, method
+
+
+class AddressResolveParams(Params):
+    program: ProgramRef | None = None
+    address: AddressText
+
+
+class SymbolRef(Result):
+    name: str
+    address: HexAddress
+    offset: int
+
+
+class AddressInfo(Result):
+    program: ProgramIdentity
+    address: HexAddress
+    mapped: bool
+    file_offset: int | None
+    segment: str | None
+    section: str | None
+    perms: str | None
+    symbol: SymbolRef | None
+
+
+class AddressSpaceListParams(Params):
+    program: ProgramRef | None = None
+
+
+class AddressSpace(Result):
+    name: str
+    start: HexAddress
+    end: HexAddress
+    size: int
+    file_backed_bytes: int
+    file_offset: int | None
+
+
+class AddressSpaceList(Result):
+    items: list[AddressSpace]
+    next_cursor: str | None = None
+
+
+@method("address.resolve", effect=READ_ONLY)
+def address_resolve(ws: Any, p: AddressResolveParams) -> AddressInfo:
+    """Resolve an address or `symbol[+off]`: segment, section, nearest symbol and file offset."""
+    prog = ws.program(p.program)
+    va = prog.resolve(p.address, "/params/address")
+    img = prog.image
+    seg = img.segment_at(va)
+    sec = img.section_at(va)
+    near = prog.nearest_symbol(va)
+    sym = None
+    if near is not None and (seg is None or near[0].address >= seg.va):
+        sym = SymbolRef(name=near[0].name, address=hex(near[0].address), offset=near[1])
+    return AddressInfo(
+        program=ProgramIdentity(**prog.identity),
+        address=hex(va),
+        mapped=img.is_mapped(va),
+        file_offset=img.va_to_offset(va),
+        segment=seg.name if seg else None,
+        section=sec.name if sec else None,
+        perms=(sec.perms if sec else seg.perms if seg else None),
+        symbol=sym,
+    )
+
+
+@method("address_space.list", effect=READ_ONLY)
+def address_space_list(ws: Any, p: AddressSpaceListParams) -> AddressSpaceList:
+    """List the mapped virtual address ranges and which of their bytes come from the file."""
+    prog = ws.program(p.program)
+    items = []
+    for r in prog.image.regions:
+        seg = prog.image.segment_at(r.va)
+        items.append(
+            AddressSpace(
+                name=seg.name if seg else "",
+                start=hex(r.va),
+                end=hex(r.va + r.vsize),
+                size=r.vsize,
+                file_backed_bytes=r.fsize,
+                file_offset=r.offset if r.fsize else None,
+            )
+        )
+    return AddressSpaceList(items=items)

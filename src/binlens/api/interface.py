@@ -1,0 +1,70 @@
+"""interface.*: the catalog of methods, their schemas and effects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from binlens.api.models import Params, Result
+from binlens.api.registry import READ_ONLY, REGISTRY, MethodSpec, method
+from binlens.errors import BinlensError
+
+
+class InterfaceGetParams(Params):
+    method: str | None = Field(None, description="One method's full description (dotted name).")
+    domain: str | None = Field(None, description="Only the methods of this domain.")
+    schemas: bool = Field(True, description="Include input/output JSON Schemas.")
+
+
+class MethodInfo(Result):
+    name: str
+    domain: str
+    operation: str
+    effect: str
+    summary: str
+    description: str
+    input_schema: dict[str, Any] | None = None
+    output_schema: dict[str, Any] | None = None
+
+
+class InterfaceInfo(Result):
+    methods: list[MethodInfo]
+    domains: list[str]
+
+
+def describe(spec: MethodSpec, schemas: bool = True) -> MethodInfo:
+    """The catalog entry of one method."""
+    return MethodInfo(
+        name=spec.name,
+        domain=spec.domain,
+        operation=spec.operation,
+        effect=spec.effect,
+        summary=spec.summary,
+        description=spec.description,
+        input_schema=spec.input_schema() if schemas else None,
+        output_schema=spec.output_schema() if schemas else None,
+    )
+
+
+def visible_methods(ws: Any) -> list[MethodSpec]:
+    """The methods this server offers (mutations are hidden when read-only)."""
+    return [s for name, s in sorted(REGISTRY.items()) if not (ws.read_only and s.mutates)]
+
+
+@method("interface.get", effect=READ_ONLY)
+def interface_get(ws: Any, p: InterfaceGetParams) -> InterfaceInfo:
+    """Describe every method (or one, or one domain's): name, effect, summary and JSON Schemas."""
+    specs = visible_methods(ws)
+    if p.method is not None:
+        specs = [s for s in specs if s.name == p.method]
+        if not specs:
+            raise BinlensError("not_found", f"no method {p.method!r}", target="/params/method")
+    if p.domain is not None:
+        specs = [s for s in specs if s.domain == p.domain]
+        if not specs:
+            raise BinlensError("not_found", f"no domain {p.domain!r}", target="/params/domain")
+    return InterfaceInfo(
+        methods=[describe(s, p.schemas) for s in specs],
+        domains=sorted({s.domain for s in visible_methods(ws)}),
+    )

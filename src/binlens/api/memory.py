@@ -1,0 +1,265 @@
+"""memory_block.* and memory.*: segments/sections, byte reads and byte searches."""
+
+from __future__ import annotations
+
+import base64
+import re
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from binlens.api.cursor import decode_cursor, encode_cursor, query_key
+from binlens.api.models import (
+    AddressText,
+    HexAddress,
+    Listing,
+    Page,
+    Params,
+    ProgramRef,
+    Result,
+    Scan,
+    ScanReport,
+    Selector,
+)
+from binlens.api.pages import scan_bounds
+from binlens.api.registry import READ_ONLY, method
+from binlens.errors import BinlensError
+
+
+class MemoryBlock(Result):
+    name: str
+    kind: Literal["segment", "section"]
+    start: HexAddress
+    end: HexAddress
+    size: int
+    perms: str
+    file_offset: int | None
+    file_size: int
+    content: str | None = Field(None, description="code, data, bss or other (sections only)")
+
+
+class MemoryBlockListParams(Params):
+    program: ProgramRef | None = None
+    kind: Literal["segment", "section"] | None = None
+
+
+class MemoryBlockGetParams(Params):
+    program: ProgramRef | None = None
+    selector: Selector = Field(description="An address inside the block, or the block's name.")
+
+
+def blocks(prog: Any) -> list[MemoryBlock]:
+    """Segments then sections, each in address order."""
+    img = prog.image
+    out = [
+        MemoryBlock(
+            name=s.name,
+            kind="segment",
+            start=hex(s.va),
+            end=hex(s.end),
+            size=s.vsize,
+            perms=s.perms,
+            file_offset=s.offset if s.fsize else None,
+            file_size=s.fsize,
+        )
+        for s in sorted(img.segments, key=lambda s: s.va)
+    ]
+    out += [
+        MemoryBlock(
+            name=s.name,
+            kind="section",
+            start=hex(s.va),
+            end=hex(s.end),
+            size=s.size,
+            perms=s.perms,
+            file_offset=s.offset if s.fsize else None,
+            file_size=s.fsize,
+            content=s.kind,
+        )
+        for s in sorted(img.sections, key=lambda s: s.va)
+        if s.size
+    ]
+    return out
+
+
+@method("memory_block.list", effect=READ_ONLY)
+def memory_block_list(ws: Any, p: MemoryBlockListParams) -> Listing[MemoryBlock]:
+    """List segments and sections with permissions and file/VA ranges."""
+    items = blocks(ws.program(p.program))
+    if p.kind:
+        items = [b for b in items if b.kind == p.kind]
+    return Listing[MemoryBlock](items=items)
+
+
+@method("memory_block.get", effect=READ_ONLY)
+def memory_block_get(ws: Any, p: MemoryBlockGetParams) -> MemoryBlock:
+    """The section (or segment) containing an address, or a block by name."""
+    prog = ws.program(p.program)
+    items = blocks(prog)
+    if p.selector.name is not None:
+        for b in items:
+            if b.name == p.selector.name:
+                return b
+        raise BinlensError(
+            "not_found", f"no segment or section named {p.selector.name!r}", target="/params/selector/name"
+        )
+    va = prog.resolve(p.selector.address or "", "/params/selector/address")
+    inside = [b for b in items if int(b.start, 16) <= va < int(b.end, 16)]
+    if not inside:
+        raise BinlensError("not_found", f"{hex(va)} is in no segment or section", target="/params/selector/address")
+    sections = [b for b in inside if b.kind == "section"]
+    return min(sections or inside, key=lambda b: b.size)
+
+
+class MemoryReadParams(Params):
+    program: ProgramRef | None = None
+    address: AddressText
+    length: int = Field(ge=1, le=65536, description="Bytes to read (at most 64 KiB).")
+    encoding: Literal["hex", "base64"] = "hex"
+
+
+class MemoryBytes(Result):
+    address: HexAddress
+    length: int
+    encoding: Literal["hex", "base64"]
+    data: str
+    file_offset: int | None
+    patched: bool = Field(False, description="True when any byte differs from the file (a memory.write patch).")
+
+
+def read_bytes(prog: Any, va: int, length: int, target: str) -> bytes:
+    """Bytes at `va` as the program sees them (patch overlays applied by later layers)."""
+    data = prog.image.read(va, length)
+    if data is None:
+        raise BinlensError("invalid_argument", f"{hex(va)}..{hex(va + length)} is not entirely mapped", target=target)
+    return data
+
+
+@method("memory.read", effect=READ_ONLY)
+def memory_read(ws: Any, p: MemoryReadParams) -> MemoryBytes:
+    """Read up to 64 KiB at an address, as hex or base64 (zeros where a segment has no file bytes)."""
+    prog = ws.program(p.program)
+    va = prog.resolve(p.address, "/params/address")
+    overlay = prog.extensions.get("memory.overlay")
+    if overlay is not None:
+        data, patched = overlay(prog, va, p.length)
+    else:
+        data, patched = read_bytes(prog, va, p.length, "/params/address"), False
+    text = data.hex() if p.encoding == "hex" else base64.b64encode(data).decode()
+    return MemoryBytes(
+        address=hex(va),
+        length=len(data),
+        encoding=p.encoding,
+        data=text,
+        file_offset=prog.image.va_to_offset(va),
+        patched=patched,
+    )
+
+
+class MemorySearchParams(Params):
+    program: ProgramRef | None = None
+    pattern: Annotated[str, Field(min_length=1, max_length=1024)] | None = Field(
+        None, description="Hex bytes with '??' wildcards, e.g. '48 8b ?? 10'."
+    )
+    regex: Annotated[str, Field(min_length=1, max_length=512)] | None = Field(
+        None, description="A Python regular expression over bytes (latin-1 text)."
+    )
+    page: Page = Page()
+    scan: Scan = Scan()
+
+
+class SearchHit(Result):
+    address: HexAddress
+    length: int
+    data: str = Field(description="The matched bytes, hex (at most 64).")
+    section: str | None
+
+
+def compile_pattern(p: MemorySearchParams) -> re.Pattern[bytes]:
+    """A bytes regex from a hex/wildcard pattern or a client regex."""
+    if (p.pattern is None) == (p.regex is None):
+        raise BinlensError("invalid_argument", "give exactly one of 'pattern' or 'regex'", target="/params/pattern")
+    if p.pattern is not None:
+        tokens = p.pattern.replace(",", " ").split()
+        if len(tokens) == 1 and len(tokens[0]) > 2:
+            text = tokens[0]
+            tokens = [text[i : i + 2] for i in range(0, len(text), 2)]
+        parts = []
+        for tok in tokens:
+            if tok in ("??", "?"):
+                parts.append(b".")
+            elif re.fullmatch(r"[0-9a-fA-F]{2}", tok):
+                parts.append(re.escape(bytes.fromhex(tok)))
+            else:
+                raise BinlensError(
+                    "invalid_argument", f"bad pattern token {tok!r}: use hex bytes and '??'", target="/params/pattern"
+                )
+        return re.compile(b"".join(parts), re.DOTALL)
+    try:
+        return re.compile(p.regex.encode("latin-1"), re.DOTALL)  # type: ignore[union-attr]
+    except (re.error, UnicodeEncodeError) as err:
+        raise BinlensError("invalid_argument", f"bad regex: {err}", target="/params/regex") from None
+
+
+CHUNK = 1 << 20
+
+
+@method("memory.search", effect=READ_ONLY)
+def memory_search(ws: Any, p: MemorySearchParams) -> Listing[SearchHit]:
+    """Search file-backed bytes for a hex pattern (with ?? wildcards) or a bytes regex, in address order."""
+    prog = ws.program(p.program)
+    rx = compile_pattern(p)
+    start, end = scan_bounds(prog, p.scan)
+    qkey = query_key(p)
+    sha = prog.image.identity.sha256
+    pos = decode_cursor(p.page.cursor, sha, qkey)
+    cur = max(start, int(pos, 16)) if pos else start
+    deadline = time.monotonic() + p.scan.timeout_ms / 1000
+    hits: list[SearchHit] = []
+    img = prog.image
+    stop: str = "range_end"
+    resume: int | None = None
+    for region in img.regions:
+        r_end = min(end, region.va + region.fsize)
+        r_start = max(cur, region.va)
+        if r_start >= r_end:
+            continue
+        chunk_start = r_start
+        while chunk_start < r_end:
+            if time.monotonic() > deadline:
+                stop, resume = "timeout", chunk_start
+                break
+            chunk_end = min(r_end, chunk_start + CHUNK)
+            off = region.offset + (chunk_start - region.va)
+            # overlap so a match crossing the chunk boundary is found once
+            window = img.data[off : off + (chunk_end - chunk_start) + 4096]
+            limit_va = chunk_end
+            for m in rx.finditer(window):
+                va = chunk_start + m.start()
+                if va >= limit_va:
+                    break
+                if len(hits) == p.page.limit:
+                    stop, resume = "limit", va
+                    break
+                sec = img.section_at(va)
+                hits.append(
+                    SearchHit(
+                        address=hex(va),
+                        length=m.end() - m.start(),
+                        data=m.group()[:64].hex(),
+                        section=sec.name if sec else None,
+                    )
+                )
+            if resume is not None:
+                break
+            chunk_start = chunk_end
+        if resume is not None:
+            break
+    cursor = encode_cursor(sha, qkey, hex(resume)) if resume is not None else None
+    report = ScanReport(
+        complete=resume is None,
+        stop_reason=stop,  # type: ignore[arg-type]
+        scanned_to=hex(resume) if resume is not None else None,
+    )
+    return Listing[SearchHit](items=hits, next_cursor=cursor, scan=report)

@@ -1,0 +1,102 @@
+"""program.*: open, list, describe and close programs."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from binlens.api.common import ProgramIdentity
+from binlens.api.models import Params, ProgramRef, Result
+from binlens.api.registry import LIFECYCLE, READ_ONLY, method
+
+
+class ProgramOpenParams(Params):
+    path: Annotated[str, Field(min_length=1, max_length=4096, description="File to open (under the roots).")]
+    slice: str | None = Field(None, description="Architecture slice of a universal Mach-O (e.g. 'x86-64').")
+
+
+class ProgramRefParams(Params):
+    program: ProgramRef | None = None
+
+
+class ProgramListParams(Params):
+    pass
+
+
+class SectionSummary(Result):
+    name: str
+    start: str
+    end: str
+    size: int
+    perms: str
+    kind: str
+
+
+class ProgramDetails(Result):
+    identity: ProgramIdentity
+    path: str
+    database: str
+    slices: list[str]
+    sections: list[SectionSummary]
+    counts: dict[str, int]
+    warnings: list[str]
+
+
+class ProgramList(Result):
+    items: list[ProgramIdentity]
+
+
+class Closed(Result):
+    closed: str
+
+
+def details(prog: Any) -> ProgramDetails:
+    """Everything program.get reports about one program."""
+    img = prog.image
+    return ProgramDetails(
+        identity=ProgramIdentity(**prog.identity),
+        path=str(prog.path),
+        database=str(prog.db.path),
+        slices=img.slices,
+        sections=[
+            SectionSummary(name=s.name, start=hex(s.va), end=hex(s.end), size=s.size, perms=s.perms, kind=s.kind)
+            for s in img.sections
+            if s.size
+        ],
+        counts={
+            "segments": len(img.segments),
+            "sections": len(img.sections),
+            "symbols": len(img.symbols),
+            "imports": len(img.imports),
+            "exports": len(img.exports),
+            "relocations": len(img.relocations),
+        },
+        warnings=img.warnings,
+    )
+
+
+@method("program.open", effect=LIFECYCLE)
+def program_open(ws: Any, p: ProgramOpenParams) -> ProgramDetails:
+    """Open an executable (ELF, PE, Mach-O) under the allowed roots and return its handle and identity."""
+    return details(ws.open(p.path, p.slice))
+
+
+@method("program.list", effect=READ_ONLY)
+def program_list(ws: Any, p: ProgramListParams) -> ProgramList:
+    """List the open programs."""
+    return ProgramList(items=[ProgramIdentity(**prog.identity) for prog in ws.programs.values()])
+
+
+@method("program.get", effect=READ_ONLY)
+def program_get(ws: Any, p: ProgramRefParams) -> ProgramDetails:
+    """Identity, sections, counts and database path of one program."""
+    return details(ws.program(p.program))
+
+
+@method("program.close", effect=LIFECYCLE)
+def program_close(ws: Any, p: ProgramRefParams) -> Closed:
+    """Close a program (its database stays on disk for the next open)."""
+    prog = ws.program(p.program)
+    ws.close(prog.handle)
+    return Closed(closed=prog.handle)

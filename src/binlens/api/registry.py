@@ -1,0 +1,259 @@
+"""The one method registry: `@method` turns a typed function into every surface's operation."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from binlens.errors import BinlensError, pointer
+
+log = logging.getLogger("binlens")
+
+READ_ONLY = "read-only"
+MUTATION = "mutation"
+DESTRUCTIVE = "destructive mutation"
+LIFECYCLE = "lifecycle"
+EFFECTS = (READ_ONLY, MUTATION, DESTRUCTIVE, LIFECYCLE)
+
+
+class CallContext:
+    """Per-call context: progress reporting, cancellation, client identity."""
+
+    def __init__(
+        self,
+        *,
+        client: str = "local",
+        progress: Callable[[float, float | None, str | None], None] | None = None,
+    ) -> None:
+        self.client = client
+        self._progress = progress
+        self._cancelled = threading.Event()
+        self._last_progress = 0.0
+
+    def cancel(self) -> None:
+        """Ask the running method to stop at its next check."""
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def check_cancelled(self) -> None:
+        """Raise `cancelled` if the client gave up on this call."""
+        if self._cancelled.is_set():
+            raise BinlensError("cancelled", "the request was cancelled")
+
+    def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
+        """Report progress (rate-limited to ~10 per second) and check cancellation."""
+        self.check_cancelled()
+        if self._progress is None:
+            return
+        now = time.monotonic()
+        if total is not None and done >= total or now - self._last_progress >= 0.1:
+            self._last_progress = now
+            self._progress(done, total, message)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One registered method."""
+
+    name: str
+    effect: str
+    summary: str
+    description: str
+    params_model: type[BaseModel]
+    result_type: Any
+    func: Callable[..., Any]
+    long_running: bool = False
+    _adapter: TypeAdapter[Any] = field(compare=False, repr=False, default=None)  # type: ignore[assignment]
+
+    @property
+    def domain(self) -> str:
+        return self.name.rsplit(".", 1)[0]
+
+    @property
+    def operation(self) -> str:
+        return self.name.rsplit(".", 1)[1]
+
+    @property
+    def mutates(self) -> bool:
+        return self.effect in (MUTATION, DESTRUCTIVE)
+
+    def input_schema(self) -> dict[str, Any]:
+        return inline_schema(self.params_model.model_json_schema())
+
+    def output_schema(self) -> dict[str, Any]:
+        return inline_schema(self._adapter.json_schema(mode="serialization"))
+
+
+REGISTRY: dict[str, MethodSpec] = {}
+
+
+def method(
+    name: str, *, effect: str, summary: str | None = None, long_running: bool = False
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register `func(ws, params, ctx?)` as the dotted method `name`.
+
+    The params model and result type come from the function's annotations; the docstring's
+    first line is the summary unless given.
+    """
+    if effect not in EFFECTS:
+        raise ValueError(f"unknown effect {effect!r}")
+    if name.count(".") != 1:
+        raise ValueError(f"method name {name!r} must be 'domain.verb'")
+
+    def register(func: Callable[..., Any]) -> Callable[..., Any]:
+        hints = typing.get_type_hints(func)
+        arg_names = list(func.__code__.co_varnames[: func.__code__.co_argcount])
+        params_model = hints[arg_names[1]]
+        result_type = hints["return"]
+        doc = (func.__doc__ or "").strip()
+        first = summary or doc.split("\n", 1)[0].strip()
+        if not first:
+            raise ValueError(f"method {name} needs a summary or docstring")
+        if name in REGISTRY:
+            raise ValueError(f"method {name} registered twice")
+        REGISTRY[name] = MethodSpec(
+            name=name,
+            effect=effect,
+            summary=first,
+            description=doc or first,
+            params_model=params_model,
+            result_type=result_type,
+            func=func,
+            long_running=long_running,
+            _adapter=TypeAdapter(result_type),
+        )
+        return func
+
+    return register
+
+
+_TAG_PARTS = {"str", "int", "float", "bool", "list", "dict", "none", "bytes", "lax-or-strict", "strict"}
+
+
+def _loc_to_pointer(loc: tuple[Any, ...]) -> str:
+    parts = [p for p in loc if not (isinstance(p, str) and ("[" in p or p in _TAG_PARTS or p[:1].isupper()))]
+    return pointer(["params", *parts])
+
+
+def validation_error(err: ValidationError) -> BinlensError:
+    """Turn a pydantic error into `invalid_argument` with a JSON pointer into the request."""
+    errors = err.errors(include_url=False, include_context=False, include_input=False)
+    items = []
+    for e in errors:
+        msg = e["msg"].removeprefix("Value error, ")
+        items.append({"target": _loc_to_pointer(tuple(e["loc"])), "message": msg, "type": e["type"]})
+    first = items[0]
+    return BinlensError(
+        "invalid_argument",
+        f"{first['target'] or '/params'}: {first['message']}",
+        target=first["target"] or "/params",
+        details={"errors": items},
+    )
+
+
+def lookup(name: Any) -> MethodSpec:
+    """Find a method by name or raise `not_found` pointing at `/method`."""
+    if not isinstance(name, str) or name not in REGISTRY:
+        raise BinlensError(
+            "not_found",
+            f"unknown method {name!r}; interface.get lists them",
+            target="/method",
+        )
+    return REGISTRY[name]
+
+
+def invoke(
+    ws: Any,
+    name: str,
+    params: Any,
+    ctx: CallContext | None = None,
+    *,
+    max_response_bytes: int | None = None,
+) -> Any:
+    """Validate, run and serialise one call; raises BinlensError on any failure."""
+    spec = lookup(name)
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise BinlensError("invalid_argument", "params must be an object", target="/params")
+    if ws.read_only and spec.mutates:
+        raise BinlensError("read_only", f"{name} changes the database and the server is read-only")
+    try:
+        parsed = spec.params_model.model_validate(params)
+    except ValidationError as err:
+        raise validation_error(err) from None
+    ctx = ctx or CallContext()
+    try:
+        if spec.long_running:
+            with ws.work_slot():
+                result = _run(spec, ws, parsed, ctx)
+        else:
+            result = _run(spec, ws, parsed, ctx)
+    except BinlensError:
+        raise
+    except ValidationError as err:  # a nested model built from client data
+        raise validation_error(err) from None
+    except Exception:  # noqa: BLE001 - nothing internal crosses the wire
+        log.exception("internal error in %s", name)
+        raise BinlensError("internal", f"internal error in {name}; see the server log") from None
+    data = spec._adapter.dump_python(result, mode="json")
+    budget = max_response_bytes if max_response_bytes is not None else ws.limits.max_response_bytes
+    size = len(json.dumps(data, separators=(",", ":")))
+    if size > budget:
+        raise BinlensError(
+            "response_too_large",
+            f"the result is {size} bytes, over the {budget}-byte response budget; ask for less "
+            "(a smaller page.limit or range)",
+            details={"limit": budget, "size": size},
+        )
+    return data
+
+
+def _run(spec: MethodSpec, ws: Any, parsed: BaseModel, ctx: CallContext) -> Any:
+    if spec.func.__code__.co_argcount >= 3:
+        return spec.func(ws, parsed, ctx)
+    return spec.func(ws, parsed)
+
+
+def inline_schema(schema: dict[str, Any], max_depth: int = 10) -> dict[str, Any]:
+    """Inline `$defs` references (no recursive refs) so clients see one flat document."""
+    defs = schema.get("$defs", {})
+
+    def walk(node: Any, stack: tuple[str, ...]) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                key = ref.split("/")[-1]
+                if key in stack:
+                    raise ValueError(f"recursive schema reference {key}")
+                merged = {k: v for k, v in node.items() if k != "$ref"}
+                target = walk(defs[key], (*stack, key))
+                return {**target, **merged}
+            return {k: walk(v, stack) for k, v in node.items() if k != "$defs"}
+        if isinstance(node, list):
+            return [walk(v, stack) for v in node]
+        return node
+
+    out = walk(schema, ())
+    if _depth(out) > max_depth * 2 + 2:  # properties/items add one level per model level
+        raise ValueError("schema nests too deeply")
+    return out
+
+
+def _depth(node: Any) -> int:
+    if isinstance(node, dict):
+        return 1 + max((_depth(v) for v in node.values()), default=0)
+    if isinstance(node, list):
+        return 1 + max((_depth(v) for v in node), default=0)
+    return 0

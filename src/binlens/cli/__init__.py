@@ -1,0 +1,1 @@
+"""Command-line interfaces: human commands, `query`, `mcp`, `serve`."""

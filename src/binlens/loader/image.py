@@ -1,0 +1,230 @@
+"""The Image: one file's exact bytes plus the facts the loader read from its headers.
+
+An Image is pure data (picklable) so the native parser can run in a child process and a crash
+in it cannot take the server down. Virtual addresses map to file offsets through a sorted
+region table searched with bisect.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who a program is: the fields every response about it carries."""
+
+    sha256: str
+    size: int
+    format: str  # "ELF" | "PE" | "MachO"
+    arch: str  # "x86-64", "x86", "aarch64", "arm", "mips", "ppc", "riscv", ... or "unknown"
+    bits: int
+    endian: str  # "little" | "big"
+    image_base: int
+    entry: int
+    file_name: str
+    slice: str | None = None  # the chosen slice of a fat Mach-O
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A loadable segment (ELF PT_LOAD, Mach-O segment, PE image header + sections)."""
+
+    name: str
+    va: int
+    vsize: int
+    offset: int
+    fsize: int
+    perms: str  # "rwx" with '-' for missing
+
+    @property
+    def end(self) -> int:
+        return self.va + self.vsize
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    """A named section with its virtual and file ranges."""
+
+    name: str
+    va: int
+    size: int
+    offset: int
+    fsize: int
+    perms: str
+    kind: str  # "code" | "data" | "bss" | "other"
+    segment: str | None = None
+
+    @property
+    def end(self) -> int:
+        return self.va + self.size
+
+
+@dataclass(frozen=True, slots=True)
+class Symbol:
+    """A named address from a symbol table (demangled `name`, original `raw_name`)."""
+
+    name: str
+    raw_name: str
+    address: int
+    size: int
+    kind: str  # "function" | "object" | "other"
+    binding: str  # "local" | "global" | "weak"
+    source: str  # "symtab" | "dynsym" | "export" | "coff" | "macho"
+
+
+@dataclass(frozen=True, slots=True)
+class Import:
+    """An imported function or object, with the library it comes from when known."""
+
+    name: str
+    raw_name: str
+    library: str | None
+    slot: int  # address of the pointer the loader fills (GOT slot, IAT entry, lazy pointer)
+    stub: int | None = None  # address of the PLT/stub that jumps through the slot, if known
+    kind: str = "function"
+
+
+@dataclass(frozen=True, slots=True)
+class Export:
+    """An exported name."""
+
+    name: str
+    raw_name: str
+    address: int
+    ordinal: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Relocation:
+    """A relocation entry: where, what type, against which symbol."""
+
+    address: int
+    type: str
+    symbol: str | None
+    addend: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """One VA range backed (partly) by file bytes: [va, va+vsize) <- [offset, offset+fsize)."""
+
+    va: int
+    vsize: int
+    offset: int
+    fsize: int
+
+
+@dataclass
+class Image:
+    """The loaded program: identity, bytes, and header facts."""
+
+    identity: Identity
+    data: bytes
+    segments: list[Segment]
+    sections: list[Section]
+    symbols: list[Symbol]
+    imports: list[Import]
+    exports: list[Export]
+    relocations: list[Relocation]
+    slices: list[str] = field(default_factory=list)
+    # Function-start hints read from metadata by the loader, by source name:
+    # "eh_frame", "pdata", "function_starts", "init_array", "fini_array", "ctor", "dtor".
+    function_hints: dict[str, list[int]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    _regions: list[Region] = field(default_factory=list, repr=False)
+    _starts: list[int] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self._regions:
+            self._regions = build_regions(self.segments, self.sections)
+        self._starts = [r.va for r in self._regions]
+
+    # --- address mapping ---------------------------------------------------------------
+    def region_at(self, va: int) -> Region | None:
+        """The mapped region containing `va`, or None."""
+        i = bisect.bisect_right(self._starts, va) - 1
+        if i >= 0:
+            r = self._regions[i]
+            if va < r.va + r.vsize:
+                return r
+        return None
+
+    def is_mapped(self, va: int) -> bool:
+        return self.region_at(va) is not None
+
+    def va_to_offset(self, va: int) -> int | None:
+        """File offset of `va`, or None when it is unmapped or not backed by file bytes."""
+        r = self.region_at(va)
+        if r is None or va - r.va >= r.fsize:
+            return None
+        return r.offset + (va - r.va)
+
+    def offset_to_va(self, offset: int) -> int | None:
+        for r in self._regions:
+            if r.offset <= offset < r.offset + r.fsize:
+                return r.va + (offset - r.offset)
+        return None
+
+    def read(self, va: int, size: int) -> bytes | None:
+        """Bytes at `va` (zero-filled where a region has no file bytes); None if any byte is unmapped."""
+        out = bytearray()
+        while size > 0:
+            r = self.region_at(va)
+            if r is None:
+                return None
+            rel = va - r.va
+            take = min(size, r.vsize - rel)
+            if rel < r.fsize:
+                n = min(take, r.fsize - rel)
+                start = r.offset + rel
+                chunk = self.data[start : start + n]
+                out += chunk
+                out += bytes(take - len(chunk))
+            else:
+                out += bytes(take)
+            va += take
+            size -= take
+        return bytes(out)
+
+    @property
+    def regions(self) -> list[Region]:
+        return list(self._regions)
+
+    def section_at(self, va: int) -> Section | None:
+        """The smallest section containing `va`."""
+        best = None
+        for s in self.sections:
+            if s.size and s.va <= va < s.end and (best is None or s.size < best.size):
+                best = s
+        return best
+
+    def segment_at(self, va: int) -> Segment | None:
+        for s in self.segments:
+            if s.va <= va < s.end:
+                return s
+        return None
+
+
+def build_regions(segments: list[Segment], sections: list[Section]) -> list[Region]:
+    """Non-overlapping mapped regions, sorted by VA (segments first; sections fill gaps)."""
+    cands = [Region(s.va, s.vsize, s.offset, min(s.fsize, s.vsize)) for s in segments if s.vsize > 0]
+    if not cands:
+        cands = [
+            Region(s.va, s.size, s.offset, 0 if s.kind == "bss" else min(s.fsize, s.size))
+            for s in sections
+            if s.size > 0 and s.va > 0
+        ]
+    cands.sort(key=lambda r: (r.va, -r.vsize))
+    out: list[Region] = []
+    for r in cands:
+        if out and r.va < out[-1].va + out[-1].vsize:
+            prev = out[-1]
+            end = r.va + r.vsize
+            if end <= prev.va + prev.vsize:
+                continue
+            cut = prev.va + prev.vsize - r.va
+            r = Region(r.va + cut, r.vsize - cut, r.offset + cut, max(0, r.fsize - cut))
+        out.append(r)
+    return out

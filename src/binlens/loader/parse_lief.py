@@ -1,0 +1,373 @@
+"""LIEF-backed parsing into an Image. Runs inside the isolated parser process (see isolate.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from typing import Any
+
+import lief
+
+from binlens.errors import BinlensError
+from binlens.loader.demangle import demangle
+from binlens.loader.formats import sniff_format
+from binlens.loader.image import Export, Identity, Image, Import, Relocation, Section, Segment, Symbol
+
+lief.logging.disable()
+warnings.filterwarnings("ignore", category=RuntimeWarning)
+
+ELF_ARCH = {
+    "X86_64": ("x86-64", 64),
+    "I386": ("x86", 32),
+    "AARCH64": ("aarch64", 64),
+    "ARM": ("arm", 32),
+    "MIPS": ("mips", 0),
+    "MIPS_RS3_LE": ("mips", 0),
+    "PPC": ("ppc", 32),
+    "PPC64": ("ppc", 64),
+    "RISCV": ("riscv", 0),
+    "SPARC": ("sparc", 32),
+    "SPARCV9": ("sparc", 64),
+    "SPARC32PLUS": ("sparc", 32),
+    "M68K": ("m68k", 32),
+    "S390": ("s390", 64),
+    "SH": ("sh", 32),
+    "LOONGARCH": ("loongarch", 64),
+}
+PE_ARCH = {
+    "AMD64": ("x86-64", 64),
+    "I386": ("x86", 32),
+    "ARM64": ("aarch64", 64),
+    "ARM": ("arm", 32),
+    "ARMNT": ("arm", 32),
+    "THUMB": ("arm", 32),
+    "POWERPC": ("ppc", 32),
+    "MIPS16": ("mips", 32),
+    "R4000": ("mips", 32),
+    "RISCV64": ("riscv", 64),
+    "RISCV32": ("riscv", 32),
+    "IA64": ("ia64", 64),
+}
+MACHO_ARCH = {
+    "x86_64": ("x86-64", 64),
+    "X86_64": ("x86-64", 64),
+    "x86": ("x86", 32),
+    "X86": ("x86", 32),
+    "ARM64": ("aarch64", 64),
+    "ARM": ("arm", 32),
+    "POWERPC": ("ppc", 32),
+    "POWERPC64": ("ppc", 64),
+    "ARM64_32": ("aarch64", 32),
+}
+
+
+def _enum_name(value: Any) -> str:
+    return str(value).rsplit(".", 1)[-1]
+
+
+def parse_image(data: bytes, file_name: str, slice_name: str | None = None) -> Image:
+    """Parse `data` into an Image; raise BinlensError for bad or unsupported input."""
+    fmt = sniff_format(data)
+    sha = hashlib.sha256(data).hexdigest()
+    if fmt == "ELF":
+        return _parse_elf(data, sha, file_name)
+    if fmt == "PE":
+        return _parse_pe(data, sha, file_name)
+    return _parse_macho(data, sha, file_name, slice_name)
+
+
+def _perms(r: bool, w: bool, x: bool) -> str:
+    return ("r" if r else "-") + ("w" if w else "-") + ("x" if x else "-")
+
+
+def _kind(perms: str, nobits: bool) -> str:
+    if "x" in perms:
+        return "code"
+    if nobits:
+        return "bss"
+    return "data" if perms[0] == "r" else "other"
+
+
+# ----------------------------------------------------------------------------------- ELF
+def _parse_elf(data: bytes, sha: str, file_name: str) -> Image:
+    b = lief.ELF.parse(list(data) if False else data)  # noqa: SIM108 - bytes accepted directly
+    if b is None:
+        raise BinlensError("invalid_argument", "malformed ELF file: the header could not be parsed")
+    hdr = b.header
+    arch, bits = ELF_ARCH.get(_enum_name(hdr.machine_type), ("unknown", 0))
+    cls_bits = 64 if _enum_name(hdr.identity_class) == "ELF64" else 32
+    bits = bits or cls_bits
+    if arch == "mips" and cls_bits == 64:
+        bits = 64
+    if arch == "riscv":
+        bits = cls_bits
+    endian = "big" if _enum_name(hdr.identity_data) == "MSB" else "little"
+    segments = []
+    for i, s in enumerate(b.segments):
+        if _enum_name(s.type) != "LOAD":
+            continue
+        flags = int(s.flags)
+        segments.append(
+            Segment(
+                name=f"LOAD{i}",
+                va=s.virtual_address,
+                vsize=s.virtual_size,
+                offset=s.file_offset,
+                fsize=s.physical_size,
+                perms=_perms(bool(flags & 4), bool(flags & 2), bool(flags & 1)),
+            )
+        )
+    sections = []
+    for s in b.sections:
+        if not s.name and s.size == 0:
+            continue
+        flags = int(s.flags)
+        alloc = bool(flags & 0x2)
+        nobits = _enum_name(s.type) == "NOBITS"
+        perms = _perms(alloc, bool(flags & 0x1), bool(flags & 0x4))
+        sections.append(
+            Section(
+                name=s.name,
+                va=s.virtual_address if alloc else 0,
+                size=s.size if alloc else 0,
+                offset=s.offset,
+                fsize=0 if nobits else s.size,
+                perms=perms,
+                kind=_kind(perms, nobits) if alloc else "other",
+            )
+        )
+    symbols = _elf_symbols(b)
+    imports = _elf_imports(b)
+    exports = [Export(name=demangle(s.name), raw_name=s.name, address=s.value) for s in b.exported_symbols if s.value]
+    relocations = []
+    for r in b.relocations:
+        sym = r.symbol.name if r.has_symbol and r.symbol.name else None
+        relocations.append(Relocation(address=r.address, type=_enum_name(r.type), symbol=sym, addend=r.addend))
+    hints: dict[str, list[int]] = {}
+    hints["init_array"] = sorted({f.address for f in b.ctor_functions if f.address})
+    hints["fini_array"] = sorted({f.address for f in b.dtor_functions if f.address})
+    image_base = b.imagebase
+    ident = Identity(
+        sha256=sha,
+        size=len(data),
+        format="ELF",
+        arch=arch,
+        bits=bits,
+        endian=endian,
+        image_base=image_base,
+        entry=hdr.entrypoint,
+        file_name=file_name,
+    )
+    return Image(ident, data, segments, sections, symbols, imports, exports, relocations, function_hints=hints)
+
+
+def _elf_symbols(b: Any) -> list[Symbol]:
+    out: dict[tuple[str, int], Symbol] = {}
+    for source, table in (("symtab", b.symtab_symbols), ("dynsym", b.dynamic_symbols)):
+        for s in table:
+            if not s.name or s.value == 0 or _enum_name(s.type) in ("SECTION", "FILE"):
+                continue
+            if s.shndx == 0:  # undefined: an import, not a symbol of this image
+                continue
+            t = _enum_name(s.type)
+            kind = "function" if t in ("FUNC", "GNU_IFUNC") else "object" if t in ("OBJECT", "TLS") else "other"
+            binding = {"LOCAL": "local", "WEAK": "weak"}.get(_enum_name(s.binding), "global")
+            key = (s.name, s.value)
+            if key in out:
+                continue
+            out[key] = Symbol(demangle(s.name), s.name, s.value, s.size, kind, binding, source)
+    return sorted(out.values(), key=lambda s: (s.address, s.name))
+
+
+def _elf_imports(b: Any) -> list[Import]:
+    out = []
+    libs = [lib for lib in b.libraries]
+    single = libs[0] if len(libs) == 1 else None
+    seen = set()
+    for r in b.pltgot_relocations:
+        if not r.has_symbol or not r.symbol.name:
+            continue
+        name = r.symbol.name
+        version_lib = None
+        if r.symbol.has_version and r.symbol.symbol_version.has_auxiliary_version:
+            version_lib = None  # the version names a symbol version, not a library file
+        out.append(Import(demangle(name), name, version_lib or single, slot=r.address))
+        seen.add(name)
+    for r in b.dynamic_relocations:
+        if not r.has_symbol or not r.symbol.name or r.symbol.name in seen:
+            continue
+        s = r.symbol
+        if s.shndx != 0:
+            continue
+        kind = "function" if _enum_name(s.type) == "FUNC" else "object"
+        out.append(Import(demangle(s.name), s.name, single, slot=r.address, kind=kind))
+        seen.add(s.name)
+    return out
+
+
+# ------------------------------------------------------------------------------------ PE
+def _parse_pe(data: bytes, sha: str, file_name: str) -> Image:
+    cfg = lief.PE.ParserConfig()
+    cfg.parse_exceptions = True
+    cfg.parse_signature = False
+    cfg.parse_rsrc = False
+    b = lief.PE.parse(data, cfg)
+    if b is None:
+        raise BinlensError("invalid_argument", "malformed PE file: the headers could not be parsed")
+    arch, bits = PE_ARCH.get(_enum_name(b.header.machine), ("unknown", 0))
+    if not bits:
+        bits = 64 if _enum_name(b.optional_header.magic) == "PE32_PLUS" else 32
+    base = b.optional_header.imagebase
+    headers_size = b.optional_header.sizeof_headers
+    segments = [Segment("HEADER", base, max(headers_size, 1), 0, min(headers_size, len(data)), "r--")]
+    sections = []
+    for s in b.sections:
+        ch = int(s.characteristics)
+        perms = _perms(bool(ch & 0x40000000), bool(ch & 0x80000000), bool(ch & 0x20000000))
+        vsize = s.virtual_size or s.size
+        nobits = s.size == 0 or bool(ch & 0x80) and not ch & 0x40
+        va = base + s.virtual_address
+        fsize = min(s.size, vsize) if s.offset < len(data) else 0
+        sections.append(Section(s.name, va, vsize, s.offset, fsize, perms, _kind(perms, nobits), s.name))
+        segments.append(Segment(s.name, va, vsize, s.offset, fsize, perms))
+    symbols = []
+    for s in b.symbols:
+        try:
+            name = s.name
+        except Exception:  # noqa: BLE001 - COFF names can be undecodable
+            continue
+        if not name or s.section_number <= 0:
+            continue
+        sec = s.section_number - 1
+        if sec >= len(sections):
+            continue
+        addr = sections[sec].va + s.value
+        kind = "function" if (int(s.complex_type) == 2 if hasattr(s, "complex_type") else False) else "other"
+        symbols.append(Symbol(demangle(name), name, addr, 0, kind, "global", "coff"))
+    imports = []
+    for lib in b.imports:
+        for e in lib.entries:
+            name = e.name if not e.is_ordinal else f"{lib.name}#{e.ordinal}"
+            imports.append(Import(demangle(name), name, lib.name, slot=base + e.iat_address))
+    exports = []
+    if b.has_exports:
+        for e in b.get_export().entries:
+            if e.is_extern:
+                continue
+            exports.append(Export(demangle(e.name), e.name, base + e.address, e.ordinal))
+    relocations = []
+    for rb in b.relocations:
+        for e in rb.entries:
+            relocations.append(Relocation(base + e.address, _enum_name(e.type), None))
+    hints = {"pdata": sorted({base + f.rva_start for f in b.exceptions}) if b.has_exceptions else []}
+    ident = Identity(
+        sha256=sha,
+        size=len(data),
+        format="PE",
+        arch=arch,
+        bits=bits,
+        endian="little",
+        image_base=base,
+        entry=base + b.optional_header.addressof_entrypoint,
+        file_name=file_name,
+    )
+    return Image(ident, data, segments, sections, symbols, imports, exports, relocations, function_hints=hints)
+
+
+# --------------------------------------------------------------------------------- Mach-O
+def _macho_arch(b: Any) -> tuple[str, int]:
+    return MACHO_ARCH.get(_enum_name(b.header.cpu_type), ("unknown", 64 if b.header.is_64bit else 32))
+
+
+def _parse_macho(data: bytes, sha: str, file_name: str, slice_name: str | None) -> Image:
+    cfg = lief.MachO.ParserConfig.quick
+    fat = lief.MachO.parse(data, cfg)
+    if fat is None or fat.size == 0:
+        raise BinlensError("invalid_argument", "malformed Mach-O file: no slice could be parsed")
+    slices = [_macho_arch(fat.at(i))[0] for i in range(fat.size)]
+    if slice_name is not None:
+        if slice_name not in slices:
+            raise BinlensError(
+                "not_found",
+                f"no slice {slice_name!r} in this universal file",
+                target="/params/slice",
+                details={"slices": slices},
+            )
+        index = slices.index(slice_name)
+    else:
+        index = slices.index("x86-64") if "x86-64" in slices else 0
+    b = fat.at(index)
+    arch, bits = _macho_arch(b)
+    endian = "big" if arch == "ppc" else "little"
+    segments, sections = [], []
+    for s in b.segments:
+        p = int(s.init_protection)
+        perms = _perms(bool(p & 1), bool(p & 2), bool(p & 4))
+        if s.virtual_size:
+            segments.append(Segment(s.name, s.virtual_address, s.virtual_size, s.file_offset, s.file_size, perms))
+        for sec in s.sections:
+            t = _enum_name(sec.type)
+            nobits = t in ("ZEROFILL", "GB_ZEROFILL", "THREAD_LOCAL_ZEROFILL")
+            sections.append(
+                Section(
+                    f"{s.name},{sec.name}",
+                    sec.virtual_address,
+                    sec.size,
+                    sec.offset,
+                    0 if nobits else sec.size,
+                    perms,
+                    _kind(perms, nobits),
+                    s.name,
+                )
+            )
+    symbols = []
+    for s in b.symbols:
+        if not s.name or s.value == 0 or _enum_name(s.origin) == "LC_SYMTAB" and (s.type & 0xE0):
+            continue
+        if (s.raw_type & 0x0E) != 0x0E:  # N_SECT: defined in a section
+            continue
+        name = s.name[1:] if s.name.startswith("_") else s.name
+        binding = "global" if s.raw_type & 0x01 else "local"
+        symbols.append(Symbol(demangle(name), s.name, s.value, 0, "other", binding, "macho"))
+    imports = []
+    for bi in b.bindings:
+        if not bi.has_symbol:
+            continue
+        raw = bi.symbol.name
+        name = raw[1:] if raw.startswith("_") else raw
+        lib = bi.library.name if bi.has_library else None
+        imports.append(Import(demangle(name), raw, lib, slot=bi.address))
+    exports = []
+    for s in b.exported_symbols:
+        name = s.name[1:] if s.name.startswith("_") else s.name
+        exports.append(Export(demangle(name), s.name, s.value))
+    fs = b.function_starts.functions if b.has_function_starts else []
+    text_base = b.imagebase
+    hints = {"function_starts": sorted({text_base + f for f in fs})}
+    entry = b.entrypoint if b.has_entrypoint or b.has_main_command or b.has_thread_command else 0
+    ident = Identity(
+        sha256=sha,
+        size=len(data),
+        format="MachO",
+        arch=arch,
+        bits=bits,
+        endian=endian,
+        image_base=b.imagebase,
+        entry=entry,
+        file_name=file_name,
+        slice=slices[index] if fat.size > 1 else None,
+    )
+    offset = b.fat_offset if fat.size > 1 else 0
+    slice_data = data[offset : offset + len(data)] if offset else data
+    img = Image(
+        ident, slice_data, segments, sections, symbols, imports, exports, [], slices=slices, function_hints=hints
+    )
+    return img
+
+
+def parse_path(path: str, slice_name: str | None = None) -> Image:
+    """Read and parse a file (used by tests and tools that run in-process)."""
+    with open(path, "rb") as fh:
+        data = fh.read()
+    return parse_image(data, os.path.basename(path), slice_name)

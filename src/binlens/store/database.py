@@ -1,0 +1,136 @@
+"""The program database: one SQLite file per image, keyed by sha256, with versioned migrations.
+
+Each component (core, analysis, annotations, ...) registers its own ordered migrations with
+`register_migrations`; `meta` records the schema version each component reached and the engine
+version that produced the cached analysis.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from binlens import __version__
+
+Migration = str | Callable[[sqlite3.Connection], None]
+_MIGRATIONS: dict[str, list[Migration]] = {}
+
+CORE_MIGRATIONS: list[Migration] = [
+    """
+    CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE IF NOT EXISTS image (
+        sha256 TEXT PRIMARY KEY, file_name TEXT, size INTEGER, format TEXT, arch TEXT,
+        slice TEXT, first_opened TEXT DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now'))
+    );
+    """,
+]
+
+
+def register_migrations(component: str, migrations: list[Migration]) -> None:
+    """Declare `component`'s ordered migrations (SQL scripts or callables); append-only."""
+    _MIGRATIONS[component] = migrations
+
+
+register_migrations("core", CORE_MIGRATIONS)
+
+
+def default_home() -> Path:
+    """$BINLENS_HOME, else the XDG data dir (~/.local/share/binlens)."""
+    env = os.environ.get("BINLENS_HOME")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(xdg) / "binlens"
+
+
+def database_path(home: Path, sha256: str, slice_name: str | None = None) -> Path:
+    key = sha256 if not slice_name else f"{sha256}-{slice_name}"
+    return home / "db" / f"{key}.sqlite"
+
+
+class ProgramDatabase:
+    """A program's SQLite database. Connections are per thread; writes go through `transaction()`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self.write_lock = threading.RLock()
+        with self.write_lock:
+            self._migrate()
+
+    def connect(self) -> sqlite3.Connection:
+        """This thread's connection (WAL, foreign keys on, 5 s busy timeout)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            self._local.conn = conn
+        return conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """An IMMEDIATE transaction: all of it commits, or none of it does."""
+        with self.write_lock:
+            conn = self.connect()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            else:
+                conn.execute("COMMIT")
+
+    def get_meta(self, key: str) -> str | None:
+        row = self.connect().execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str, conn: sqlite3.Connection | None = None) -> None:
+        (conn or self.connect()).execute(
+            "INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+            (key, value),
+        )
+
+    def schema_versions(self) -> dict[str, int]:
+        rows = self.connect().execute("SELECT key, value FROM meta WHERE key LIKE 'schema.%'").fetchall()
+        return {k.removeprefix("schema."): int(v) for k, v in rows}
+
+    def _migrate(self) -> None:
+        conn = self.connect()
+        conn.executescript(CORE_MIGRATIONS[0])
+        for component, migrations in _MIGRATIONS.items():
+            key = f"schema.{component}"
+            row = conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+            have = int(row[0]) if row else 0
+            for version in range(have, len(migrations)):
+                step = migrations[version]
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    if callable(step):
+                        step(conn)
+                    else:
+                        for stmt in _split_sql(step):
+                            conn.execute(stmt)
+                    self.set_meta(key, str(version + 1), conn)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+        self.set_meta("binlens_version", __version__)
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+
+def _split_sql(script: str) -> list[str]:
+    return [s.strip() for s in script.split(";") if s.strip()]

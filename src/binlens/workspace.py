@@ -1,0 +1,230 @@
+"""Open programs (handles), limits, roots and the read-only switch: the state every method sees."""
+
+from __future__ import annotations
+
+import bisect
+import re
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from binlens import __version__
+from binlens.errors import BinlensError
+from binlens.loader import Image, load_image
+from binlens.loader.image import Symbol
+from binlens.store import ProgramDatabase, database_path, default_home
+
+_ADDR_RE = re.compile(r"^\s*(0[xX][0-9a-fA-F]+)\s*$")
+_OFFSET_RE = re.compile(r"^(.+?)\s*([+-])\s*(0[xX][0-9a-fA-F]+|\d+)$")
+
+
+@dataclass
+class Limits:
+    """Server-wide limits (all configurable from the command line)."""
+
+    max_response_bytes: int = 4 * 1024 * 1024
+    max_concurrent: int = 4
+    parse_timeout_s: float = 8.0
+    max_read_bytes: int = 64 * 1024
+
+
+@dataclass
+class Config:
+    """How this workspace was started."""
+
+    home: Path = field(default_factory=default_home)
+    roots: list[Path] = field(default_factory=list)  # empty: any path the user named on the command line
+    read_only: bool = False
+    limits: Limits = field(default_factory=Limits)
+    server_name: str = "binlens"
+
+
+class Program:
+    """One open program: its Image, database, and name index."""
+
+    def __init__(self, handle: str, path: Path, image: Image, db: ProgramDatabase) -> None:
+        self.handle = handle
+        self.path = path
+        self.image = image
+        self.db = db
+        self.lock = threading.RLock()
+        self.extensions: dict[str, Any] = {}  # per-program state owned by other layers (analysis, ...)
+        self.name_resolvers: list[Callable[[str], int | None]] = []
+        self._by_name: dict[str, int] = {}
+        for s in image.symbols:
+            self._by_name.setdefault(s.name, s.address)
+            self._by_name.setdefault(s.raw_name, s.address)
+        for e in image.exports:
+            self._by_name.setdefault(e.name, e.address)
+            self._by_name.setdefault(e.raw_name, e.address)
+        for imp in image.imports:
+            self._by_name.setdefault(imp.name, imp.stub if imp.stub is not None else imp.slot)
+        self._sym_sorted: list[Symbol] = sorted(
+            (s for s in image.symbols if s.kind != "other" or s.source != "symtab"), key=lambda s: s.address
+        )
+        self._sym_addrs = [s.address for s in self._sym_sorted]
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """The identity object every response about this program carries."""
+        i = self.image.identity
+        out = {
+            "program": self.handle,
+            "sha256": i.sha256,
+            "size": i.size,
+            "format": i.format,
+            "arch": i.arch,
+            "bits": i.bits,
+            "endian": i.endian,
+            "image_base": hex(i.image_base),
+            "entry": hex(i.entry),
+            "file_name": i.file_name,
+        }
+        if i.slice:
+            out["slice"] = i.slice
+        return out
+
+    def lookup_name(self, name: str) -> int | None:
+        """Address of a name: user and analysis names first, then symbols, exports, imports."""
+        for resolver in self.name_resolvers:
+            hit = resolver(name)
+            if hit is not None:
+                return hit
+        return self._by_name.get(name)
+
+    def resolve(self, text: str, target: str) -> int:
+        """Turn '0x401000', 'name' or 'name+0x10' into an address, or fail pointing at `target`."""
+        m = _ADDR_RE.match(text)
+        if m:
+            value = int(m.group(1), 16)
+            if value >= 1 << 64:
+                raise BinlensError("invalid_argument", f"address {text} does not fit in 64 bits", target=target)
+            return value
+        addr = self.lookup_name(text.strip())
+        if addr is not None:
+            return addr
+        m = _OFFSET_RE.match(text.strip())
+        if m:
+            base = self.lookup_name(m.group(1))
+            if base is not None:
+                delta = int(m.group(3), 0)
+                return base + delta if m.group(2) == "+" else base - delta
+        raise BinlensError(
+            "not_found",
+            f"{text!r} is neither a hex address like '0x401000' nor a known name",
+            target=target,
+        )
+
+    def nearest_symbol(self, va: int) -> tuple[Symbol, int] | None:
+        """The closest symbol at or below `va`, with the offset of `va` from it."""
+        i = bisect.bisect_right(self._sym_addrs, va) - 1
+        if i < 0:
+            return None
+        sym = self._sym_sorted[i]
+        return sym, va - sym.address
+
+
+class Workspace:
+    """All open programs and the server's configuration."""
+
+    def __init__(self, config: Config | None = None) -> None:
+        self.config = config or Config()
+        self.programs: dict[str, Program] = {}
+        self._lock = threading.RLock()
+        self._slots = threading.BoundedSemaphore(self.config.limits.max_concurrent)
+        self.version = __version__
+
+    @property
+    def read_only(self) -> bool:
+        return self.config.read_only
+
+    @property
+    def limits(self) -> Limits:
+        return self.config.limits
+
+    # --- handles --------------------------------------------------------------------------
+    def program(self, ref: str | None, target: str = "/params/program") -> Program:
+        """The program named by `ref`, or the only open one when `ref` is None."""
+        with self._lock:
+            if ref is None:
+                if len(self.programs) == 1:
+                    return next(iter(self.programs.values()))
+                if not self.programs:
+                    raise BinlensError("not_found", "no program is open; call program.open first", target=target)
+                raise BinlensError(
+                    "invalid_argument",
+                    f"{len(self.programs)} programs are open: say which one with 'program'",
+                    target=target,
+                    details={"programs": sorted(self.programs)},
+                )
+            prog = self.programs.get(ref)
+            if prog is None:
+                raise BinlensError(
+                    "not_found", f"no open program {ref!r}", target=target, details={"programs": sorted(self.programs)}
+                )
+            return prog
+
+    def check_root(self, path: Path, target: str = "/params/path") -> Path:
+        """Refuse a path outside the configured roots (symlinks resolved first)."""
+        real = path.expanduser().resolve()
+        roots = self.config.roots
+        if roots and not any(real == r or r in real.parents for r in (x.resolve() for x in roots)):
+            raise BinlensError(
+                "invalid_argument",
+                f"{path} is outside the allowed roots",
+                target=target,
+                details={"roots": [str(r) for r in roots]},
+            )
+        return real
+
+    def open(self, path: str | Path, slice_name: str | None = None, *, check_roots: bool = True) -> Program:
+        """Open (or return the already open) program for the file at `path`."""
+        p = Path(path)
+        real = self.check_root(p) if check_roots else p.expanduser().resolve()
+        image = load_image(str(real), slice_name, timeout=self.limits.parse_timeout_s)
+        ident = image.identity
+        handle = "p" + ident.sha256[:8] + (f"-{ident.slice}" if ident.slice else "")
+        with self._lock:
+            existing = self.programs.get(handle)
+            if existing is not None:
+                return existing
+            db = ProgramDatabase(database_path(self.config.home, ident.sha256, ident.slice))
+            with db.transaction() as conn:
+                conn.execute(
+                    "INSERT OR IGNORE INTO image(sha256, file_name, size, format, arch, slice) VALUES(?,?,?,?,?,?)",
+                    (ident.sha256, ident.file_name, ident.size, ident.format, ident.arch, ident.slice),
+                )
+            prog = Program(handle, real, image, db)
+            self.programs[handle] = prog
+            for hook in OPEN_HOOKS:
+                hook(self, prog)
+            return prog
+
+    def close(self, handle: str) -> None:
+        with self._lock:
+            prog = self.programs.pop(handle, None)
+        if prog is None:
+            raise BinlensError("not_found", f"no open program {handle!r}", target="/params/program")
+        prog.db.close()
+
+    # --- concurrency ----------------------------------------------------------------------
+    @contextmanager
+    def work_slot(self) -> Iterator[None]:
+        """Hold one of the N analysis slots, or fail with `busy` at once (no unbounded queue)."""
+        if not self._slots.acquire(blocking=False):
+            raise BinlensError(
+                "busy",
+                f"{self.limits.max_concurrent} requests are already doing analysis work; retry shortly",
+                details={"max_concurrent": self.limits.max_concurrent},
+            )
+        try:
+            yield
+        finally:
+            self._slots.release()
+
+
+# Other layers (analysis, annotations) register here to attach per-program state on open.
+OPEN_HOOKS: list[Callable[[Workspace, Program], None]] = []
