@@ -53,6 +53,8 @@ class Program:
         self.lock = threading.RLock()
         self.extensions: dict[str, Any] = {}  # per-program state owned by other layers (analysis, ...)
         self.name_resolvers: list[Callable[[str], int | None]] = []
+        # User-given names by address (kept by the annotations layer); they win everywhere.
+        self.user_names: dict[int, str] = {}
         self._by_name: dict[str, int] = {}
         for s in image.symbols:
             self._by_name.setdefault(s.name, s.address)
@@ -62,6 +64,11 @@ class Program:
             self._by_name.setdefault(e.raw_name, e.address)
         for imp in image.imports:
             self._by_name.setdefault(imp.name, imp.stub if imp.stub is not None else imp.slot)
+        self._name_by_addr: dict[int, str] = {}
+        for s in sorted(image.symbols, key=lambda s: (s.kind != "function", s.binding == "local", s.name)):
+            self._name_by_addr.setdefault(s.address, s.name)
+        for e in image.exports:
+            self._name_by_addr.setdefault(e.address, e.name)
         self._sym_sorted: list[Symbol] = sorted(
             (s for s in image.symbols if s.kind != "other" or s.source != "symtab"), key=lambda s: s.address
         )
@@ -87,8 +94,18 @@ class Program:
             out["slice"] = i.slice
         return out
 
+    def name_at(self, va: int) -> str | None:
+        """The name shown for `va`: a user name, else a symbol/export exactly at `va`, else None."""
+        user = self.user_names.get(va)
+        if user is not None:
+            return user
+        return self._name_by_addr.get(va)
+
     def lookup_name(self, name: str) -> int | None:
         """Address of a name: user and analysis names first, then symbols, exports, imports."""
+        for va, user in self.user_names.items():
+            if user == name:
+                return va
         for resolver in self.name_resolvers:
             hit = resolver(name)
             if hit is not None:

@@ -8,6 +8,7 @@ which is replaced on the next call.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import multiprocessing
 import os
 import threading
@@ -57,10 +58,8 @@ class ParserPool:
         if pool is None:
             return
         for proc in list(getattr(pool, "_processes", {}).values()):
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 proc.kill()
-            except Exception:  # noqa: BLE001,S110 - already gone
-                pass
         pool.shutdown(wait=False, cancel_futures=True)
 
     def parse(
