@@ -1,0 +1,301 @@
+"""`analyze(image)`: the whole engine, in-process and pure (no I/O, no database)."""
+
+from __future__ import annotations
+
+import bisect
+import re
+import struct
+import time
+from collections.abc import Callable
+
+from binlens.analysis.codemap import CodeMap
+from binlens.analysis.discovery import (
+    NORETURN_NAMES,
+    Body,
+    Explorer,
+    FragmentIndex,
+    returning_functions,
+)
+from binlens.analysis.ehframe import parse_eh_frame
+from binlens.analysis.functions import build_functions
+from binlens.analysis.model import SOURCES, T_BAD, T_JUMP, T_RET, XREF_KINDS, ProgramAnalysis
+from binlens.analysis.strings import find_strings
+from binlens.analysis.thunks import find_thunks
+from binlens.analysis.xrefs import collect_xrefs, pointers_in_data
+from binlens.errors import BinlensError
+from binlens.loader.image import Image
+
+ENGINE_VERSION = "1"
+_K_OFFSET = XREF_KINDS.index("offset")
+Progress = Callable[[float, float | None, str | None], None]
+_X86_PROLOGUES = (
+    b"\xf3\x0f\x1e\xfa",  # endbr64
+    b"\xf3\x0f\x1e\xfb",  # endbr32
+    b"\x55\x48\x89\xe5",  # push rbp; mov rbp, rsp
+    b"\x55\x89\xe5",  # push ebp; mov ebp, esp
+    b"\x55\x8b\xec",  # push ebp; mov ebp, esp (MSVC)
+    b"\x8b\xff\x55",  # mov edi, edi; push ebp (hot-patch)
+    b"\x41\x57",  # push r15
+    b"\x41\x56",  # push r14
+    b"\x41\x55",  # push r13
+    b"\x41\x54",  # push r12
+    b"\x48\x83\xec",  # sub rsp, imm8
+    b"\x48\x81\xec",  # sub rsp, imm32
+    b"\x53\x48\x83\xec",  # push rbx; sub rsp
+    b"\x55\x53",  # push rbp; push rbx
+    b"\x48\x89\x5c\x24",  # mov [rsp+x], rbx (MSVC x64)
+    b"\x40\x53",  # push rbx (REX, MSVC x64)
+    b"\x40\x55",  # push rbp (REX, MSVC x64)
+)
+_PAD_X86 = re.compile(
+    rb"(?:\x90|\xcc|\x00|\xf4|\x0f\x0b|\x66+\x90|\x0f\x1f\x00|\x0f\x1f\x40\x00|\x0f\x1f\x44\x00\x00|\x66\x0f\x1f\x44\x00\x00|\x0f\x1f\x80\x00\x00\x00\x00|\x0f\x1f\x84\x00\x00\x00\x00\x00|\x66\x2e\x0f\x1f\x84\x00\x00\x00\x00\x00|\x66+\x2e\x0f\x1f\x84\x00\x00\x00\x00\x00|\x8d\x76\x00|\x8d\xb4\x26\x00\x00\x00\x00|\x8d\xbc\x27\x00\x00\x00\x00|\x8d\x74\x26\x00)*"
+)  # noqa: E501
+
+
+def make_backend(image: Image, codemap: CodeMap) -> object:
+    """The decoder for the image's architecture, or `unsupported`."""
+    arch = image.identity.arch
+    if arch in ("x86-64", "x86"):
+        from binlens.analysis.x86 import X86Backend
+
+        return X86Backend(image, codemap)
+    from binlens.analysis import capstone_backend
+
+    if capstone_backend.supported(image):
+        return capstone_backend.CapstoneBackend(image, codemap)
+    raise BinlensError("unsupported", f"no disassembler for architecture {arch!r}")
+
+
+class _Seeds:
+    """Function starts with their sources, normalised (Thumb bit) and limited to code."""
+
+    def __init__(self, image: Image, codemap: CodeMap, backend: object) -> None:
+        self.codemap = codemap
+        self.backend = backend
+        self.arm = image.identity.arch == "arm"
+        self.starts: dict[int, set[str]] = {}
+
+    def add(self, va: int, source: str) -> int | None:
+        if self.arm and va & 1:
+            va &= ~1
+            self.backend.thumb.add(va)  # type: ignore[attr-defined]
+        if not self.codemap.contains(va):
+            return None
+        self.starts.setdefault(va, set()).add(source)
+        return va
+
+
+def analyze(image: Image, progress: Progress | None = None) -> ProgramAnalysis:
+    """Run the full analysis of `image`: functions, blocks, references, strings, call graph."""
+    t0 = time.perf_counter()
+    report = progress or (lambda done, total, msg: None)
+    codemap = CodeMap(image)
+    backend = make_backend(image, codemap)
+    report(0, None, "reading metadata")
+    seeds = _Seeds(image, codemap, backend)
+    thunks = _metadata_seeds(image, seeds)
+    fdes = parse_eh_frame(image)
+    extents: dict[int, int] = {}
+    for s in image.symbols:
+        if s.kind == "function" and s.size and codemap.contains(s.address):
+            extents[s.address & ~1 if seeds.arm else s.address] = s.size
+    fragments = []
+    for fde in fdes:
+        if fde.entry:
+            va = seeds.add(fde.start, "eh_frame")
+            if va is not None and fde.size:
+                extents[va] = fde.size
+        else:
+            fragments.append((fde.start, fde.size))
+    frag = FragmentIndex(fragments)
+    noret_slots = {imp.slot for imp in image.imports if imp.name in NORETURN_NAMES}
+    named_noret = {va for va, name in thunks.items() if name in NORETURN_NAMES}
+    named_noret |= {s.address for s in image.symbols if s.name in NORETURN_NAMES and codemap.contains(s.address)}
+    jt_tables: dict[int, int] = {}
+    explorer = Explorer(codemap, backend, _jump_table_fn(image, codemap, backend, jt_tables))
+    explorer.progress = lambda done, total, msg: report(done, total, f"decoding ({done} blocks)")
+
+    bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret_slots | named_noret, noret_slots)
+    # Careful heuristics, most trusted first; each stage re-runs discovery before the next looks.
+    for stage in ("code_offsets", "data_pointers", "gaps"):
+        report(0.7, 1.0, f"{len(bodies)} functions; heuristics: {stage}")
+        extra = _heuristic_starts(image, codemap, explorer, backend, starts, extents, bodies, stage)
+        if extra:
+            for va, src in extra.items():
+                seeds.starts.setdefault(va, set()).add(src)
+            bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret, noret_slots)
+    report(0.85, 1.0, f"{len(bodies)} functions; references and strings")
+    functions = build_functions(image, codemap, explorer, bodies, starts, extents, thunks, noret)
+    strings = find_strings(image)
+    xrefs = collect_xrefs(image, codemap, backend, explorer, bodies, strings, jt_tables)
+    covered = _covered(codemap, explorer, bodies)
+    stats = {"seconds": time.perf_counter() - t0, "chunks": float(len(explorer.chunks))}
+    report(1.0, 1.0, f"{len(functions)} functions")
+    return ProgramAnalysis(
+        engine_version=ENGINE_VERSION,
+        arch=image.identity.arch,
+        functions=functions,
+        xrefs=xrefs,
+        strings=strings,
+        code_bytes=codemap.total_bytes,
+        covered_bytes=covered,
+        stats=stats,
+    )
+
+
+def _metadata_seeds(image: Image, seeds: _Seeds) -> dict[int, str]:
+    ident = image.identity
+    if ident.entry:
+        seeds.add(ident.entry, "entry")
+    for s in image.symbols:
+        if s.kind == "function" or (s.kind == "other" and ident.format != "ELF"):
+            seeds.add(s.address, "symbol")
+    for e in image.exports:
+        seeds.add(e.address, "export")
+    for key, source in (("pdata", "pdata"), ("function_starts", "function_starts")):
+        for va in image.function_hints.get(key, []):
+            seeds.add(va, source)
+    for key in ("init_array", "fini_array", "ctor", "dtor"):
+        for va in image.function_hints.get(key, []):
+            seeds.add(va, "pointer")
+    if ident.format == "ELF":
+        for s in image.sections:
+            if s.name in (".init", ".fini") and s.size:
+                seeds.add(s.va, "entry")
+    thunks: dict[int, str] = {}
+    for va, name in find_thunks(image, seeds.codemap).items():
+        got = seeds.add(va, "thunk")
+        if got is not None:
+            thunks[got] = name
+    return thunks
+
+
+def _jump_table_fn(image: Image, codemap: CodeMap, backend: object, tables: dict[int, int]) -> Callable | None:
+    if image.identity.arch not in ("x86-64", "x86"):
+        return None
+    from binlens.analysis.jumptable import jump_table_targets
+
+    def resolve(slice_start: int, jump_va: int) -> list[int]:
+        targets, table = jump_table_targets(backend, codemap, slice_start, jump_va)
+        if table:
+            tables[jump_va] = table
+        return targets
+
+    return resolve
+
+
+def _discover(
+    explorer: Explorer,
+    seeds: dict[int, set[str]],
+    extents: dict[int, int],
+    frag: FragmentIndex,
+    noret: set[int],
+    noret_slots: set[int],
+) -> tuple[dict[int, Body], dict[int, set[str]], set[int]]:
+    """Descent + partition + non-returning fixpoint, repeated until nothing changes."""
+    noret = set(noret)
+    for _round in range(8):
+        starts = {va: set(src) for va, src in seeds.items()}
+        _reached, calls = explorer.traverse(list(starts), noret)
+        for c in calls:
+            if c in explorer.chunks and explorer.codemap.contains(c):
+                starts.setdefault(c, set()).add("call")
+        while True:
+            bodies, new = explorer.partition(set(starts), extents, frag, noret)
+            new = {s for s in new if s not in starts and s in explorer.chunks}
+            if not new:
+                break
+            for s in new:
+                starts[s] = {"tail_call"}
+        returns = returning_functions(bodies, noret_slots)
+        found = {f for f in bodies if f not in returns} - noret
+        if not found:
+            return bodies, starts, noret
+        noret |= found
+    return bodies, starts, noret
+
+
+def _heuristic_starts(
+    image: Image,
+    codemap: CodeMap,
+    explorer: Explorer,
+    backend: object,
+    starts: dict[int, set[str]],
+    extents: dict[int, int],
+    bodies: dict[int, Body],
+    stage: str,
+) -> dict[int, str]:
+    """Careful guesses for code nothing reached: code pointers, then prologues in gaps."""
+    inside = FragmentIndex(list(extents.items()))
+    out: dict[int, str] = {}
+
+    def unexplored(va: int) -> bool:
+        r = codemap.region(va)
+        return r is not None and r.state[va - r.va] == 0 and not (inside(va) and va not in extents)
+
+    def accept(va: int, source: str, need_ret: bool = False) -> None:
+        if va in starts or va in out or not unexplored(va):
+            return
+        c = explorer.chunk(va)
+        if c is not None and c[1] != T_BAD and (not need_ret or c[1] in (T_RET, T_JUMP)):
+            out[va] = source
+
+    if stage == "code_offsets":
+        reached = sorted({a for b in bodies.values() for a in b.chunks})
+        ends = [explorer.chunks[a][0] for a in reached]
+        b = backend
+        for src, dst, kind in zip(b.x_src, b.x_dst, b.x_kind, strict=False):  # type: ignore[attr-defined]
+            if kind == _K_OFFSET and codemap.contains(dst):
+                i = bisect.bisect_right(reached, src) - 1
+                if i >= 0 and src < ends[i]:
+                    accept(dst, "pointer")
+    elif stage == "data_pointers":
+        for _src, dst in pointers_in_data(image, codemap, set()):
+            accept(dst, "pointer")
+    elif image.identity.arch in ("x86-64", "x86", "aarch64"):
+        for va, prologue in _gap_candidates(codemap, image.identity.arch):
+            if prologue:
+                accept(va, "prologue")
+            elif image.identity.format == "ELF" and va % 16 == 0:
+                accept(va, "prologue", need_ret=True)
+    return out
+
+
+def _gap_candidates(codemap: CodeMap, arch: str) -> list[tuple[int, bool]]:
+    """First non-padding address of each unexplored gap, and whether it starts like a function."""
+    out = []
+    for r in codemap.regions:
+        for m in re.finditer(rb"\x00{2,}", r.state):
+            off = m.start()
+            end = m.end()
+            if arch in ("x86-64", "x86"):
+                p = _PAD_X86.match(r.data, off, end)
+                off = p.end() if p else off
+                if off >= end:
+                    continue
+                out.append((r.va + off, r.data.startswith(_X86_PROLOGUES, off)))
+            else:
+                while off + 4 <= end and r.data[off : off + 4] in (b"\x1f\x20\x03\xd5", b"\0\0\0\0"):
+                    off += 4
+                if off + 4 > end or off % 4:
+                    continue
+                (w,) = struct.unpack_from("<I", r.data, off)
+                ok = w & 0xFFC07FFF == 0xA9807BFD or w in (0xD503233F, 0xD503245F) or w & 0xFF0003FF == 0xD10003FF
+                out.append((r.va + off, ok))
+    return out
+
+
+def _covered(codemap: CodeMap, explorer: Explorer, bodies: dict[int, Body]) -> int:
+    seen = set()
+    total = 0
+    for b in bodies.values():
+        for a in b.chunks:
+            if a not in seen:
+                seen.add(a)
+                c = explorer.chunks.get(a)
+                if c is not None:
+                    total += c[0] - a
+    return total
+
+
+__all__ = ["ENGINE_VERSION", "SOURCES", "analyze"]

@@ -1,0 +1,137 @@
+"""Jump tables behind x86/x86-64 indirect jumps (gcc, clang and MSVC shapes).
+
+The slice is the jump's chunk and the chunk that guards it (`cmp idx, N; ja default`). Table
+bases come from the slice's constants (RIP-relative `lea`, absolute displacements, MSVC's
+image-base-relative displacements); entries are tried as 32-bit offsets from the table
+(PIC gcc/clang), absolute pointers (non-PIC), and image-relative 32-bit values (MSVC x64).
+The bound is the guard's compare when found; reading always stops at the first entry that
+does not land on code next to the jump.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import iced_x86 as ix
+
+from binlens.analysis.codemap import BODY, CodeMap
+
+OK = ix.OpKind
+MN = ix.Mnemonic
+FC = ix.FlowControl
+_MAX_ENTRIES = 1024
+_WINDOW = 1 << 20  # case targets lie within 1 MiB of the jump
+
+
+def jump_table_targets(backend: object, codemap: CodeMap, slice_start: int, jump_va: int) -> tuple[list[int], int]:
+    """Case targets of the indirect jump at `jump_va` and the table address (0 when none)."""
+    b = backend
+    insns = [i for i in b.raw_instructions(slice_start, jump_va + 16) if i.ip <= jump_va]  # type: ignore[attr-defined]
+    if not insns or insns[-1].ip != jump_va:
+        return [], 0
+    jmp = insns[-1]
+    image = b.image  # type: ignore[attr-defined]
+    ptr = b.ptr_size  # type: ignore[attr-defined]
+    base = image.identity.image_base
+    bases: list[int] = []
+    scale = 0
+    if jmp.op0_kind == OK.MEMORY:
+        scale = jmp.memory_index_scale
+        if jmp.memory_index != ix.Register.NONE:
+            bases.append(jmp.memory_displacement)
+    for ins in reversed(insns[:-1]):
+        if ins.is_ip_rel_memory_operand:
+            bases.append(ins.ip_rel_memory_address)
+        elif ins.op_count >= 2 and OK.MEMORY in (ins.op0_kind, ins.op1_kind) and ins.memory_index != ix.Register.NONE:
+            d = ins.memory_displacement
+            if d:
+                bases.append(d & ((1 << (ptr * 8)) - 1))
+                if d < 0x80000000:
+                    bases.append(base + d)
+            scale = scale or ins.memory_index_scale
+    count = _bound(insns)
+    region = codemap.region(jump_va)
+    if region is None:
+        return [], 0
+    best: list[int] = []
+    best_base = 0
+    seen = set()
+    for t in bases:
+        if t in seen or not image.is_mapped(t) or _writable(image, t):
+            continue  # switch tables are read-only; a writable table is an array of function pointers
+        seen.add(t)
+        for fmt in _formats(ptr, scale):
+            targets = _read(image, region, t, fmt, count, jump_va, base)
+            if len(targets) > len(best):
+                best, best_base = targets, t
+        if best and count is not None and len(best) >= count:
+            break
+    return best, best_base
+
+
+def _writable(image: object, va: int) -> bool:
+    sec = image.section_at(va)  # type: ignore[attr-defined]
+    return sec is not None and sec.perms[1] == "w" and sec.kind != "code"
+
+
+def _formats(ptr: int, scale: int) -> list[str]:
+    if ptr == 8:
+        return ["rel32", "abs64", "rva32"] if scale != 8 else ["abs64", "rel32", "rva32"]
+    return ["abs32", "rel32"]
+
+
+def _bound(insns: list[ix.Instruction]) -> int | None:
+    """Number of entries from the guard `cmp r, N` + `ja/jae` closest to the jump."""
+    for k in range(len(insns) - 2, 0, -1):
+        j = insns[k]
+        if j.flow_control != FC.CONDITIONAL_BRANCH:
+            continue
+        c = insns[k - 1]
+        if c.mnemonic == MN.CMP and c.op1_kind in (
+            OK.IMMEDIATE8,
+            OK.IMMEDIATE8TO32,
+            OK.IMMEDIATE8TO64,
+            OK.IMMEDIATE32,
+            OK.IMMEDIATE32TO64,
+            OK.IMMEDIATE16,
+            OK.IMMEDIATE8TO16,
+        ):
+            n = c.immediate(1) & 0xFFFFFFFF
+            if j.mnemonic == MN.JA:
+                return n + 1 if n < _MAX_ENTRIES else None
+            if j.mnemonic == MN.JAE:
+                return n if n <= _MAX_ENTRIES else None
+            return None
+    return None
+
+
+def _read(image: object, region: object, table: int, fmt: str, count: int | None, jump_va: int, base: int) -> list[int]:
+    size = 8 if fmt == "abs64" else 4
+    limit = count if count is not None else _MAX_ENTRIES
+    raw = image.read(table, size * limit)  # type: ignore[attr-defined]
+    if raw is None:
+        # the table may end near the end of its section: read what is mapped
+        raw = b""
+        while len(raw) < size * limit:
+            chunk = image.read(table + len(raw), size)  # type: ignore[attr-defined]
+            if chunk is None:
+                break
+            raw += chunk
+    endian = "<" if image.identity.endian == "little" else ">"  # type: ignore[attr-defined]
+    code = {"rel32": "i", "abs64": "Q", "rva32": "I", "abs32": "I"}[fmt]
+    out: list[int] = []
+    r = region
+    for k in range(len(raw) // size):
+        (v,) = struct.unpack_from(endian + code, raw, k * size)
+        if fmt == "rel32":
+            t = (table + v) & 0xFFFFFFFFFFFFFFFF
+        elif fmt == "rva32":
+            t = base + v
+        else:
+            t = v
+        if not (r.va <= t < r.end) or abs(t - jump_va) > _WINDOW:  # type: ignore[attr-defined]
+            break
+        if r.state[t - r.va] == BODY:  # type: ignore[attr-defined]
+            break
+        out.append(t)
+    return out
