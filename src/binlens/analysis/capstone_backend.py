@@ -211,7 +211,7 @@ class CapstoneBackend:
         pending: tuple[int, int, tuple[int, ...]] | None = None
         slot_left = 0
         pages: dict[int, int] = {}
-        for ins in md.disasm(r.data[off : off + 0x10000], va):
+        for ins in _stream(md, r.data, off, va):
             o = ins.address - r.va
             if not first:
                 s = state[o]
@@ -301,3 +301,16 @@ _TERMS = {
     F_ICALL: lambda t: (T_ICALL, (-1, -2)),
     F_STOP: lambda t: (T_STOP, ()),
 }
+
+
+def _stream(md: cs.Cs, data: bytes, off: int, va: int):  # noqa: ANN201 - a generator of CsInsn
+    """Instructions from `off` on, decoded in small windows (capstone decodes a whole buffer at once)."""
+    while off < len(data):
+        n = 0
+        for ins in md.disasm(data[off : off + 256], va, 24):
+            n += ins.size
+            yield ins
+        if n == 0:
+            return
+        off += n
+        va += n
