@@ -148,6 +148,7 @@ class Explorer:
         pred = self.pred
         get = self.chunks.get
         tick = 0
+        covered = 0
         while stack:
             a = stack.pop()
             if a in reached:
@@ -157,6 +158,7 @@ class Explorer:
                 continue
             reached.add(a)
             end, term, t, last = c
+            covered += end - a
             if term == T_FALL:
                 pred[t[0]] = a
                 stack.append(t[0])
@@ -179,7 +181,7 @@ class Explorer:
                 stack.extend(self.case_targets(a, last))
             tick += 1
             if self.progress is not None and tick % 4096 == 0:
-                self.progress(len(reached), None, "decoding")
+                self.progress(covered, None, None)
         return reached, calls
 
     def partition(

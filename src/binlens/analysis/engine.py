@@ -85,8 +85,17 @@ class _Seeds:
         return va
 
 
-def analyze(image: Image, progress: Progress | None = None) -> ProgramAnalysis:
-    """Run the full analysis of `image`: functions, blocks, references, strings, call graph."""
+def analyze(
+    image: Image,
+    progress: Progress | None = None,
+    extra_starts: list[int] | tuple[int, ...] = (),
+    excluded_starts: list[int] | tuple[int, ...] = (),
+) -> ProgramAnalysis:
+    """Run the full analysis of `image`: functions, blocks, references, strings, call graph.
+
+    `extra_starts` are function starts a user defined; `excluded_starts` ones a user removed.
+    `progress(done, total, message)` is called along the way and may raise to cancel.
+    """
     t0 = time.perf_counter()
     report = progress or (lambda done, total, msg: None)
     codemap = CodeMap(image)
@@ -94,6 +103,8 @@ def analyze(image: Image, progress: Progress | None = None) -> ProgramAnalysis:
     report(0, None, "reading metadata")
     seeds = _Seeds(image, codemap, backend)
     thunks = _metadata_seeds(image, seeds)
+    for va in extra_starts:
+        seeds.add(va, "user")
     fdes = parse_eh_frame(image)
     extents: dict[int, int] = {}
     for s in image.symbols:
@@ -108,22 +119,29 @@ def analyze(image: Image, progress: Progress | None = None) -> ProgramAnalysis:
         else:
             fragments.append((fde.start, fde.size))
     frag = FragmentIndex(fragments)
+    excluded = set(excluded_starts)
+    for va in excluded:
+        seeds.starts.pop(va, None)
     noret_slots = {imp.slot for imp in image.imports if imp.name in NORETURN_NAMES}
     named_noret = {va for va, name in thunks.items() if name in NORETURN_NAMES}
     named_noret |= {s.address for s in image.symbols if s.name in NORETURN_NAMES and codemap.contains(s.address)}
     jt_tables: dict[int, int] = {}
     explorer = Explorer(codemap, backend, _jump_table_fn(image, codemap, backend, jt_tables))
-    explorer.progress = lambda done, total, msg: report(done, total, f"decoding ({done} blocks)")
+    code_total = max(1, codemap.total_bytes)
+    explorer.progress = lambda done, _t, _m: report(
+        min(0.6, 0.6 * done / code_total), 1.0, f"decoding: {min(100, 100 * done // code_total)}% of code bytes reached"
+    )
 
-    bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret_slots | named_noret, noret_slots)
+    bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret_slots | named_noret, noret_slots, excluded)
     # Careful heuristics, most trusted first; each stage re-runs discovery before the next looks.
     for stage in ("code_offsets", "data_pointers", "gaps"):
         report(0.7, 1.0, f"{len(bodies)} functions; heuristics: {stage}")
         extra = _heuristic_starts(image, codemap, explorer, backend, starts, extents, bodies, stage)
         if extra:
             for va, src in extra.items():
-                seeds.starts.setdefault(va, set()).add(src)
-            bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret, noret_slots)
+                if va not in excluded:
+                    seeds.starts.setdefault(va, set()).add(src)
+            bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret, noret_slots, excluded)
     report(0.85, 1.0, f"{len(bodies)} functions; references and strings")
     functions = build_functions(image, codemap, explorer, bodies, starts, extents, thunks, noret)
     strings = find_strings(image)
@@ -191,6 +209,7 @@ def _discover(
     frag: FragmentIndex,
     noret: set[int],
     noret_slots: set[int],
+    excluded: set[int],
 ) -> tuple[dict[int, Body], dict[int, set[str]], set[int]]:
     """Descent + partition + non-returning fixpoint, repeated until nothing changes."""
     noret = set(noret)
@@ -198,11 +217,11 @@ def _discover(
         starts = {va: set(src) for va, src in seeds.items()}
         _reached, calls = explorer.traverse(list(starts), noret)
         for c in calls:
-            if c in explorer.chunks and explorer.codemap.contains(c):
+            if c in explorer.chunks and c not in excluded:
                 starts.setdefault(c, set()).add("call")
         while True:
             bodies, new = explorer.partition(set(starts), extents, frag, noret)
-            new = {s for s in new if s not in starts and s in explorer.chunks}
+            new = {s for s in new if s not in starts and s in explorer.chunks and s not in excluded}
             if not new:
                 break
             for s in new:

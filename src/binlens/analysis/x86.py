@@ -128,7 +128,7 @@ class X86Backend:
                 t = 0
                 if ins.is_ip_rel_memory_operand:
                     t = ins.ip_rel_memory_address
-                else:
+                elif ins.memory_base == REG_NONE:
                     d = ins.memory_displacement
                     if lo <= d < hi:
                         t = d
@@ -222,6 +222,9 @@ class X86Backend:
             self._fmt.hex_prefix = "0x"
             self._fmt.hex_suffix = ""
             self._fmt.space_after_operand_separator = True
+            self._fmt.uppercase_hex = False
+            self._fmt.branch_leading_zeros = False
+            self._fmt.show_branch_size = False
         fmt = self._fmt
         out = []
         for ins in self.raw_instructions(start, end):
@@ -239,7 +242,12 @@ class X86Backend:
             refs = []
             if ins.is_ip_rel_memory_operand:
                 refs.append(ins.ip_rel_memory_address)
-            elif self.lo <= ins.memory_displacement < self.hi:
+            elif (
+                fc == FC.NEXT
+                and ins.memory_base == REG_NONE
+                and OK.MEMORY in (ins.op0_kind, ins.op1_kind)
+                and self.lo <= ins.memory_displacement < self.hi
+            ):
                 refs.append(ins.memory_displacement)
             for i in range(ins.op_count):
                 if ins.op_kind(i) in _IMM_ADDR:
