@@ -132,7 +132,9 @@ def analyze(
         min(0.6, 0.6 * done / code_total), 1.0, f"decoding: {min(100, 100 * done // code_total)}% of code bytes reached"
     )
 
-    bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret_slots | named_noret, noret_slots, excluded)
+    bodies, starts, noret = _discover(
+        explorer, seeds.starts, extents, frag, noret_slots | named_noret, noret_slots, excluded
+    )
     # Careful heuristics, most trusted first; each stage re-runs discovery before the next looks.
     for stage in ("code_offsets", "data_pointers", "gaps"):
         report(0.7, 1.0, f"{len(bodies)} functions; heuristics: {stage}")

@@ -34,6 +34,8 @@ def jump_table_targets(backend: object, codemap: CodeMap, slice_start: int, jump
     ptr = b.ptr_size  # type: ignore[attr-defined]
     base = image.identity.image_base
     bases: list[int] = []
+    gotrel: set[int] = set()
+    got = _got_base(image) if ptr == 4 and image.identity.format == "ELF" else None
     scale = 0
     if jmp.op0_kind == OK.MEMORY:
         scale = jmp.memory_index_scale
@@ -48,6 +50,9 @@ def jump_table_targets(backend: object, codemap: CodeMap, slice_start: int, jump
                 bases.append(d & ((1 << (ptr * 8)) - 1))
                 if d < 0x80000000:
                     bases.append(base + d)
+                if got is not None and ins.memory_base != ix.Register.NONE:
+                    gotrel.add((got + d) & 0xFFFFFFFF)  # i386 PIC: [ebx + idx*4 + disp], entries relative to GOT
+                    bases.append((got + d) & 0xFFFFFFFF)
             scale = scale or ins.memory_index_scale
     count = _bound(insns)
     region = codemap.region(jump_va)
@@ -60,13 +65,19 @@ def jump_table_targets(backend: object, codemap: CodeMap, slice_start: int, jump
         if t in seen or not image.is_mapped(t) or _writable(image, t):
             continue  # switch tables are read-only; a writable table is an array of function pointers
         seen.add(t)
-        for fmt in _formats(ptr, scale):
-            targets = _read(image, region, t, fmt, count, jump_va, base)
+        for fmt in ["gotrel32"] if t in gotrel else _formats(ptr, scale):
+            targets = _read(image, region, t, fmt, count, jump_va, got if fmt == "gotrel32" else base)
             if len(targets) > len(best):
                 best, best_base = targets, t
         if best and count is not None and len(best) >= count:
             break
     return best, best_base
+
+
+def _got_base(image: object) -> int | None:
+    """i386 PIC code addresses data from _GLOBAL_OFFSET_TABLE_: .got.plt, else .got."""
+    secs = {s.name: s.va for s in image.sections}  # type: ignore[attr-defined]
+    return secs.get(".got.plt", secs.get(".got"))
 
 
 def _writable(image: object, va: int) -> bool:
@@ -118,15 +129,15 @@ def _read(image: object, region: object, table: int, fmt: str, count: int | None
                 break
             raw += chunk
     endian = "<" if image.identity.endian == "little" else ">"  # type: ignore[attr-defined]
-    code = {"rel32": "i", "abs64": "Q", "rva32": "I", "abs32": "I"}[fmt]
+    code = {"rel32": "i", "abs64": "Q", "rva32": "I", "abs32": "I", "gotrel32": "i"}[fmt]
     out: list[int] = []
     r = region
     for k in range(len(raw) // size):
         (v,) = struct.unpack_from(endian + code, raw, k * size)
         if fmt == "rel32":
             t = (table + v) & 0xFFFFFFFFFFFFFFFF
-        elif fmt == "rva32":
-            t = base + v
+        elif fmt in ("rva32", "gotrel32"):
+            t = (base + v) & 0xFFFFFFFFFFFFFFFF
         else:
             t = v
         if not (r.va <= t < r.end) or abs(t - jump_va) > _WINDOW:  # type: ignore[attr-defined]
