@@ -87,6 +87,7 @@ class Body:
     edges: list[tuple[int, int, str]] = field(default_factory=list)
     calls: list[tuple[int, int]] = field(default_factory=list)
     tails: list[tuple[int, int]] = field(default_factory=list)
+    cond_tails: list[int] = field(default_factory=list)  # function starts reached by a conditional jump
     has_ret: bool = False
     open_end: bool = False  # an unresolved indirect jump or undecodable code: assume it returns
 
@@ -247,6 +248,8 @@ class Explorer:
                     if s != f and s in starts:
                         if kind != "call_return" and kind != "jump_table":
                             b.tails.append((last, s))
+                            if kind == "conditional_taken":
+                                b.cond_tails.append(s)
                         continue
                     if kind == "jump" and s not in seen and _leaves(f, nxt, ext, s, fragments):
                         b.tails.append((last, s))
@@ -298,6 +301,7 @@ class FragmentIndex:
     """Address ranges of FDEs that are not function entries (cold parts): membership by bisect."""
 
     def __init__(self, ranges: list[tuple[int, int]]) -> None:
+        self.ranges = list(ranges)
         ranges = sorted(ranges)
         self.starts = [a for a, _ in ranges]
         self.ends = [a + n for a, n in ranges]

@@ -228,12 +228,40 @@ def _discover(
                 break
             for s in new:
                 starts[s] = {"tail_call"}
+        cold = _cold_parts(bodies, starts, extents)
+        if cold:
+            # frameless cold parts have entry-state CFI: demote them to fragments and redo the round
+            for va in cold:
+                seeds.pop(va, None)
+            frag = FragmentIndex(frag.ranges + [(va, extents.pop(va)) for va in cold])
+            continue
         returns = returning_functions(bodies, noret_slots)
         found = {f for f in bodies if f not in returns} - noret
         if not found:
             return bodies, starts, noret
         noret |= found
     return bodies, starts, noret
+
+
+def _cold_parts(bodies: dict[int, Body], starts: dict[int, set[str]], extents: dict[int, int]) -> set[int]:
+    """Unwind-only starts that one other function enters only by conditional jumps (gcc `.cold` parts)."""
+    refs: dict[int, set[int]] = {}
+    for f, b in bodies.items():
+        for s in b.cond_tails:
+            refs.setdefault(s, set()).add(f)
+    if not refs:
+        return set()
+    other: set[int] = set()
+    for f, b in bodies.items():
+        other.update(callee for _site, callee in b.calls)
+        other.update(callee for _site, callee in b.tails if callee not in b.cond_tails)
+    out = set()
+    for s, fs in refs.items():
+        if len(fs) == 1 and starts.get(s) == {"eh_frame"} and s not in other and s in extents:
+            (f,) = fs
+            if s < f:
+                out.add(s)
+    return out
 
 
 def _heuristic_starts(

@@ -71,6 +71,9 @@ def jump_table_targets(backend: object, codemap: CodeMap, slice_start: int, jump
                 best, best_base = targets, t
         if best and count is not None and len(best) >= count:
             break
+    if count is None and any(t < slice_start for t in best):
+        # No guard: an array of function pointers indexed by a bounded value, not a switch.
+        return [], 0
     return best, best_base
 
 

@@ -106,7 +106,7 @@ class X86Backend:
                 return cur, T_BAD, (), last
             if not first:
                 s = state[off]
-                if s == CHUNK or s == INSN:
+                if s in (CHUNK, INSN):
                     return cur, T_FALL, (cur,), last
                 if s == BODY:
                     return cur, T_BAD, (), last
