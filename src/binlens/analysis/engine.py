@@ -252,7 +252,7 @@ def _cold_parts(bodies: dict[int, Body], starts: dict[int, set[str]], extents: d
     if not refs:
         return set()
     other: set[int] = set()
-    for f, b in bodies.items():
+    for b in bodies.values():
         other.update(callee for _site, callee in b.calls)
         other.update(callee for _site, callee in b.tails if callee not in b.cond_tails)
     out = set()
