@@ -68,7 +68,7 @@ def test_switch_of_twelve_cases_has_all_case_targets_in_its_cfg(compile_c, opt, 
     assert all(f.address <= t < f.address + f.size for t in targets)
     # and every instruction objdump shows inside classify belongs to one of its blocks
     text = _objdump(compile_c("sample.c", opt, pie))
-    body = text.split(f"<classify>:\n", 1)[1].split("\n\n", 1)[0]
+    body = text.split("<classify>:\n", 1)[1].split("\n\n", 1)[0]
     for line in body.splitlines():
         m = re.match(r"\s*([0-9a-f]+):\s+(\S+)", line)
         if m and not m.group(2).startswith("nop") and m.group(2) not in ("xchg", "cs", "data16"):
