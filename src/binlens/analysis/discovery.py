@@ -105,6 +105,11 @@ class Explorer:
         self._jump_tables = jump_tables
         self.progress: Progress | None = None
         self.covered = 0
+        self._cache: dict[int, tuple] = {}
+        self._cache_key: tuple[int, int] = (0, 0)
+        self._prev_starts: set[int] = set()
+        self._prev_noret: set[int] = set()
+        self._dirty: set[int] = set()
 
     # ------------------------------------------------------------------ chunks
     def chunk(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
@@ -123,6 +128,7 @@ class Explorer:
             if head is None:
                 return None
             self.chunks[r.va + h] = (va, T_FALL, (va,), va)
+            self._dirty.add(r.va + h)
             self.chunks[va] = head
             r.state[off] = CHUNK
             return head
@@ -196,71 +202,112 @@ class Explorer:
         order = sorted(starts)
         bodies: dict[int, Body] = {}
         new: set[int] = set()
-        get = self.chunks.get
+        # A body is reused when nothing it depends on changed since the last call (starts it saw
+        # or hit, chunks split under it, callees whose returning status changed, its neighbour).
+        if self._cache_key != (id(fragments), id(extents)):
+            self._cache.clear()
+            self._cache_key = (id(fragments), id(extents))
+        added = starts - self._prev_starts
+        removed = self._prev_starts - starts
+        noret_changed = noret ^ self._prev_noret
+        dirty = self._dirty | added
         for idx, f in enumerate(order):
             nxt = order[idx + 1] if idx + 1 < len(order) else 1 << 64
-            ext = extents.get(f)
-            b = Body()
-            seen = {f}
-            stack = [f]
-            while stack:
-                a = stack.pop()
-                c = get(a)
-                if c is None:
-                    b.open_end = True
-                    continue
-                b.chunks.append(a)
-                end, term, t, last = c
-                if term == T_FALL:
-                    succ: tuple[tuple[int, str], ...] = ((t[0], "fallthrough"),)
-                elif term == T_JUMP:
-                    succ = ((t[0], "jump"),)
-                elif term == T_COND:
-                    succ = ((t[0], "conditional_taken"), (t[1], "conditional_fallthrough"))
-                elif term == T_CALL:
+            hit = self._cache.get(f)
+            if (
+                hit is not None
+                and hit[0] == nxt
+                and hit[2].isdisjoint(dirty)
+                and hit[3].isdisjoint(removed)
+                and hit[4].isdisjoint(noret_changed)
+            ):
+                bodies[f] = hit[1]
+                new.update(hit[5])
+                continue
+            b, seen, hits, found = self._body(f, nxt, extents.get(f), starts, fragments, noret)
+            bodies[f] = b
+            new.update(found)
+            self._cache[f] = (nxt, b, seen, hits, {c for _s, c in b.calls}, found)
+        self._prev_starts = set(starts)
+        self._prev_noret = set(noret)
+        self._dirty = set()
+        return bodies, new
+
+    def _body(
+        self,
+        f: int,
+        nxt: int,
+        ext: int | None,
+        starts: set[int],
+        fragments: Callable[[int], bool],
+        noret: set[int],
+    ) -> tuple[Body, set[int], set[int], set[int]]:
+        """Walk one function: (body, chunks seen, other starts it ran into, new tail-call starts)."""
+        get = self.chunks.get
+        new: set[int] = set()
+        hits: set[int] = set()
+        b = Body()
+        seen = {f}
+        stack = [f]
+        while stack:
+            a = stack.pop()
+            c = get(a)
+            if c is None:
+                b.open_end = True
+                continue
+            b.chunks.append(a)
+            end, term, t, last = c
+            if term == T_FALL:
+                succ: tuple[tuple[int, str], ...] = ((t[0], "fallthrough"),)
+            elif term == T_JUMP:
+                succ = ((t[0], "jump"),)
+            elif term == T_COND:
+                succ = ((t[0], "conditional_taken"), (t[1], "conditional_fallthrough"))
+            elif term == T_CALL:
+                b.calls.append((last, t[0]))
+                succ = () if t[0] in noret else ((t[1], "call_return"),)
+            elif term == T_ICALL:
+                if t[0] >= 0:
                     b.calls.append((last, t[0]))
-                    succ = () if t[0] in noret else ((t[1], "call_return"),)
-                elif term == T_ICALL:
-                    if t[0] >= 0:
-                        b.calls.append((last, t[0]))
-                    succ = () if t[0] in noret else ((t[1], "call_return"),)
-                elif term == T_RET:
-                    b.has_ret = True
-                    continue
-                elif term == T_IJUMP:
-                    cases = self.jt.get(last)
-                    if cases:
-                        # a table of function entries is a dispatch through pointers: tail calls
-                        entries = [x for x in cases if x in starts and x != f]
-                        b.tails.extend((last, x) for x in entries)
-                        succ = tuple((x, "jump_table") for x in cases if x not in starts or x == f)
-                    else:
-                        if t[0] >= 0:
-                            b.tails.append((last, t[0]))
-                        else:
-                            b.open_end = True
-                        continue
+                succ = () if t[0] in noret else ((t[1], "call_return"),)
+            elif term == T_RET:
+                b.has_ret = True
+                continue
+            elif term == T_IJUMP:
+                cases = self.jt.get(last)
+                if cases:
+                    # a table of function entries is a dispatch through pointers: tail calls
+                    entries = [x for x in cases if x in starts and x != f]
+                    hits.update(entries)
+                    b.tails.extend((last, x) for x in entries)
+                    succ = tuple((x, "jump_table") for x in cases if x not in starts or x == f)
                 else:
-                    if term == T_BAD:
+                    if t[0] >= 0:
+                        b.tails.append((last, t[0]))
+                    else:
                         b.open_end = True
                     continue
-                for s, kind in succ:
-                    if s != f and s in starts:
-                        if kind != "call_return" and kind != "jump_table":
-                            b.tails.append((last, s))
-                            if kind == "conditional_taken":
-                                b.cond_tails.append(s)
-                        continue
-                    if kind == "jump" and s not in seen and _leaves(f, nxt, ext, s, fragments):
+            else:
+                if term == T_BAD:
+                    b.open_end = True
+                continue
+            for s, kind in succ:
+                if s != f and s in starts:
+                    hits.add(s)
+                    if kind != "call_return" and kind != "jump_table":
                         b.tails.append((last, s))
-                        new.add(s)
-                        continue
-                    b.edges.append((a, s, kind))
-                    if s not in seen:
-                        seen.add(s)
-                        stack.append(s)
-            bodies[f] = b
-        return bodies, new
+                        if kind == "conditional_taken":
+                            b.cond_tails.append(s)
+                    continue
+                if kind == "jump" and s not in seen and _leaves(f, nxt, ext, s, fragments):
+                    b.tails.append((last, s))
+                    new.add(s)
+                    continue
+                b.edges.append((a, s, kind))
+                if s not in seen:
+                    seen.add(s)
+                    stack.append(s)
+        return b, seen, hits, new
 
 
 def _leaves(f: int, nxt: int, ext: int | None, s: int, fragments: Callable[[int], bool]) -> bool:
