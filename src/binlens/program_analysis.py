@@ -78,8 +78,8 @@ class ProgramAnalysisState:
     def _progress(self, done: float, total: float | None, message: str | None) -> None:
         if self._cancel.is_set():
             raise _Cancelled
-        if total:
-            self.fraction = max(0.0, min(1.0, done / total))
+        if total:  # passes re-walk the code: keep the reported share monotonic
+            self.fraction = max(self.fraction, min(1.0, done / total))
         if message:
             self.message = message
 
