@@ -95,13 +95,16 @@ class Body:
 class Explorer:
     """Decoded chunks plus the graph passes over them."""
 
-    def __init__(self, codemap: CodeMap, backend: object, jump_tables: Callable[[int, int], list[int]] | None) -> None:
+    def __init__(
+        self, codemap: CodeMap, backend: object, jump_tables: Callable[[int, int], tuple[list[int], bool]] | None
+    ) -> None:
         self.codemap = codemap
         self.backend = backend
         self.decode = backend.decode_chunk  # type: ignore[attr-defined]
         self.chunks: dict[int, tuple[int, int, tuple[int, ...], int]] = {}
         self.pred: dict[int, int] = {}
         self.jt: dict[int, list[int]] = {}  # indirect jump address -> case targets
+        self.unguarded: set[int] = set()  # jumps whose table has no bound check
         self._jump_tables = jump_tables
         self.progress: Progress | None = None
         self.covered = 0
@@ -142,8 +145,13 @@ class Explorer:
     def case_targets(self, chunk_start: int, last: int) -> list[int]:
         t = self.jt.get(last)
         if t is None:
-            t = self._jump_tables(self.pred.get(chunk_start, chunk_start), last) if self._jump_tables else []
+            guarded = True
+            t = []
+            if self._jump_tables is not None:
+                t, guarded = self._jump_tables(self.pred.get(chunk_start, chunk_start), last)
             self.jt[last] = t
+            if not guarded:
+                self.unguarded.add(last)
         return t
 
     # ------------------------------------------------------------------ passes
@@ -276,7 +284,13 @@ class Explorer:
             elif term == T_IJUMP:
                 cases = self.jt.get(last)
                 if cases:
-                    # a table of function entries is a dispatch through pointers: tail calls
+                    # a table of function entries is a dispatch through pointers: tail calls;
+                    # so are entries of an unguarded table that lie below the function
+                    if last in self.unguarded:
+                        below = [x for x in cases if x < f and x not in starts and not fragments(x)]
+                        new.update(below)
+                        b.tails.extend((last, x) for x in below)
+                        cases = [x for x in cases if x >= f or x in starts]
                     entries = [x for x in cases if x in starts and x != f]
                     hits.update(entries)
                     b.tails.extend((last, x) for x in entries)

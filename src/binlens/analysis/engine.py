@@ -18,7 +18,18 @@ from binlens.analysis.discovery import (
 )
 from binlens.analysis.ehframe import parse_eh_frame
 from binlens.analysis.functions import build_functions
-from binlens.analysis.model import SOURCES, T_BAD, T_JUMP, T_RET, XREF_KINDS, ProgramAnalysis
+from binlens.analysis.model import (
+    SOURCES,
+    T_BAD,
+    T_CALL,
+    T_COND,
+    T_FALL,
+    T_ICALL,
+    T_JUMP,
+    T_RET,
+    XREF_KINDS,
+    ProgramAnalysis,
+)
 from binlens.analysis.strings import find_strings
 from binlens.analysis.thunks import find_thunks
 from binlens.analysis.xrefs import collect_xrefs, pointers_in_data
@@ -27,6 +38,7 @@ from binlens.loader.image import Image
 
 ENGINE_VERSION = "1"
 _K_OFFSET = XREF_KINDS.index("offset")
+_GAP_ROUNDS = 40  # each round looks at the first address of every remaining gap
 Progress = Callable[[float, float | None, str | None], None]
 _X86_PROLOGUES = (
     b"\xf3\x0f\x1e\xfa",  # endbr64
@@ -48,8 +60,10 @@ _X86_PROLOGUES = (
     b"\x40\x55",  # push rbp (REX, MSVC x64)
 )
 _PAD_X86 = re.compile(
-    rb"(?:\x90|\xcc|\x00|\xf4|\x0f\x0b|\x66+\x90|\x0f\x1f\x00|\x0f\x1f\x40\x00|\x0f\x1f\x44\x00\x00|\x66\x0f\x1f\x44\x00\x00|\x0f\x1f\x80\x00\x00\x00\x00|\x0f\x1f\x84\x00\x00\x00\x00\x00|\x66\x2e\x0f\x1f\x84\x00\x00\x00\x00\x00|\x66+\x2e\x0f\x1f\x84\x00\x00\x00\x00\x00|\x8d\x76\x00|\x8d\xb4\x26\x00\x00\x00\x00|\x8d\xbc\x27\x00\x00\x00\x00|\x8d\x74\x26\x00)*"
-)  # noqa: E501
+    rb"(?:\x90|\xcc|\xf4|\x0f\x0b|\x00|\x66+\x90"
+    rb"|\x66*\x2e?\x0f\x1f(?:\x00|\x40\x00|\x44\x00\x00|\x80\x00\x00\x00\x00|\x84\x00\x00\x00\x00\x00)"
+    rb"|\x8d\x76\x00|\x8d\x74\x26\x00|\x2e?\x8d\xb4\x26\x00\x00\x00\x00|\x8d\xbc\x27\x00\x00\x00\x00)*"
+)
 
 
 def make_backend(image: Image, codemap: CodeMap) -> object:
@@ -136,9 +150,21 @@ def analyze(
         explorer, seeds.starts, extents, frag, noret_slots | named_noret, noret_slots, excluded
     )
     # Careful heuristics, most trusted first; each stage re-runs discovery before the next looks.
-    for stage in ("code_offsets", "data_pointers", "gaps"):
+    # Data pointers come after the gaps: a switch table of a function nothing has reached yet
+    # would otherwise turn its case labels into functions.
+    # Within data pointers, targets that start like functions go first for the same reason.
+    stages = ["code_offsets"] + ["gaps"] * _GAP_ROUNDS + ["data_prologues", "data_pointers"]
+    stages += ["gaps"] * _GAP_ROUNDS
+    skip_gaps = False
+    for stage in stages:
+        if stage != "gaps":
+            skip_gaps = False
+        elif skip_gaps:
+            continue
         report(0.7, 1.0, f"{len(bodies)} functions; heuristics: {stage}")
         extra = _heuristic_starts(image, codemap, explorer, backend, starts, extents, bodies, stage)
+        if not extra and stage == "gaps":
+            skip_gaps = True
         if extra:
             for va, src in extra.items():
                 if va not in excluded:
@@ -195,11 +221,11 @@ def _jump_table_fn(image: Image, codemap: CodeMap, backend: object, tables: dict
         return None
     from binlens.analysis.jumptable import jump_table_targets
 
-    def resolve(slice_start: int, jump_va: int) -> list[int]:
-        targets, table = jump_table_targets(backend, codemap, slice_start, jump_va)
+    def resolve(slice_start: int, jump_va: int) -> tuple[list[int], bool]:
+        targets, table, guarded = jump_table_targets(backend, codemap, slice_start, jump_va)
         if table:
             tables[jump_va] = table
-        return targets
+        return targets, guarded
 
     return resolve
 
@@ -276,15 +302,20 @@ def _heuristic_starts(
 ) -> dict[int, str]:
     """Careful guesses for code nothing reached: code pointers, then prologues in gaps."""
     inside = FragmentIndex(list(extents.items()))
+    inside_body = FragmentIndex(_body_spans(explorer, bodies))
     out: dict[int, str] = {}
 
     def unexplored(va: int) -> bool:
         r = codemap.region(va)
         return r is not None and r.state[va - r.va] == 0 and not (inside(va) and va not in extents)
 
+    x86 = image.identity.arch in ("x86-64", "x86")
+
     def accept(va: int, source: str, need_ret: bool = False) -> None:
         if va in starts or va in out or not unexplored(va):
             return
+        if source == "pointer" and inside_body(va) and not (x86 and _starts_like_function(codemap, va)):
+            return  # a label inside a function (computed goto, unresolved table), not an entry
         c = explorer.chunk(va)
         if c is not None and c[1] != T_BAD and (not need_ret or c[1] in (T_RET, T_JUMP)):
             out[va] = source
@@ -298,19 +329,91 @@ def _heuristic_starts(
                 i = bisect.bisect_right(reached, src) - 1
                 if i >= 0 and src < ends[i]:
                     accept(dst, "pointer")
-    elif stage == "data_pointers":
+    elif stage in ("data_prologues", "data_pointers"):
         for _src, dst in pointers_in_data(image, codemap, set()):
-            accept(dst, "pointer")
+            if stage == "data_pointers" or (x86 and _starts_like_function(codemap, dst)):
+                accept(dst, "pointer")
     elif image.identity.arch in ("x86-64", "x86", "aarch64"):
-        for va, prologue in _gap_candidates(codemap, image.identity.arch):
+        cands = _gap_candidates(codemap, image.identity.arch)
+        for va, prologue, _gap_end in cands:
             if prologue:
                 accept(va, "prologue")
-            elif image.identity.format == "ELF" and va % 16 == 0:
-                accept(va, "prologue", need_ret=True)
+        if out:
+            return out  # let descent from these claim their gaps before weaker guesses
+        tried: set[int] = set()
+        for _ in range(64):  # a rejected trial leaves the rest of its gap as a new gap
+            fresh = [(va, end) for va, pro, end in cands if not pro and va not in tried]
+            if not fresh:
+                break
+            for va, gap_end in fresh:
+                tried.add(va)
+                weak = x86 and va % 16 == 0 and va not in starts and unexplored(va)
+                if weak and _self_contained(explorer, va, gap_end, starts):
+                    out[va] = "prologue"
+            if out:
+                break
+            cands = _gap_candidates(codemap, image.identity.arch)
     return out
 
 
-def _gap_candidates(codemap: CodeMap, arch: str) -> list[tuple[int, bool]]:
+def _body_spans(explorer: Explorer, bodies: dict[int, Body]) -> list[tuple[int, int]]:
+    """(entry, size) of the contiguous run of blocks from each function's entry."""
+    out = []
+    for f, b in bodies.items():
+        ends = sorted((a, explorer.chunks[a][0]) for a in b.chunks if a >= f and a in explorer.chunks)
+        end = f
+        for a, e in ends:
+            if a > end + 16:
+                break
+            end = max(end, e)
+        if end > f:
+            out.append((f, end - f))
+    return out
+
+
+def _starts_like_function(codemap: CodeMap, va: int) -> bool:
+    r = codemap.region(va)
+    return r is not None and r.data.startswith(_X86_PROLOGUES, va - r.va)
+
+
+def _self_contained(explorer: Explorer, start: int, gap_end: int, starts: dict[int, set[str]]) -> bool:
+    """Does code decoded from `start` stay inside its gap (leaving only by calls and tail calls)?
+
+    Unreached blocks of a function (cases of an unresolved switch, code after a call wrongly
+    thought to return) jump back into explored code; a function that nothing calls does not.
+    """
+    stack = [start]
+    seen: set[int] = set()
+    rets = 0
+    while stack:
+        a = stack.pop()
+        if a in seen:
+            continue
+        seen.add(a)
+        if len(seen) > 4096:
+            return False
+        if a != start and a in starts:
+            continue
+        if not start <= a < gap_end:
+            return False
+        c = explorer.chunk(a)
+        if c is None or c[1] == T_BAD:
+            return False
+        _end, term, t, _last = c
+        if term in (T_FALL, T_JUMP):
+            stack.append(t[0])
+        elif term == T_COND:
+            stack.extend(t)
+        elif term in (T_CALL, T_ICALL):
+            stack.append(t[1])
+        elif term == T_RET:
+            rets += 1
+        elif term == T_JUMP and t[0] in starts:
+            rets += 1  # a tail call to a known function
+    return rets > 0
+
+
+def _gap_candidates(codemap: CodeMap, arch: str) -> list[tuple[int, bool, int]]:
     """First non-padding address of each unexplored gap, and whether it starts like a function."""
     out = []
     for r in codemap.regions:
@@ -322,7 +425,7 @@ def _gap_candidates(codemap: CodeMap, arch: str) -> list[tuple[int, bool]]:
                 off = p.end() if p else off
                 if off >= end:
                     continue
-                out.append((r.va + off, r.data.startswith(_X86_PROLOGUES, off)))
+                out.append((r.va + off, r.data.startswith(_X86_PROLOGUES, off), r.va + end))
             else:
                 while off + 4 <= end and r.data[off : off + 4] in (b"\x1f\x20\x03\xd5", b"\0\0\0\0"):
                     off += 4
@@ -330,7 +433,7 @@ def _gap_candidates(codemap: CodeMap, arch: str) -> list[tuple[int, bool]]:
                     continue
                 (w,) = struct.unpack_from("<I", r.data, off)
                 ok = w & 0xFFC07FFF == 0xA9807BFD or w in (0xD503233F, 0xD503245F) or w & 0xFF0003FF == 0xD10003FF
-                out.append((r.va + off, ok))
+                out.append((r.va + off, ok, r.va + end))
     return out
 
 

@@ -23,12 +23,15 @@ _MAX_ENTRIES = 1024
 _WINDOW = 1 << 20  # case targets lie within 1 MiB of the jump
 
 
-def jump_table_targets(backend: object, codemap: CodeMap, slice_start: int, jump_va: int) -> tuple[list[int], int]:
-    """Case targets of the indirect jump at `jump_va` and the table address (0 when none)."""
+def jump_table_targets(
+    backend: object, codemap: CodeMap, slice_start: int, jump_va: int
+) -> tuple[list[int], int, bool]:
+    """Case targets of the indirect jump at `jump_va`, the table address (0 when none), and
+    whether a bound check guards it (unguarded: a computed goto or an array of function pointers)."""
     b = backend
     insns = [i for i in b.raw_instructions(slice_start, jump_va + 16) if i.ip <= jump_va]  # type: ignore[attr-defined]
     if not insns or insns[-1].ip != jump_va:
-        return [], 0
+        return [], 0, True
     jmp = insns[-1]
     image = b.image  # type: ignore[attr-defined]
     ptr = b.ptr_size  # type: ignore[attr-defined]
@@ -57,7 +60,7 @@ def jump_table_targets(backend: object, codemap: CodeMap, slice_start: int, jump
     count = _bound(insns)
     region = codemap.region(jump_va)
     if region is None:
-        return [], 0
+        return [], 0, True
     best: list[int] = []
     best_base = 0
     seen = set()
@@ -71,10 +74,7 @@ def jump_table_targets(backend: object, codemap: CodeMap, slice_start: int, jump
                 best, best_base = targets, t
         if best and count is not None and len(best) >= count:
             break
-    if count is None and any(t < slice_start for t in best):
-        # No guard: an array of function pointers indexed by a bounded value, not a switch.
-        return [], 0
-    return best, best_base
+    return best, best_base, count is not None
 
 
 def _got_base(image: object) -> int | None:
