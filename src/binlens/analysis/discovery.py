@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from binlens.analysis.codemap import CHUNK, INSN, CodeMap
 from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET
 
+UNGUARDED_BELOW_ARE_FUNCTIONS = True
 Progress = Callable[[float, float | None, str | None], None]
 
 NORETURN_NAMES = frozenset(
@@ -286,7 +287,7 @@ class Explorer:
                 if cases:
                     # a table of function entries is a dispatch through pointers: tail calls;
                     # so are entries of an unguarded table that lie below the function
-                    if last in self.unguarded:
+                    if last in self.unguarded and UNGUARDED_BELOW_ARE_FUNCTIONS:
                         below = [x for x in cases if x < f and x not in starts and not fragments(x)]
                         new.update(below)
                         b.tails.extend((last, x) for x in below)

@@ -85,7 +85,9 @@ def _got_base(image: object) -> int | None:
 
 def _writable(image: object, va: int) -> bool:
     sec = image.section_at(va)  # type: ignore[attr-defined]
-    return sec is not None and sec.perms[1] == "w" and sec.kind != "code"
+    if sec is None or sec.name.startswith(".data.rel.ro"):  # read-only once relocated (RELRO)
+        return False
+    return sec.perms[1] == "w" and sec.kind != "code"
 
 
 def _formats(ptr: int, scale: int) -> list[str]:
