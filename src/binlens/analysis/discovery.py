@@ -114,6 +114,9 @@ class Explorer:
         self._prev_starts: set[int] = set()
         self._prev_noret: set[int] = set()
         self._dirty: set[int] = set()
+        self._trav_noret: set[int] | None = None
+        self._reached: set[int] = set()
+        self._calls: set[int] = set()
 
     # ------------------------------------------------------------------ chunks
     def chunk(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
@@ -158,9 +161,16 @@ class Explorer:
     # ------------------------------------------------------------------ passes
     def traverse(self, starts: list[int], noret: set[int]) -> tuple[set[int], set[int]]:
         """Reach chunks from `starts`; returns (reached chunk starts, direct call targets)."""
-        reached: set[int] = set()
-        calls: set[int] = set()
-        stack = list(starts)
+        # Reachability only grows while the set of non-returning functions stays the same:
+        # then walk from the new starts only.
+        if self._trav_noret is not None and self._trav_noret == noret:
+            reached, calls = self._reached, self._calls
+            stack = [s for s in starts if s not in reached]
+        else:
+            reached, calls = set(), set()
+            stack = list(starts)
+        self._trav_noret = set(noret)
+        self._reached, self._calls = reached, calls
         pred = self.pred
         get = self.chunks.get
         tick = 0

@@ -302,7 +302,13 @@ def _heuristic_starts(
 ) -> dict[int, str]:
     """Careful guesses for code nothing reached: code pointers, then prologues in gaps."""
     inside = FragmentIndex(list(extents.items()))
-    inside_body = FragmentIndex(_body_spans(explorer, bodies))
+    spans: list[FragmentIndex] = []
+
+    def inside_body(va: int) -> bool:
+        if not spans:
+            spans.append(FragmentIndex(_body_spans(explorer, bodies)))
+        return spans[0](va)
+
     out: dict[int, str] = {}
 
     def unexplored(va: int) -> bool:
