@@ -38,7 +38,7 @@ from binlens.loader.image import Image
 
 ENGINE_VERSION = "1"
 _K_OFFSET = XREF_KINDS.index("offset")
-_GAP_ROUNDS = 40  # each round looks at the first address of every remaining gap
+_GAP_ROUNDS = 200  # each round looks at the first address of every remaining gap
 Progress = Callable[[float, float | None, str | None], None]
 _X86_PROLOGUES = (
     b"\xf3\x0f\x1e\xfa",  # endbr64
@@ -318,7 +318,20 @@ def _heuristic_starts(
     x86 = image.identity.arch in ("x86-64", "x86")
 
     def accept(va: int, source: str, need_ret: bool = False) -> None:
-        if va in starts or va in out or not unexplored(va):
+        if va in starts or va in out:
+            return
+        if not unexplored(va):
+            # an address-taken prologue that descent ran into (the fall-through after a call that
+            # does not return) is still a function of its own
+            if (
+                source == "pointer"
+                and x86
+                and image.identity.format == "ELF"
+                and _instruction_start(codemap, va)
+                and not inside(va)
+                and _starts_like_function(codemap, va)
+            ):
+                out[va] = source
             return
         if source == "pointer" and inside_body(va) and not (x86 and _starts_like_function(codemap, va)):
             return  # a label inside a function (computed goto, unresolved table), not an entry
@@ -340,10 +353,19 @@ def _heuristic_starts(
             if stage == "data_pointers" or (x86 and _starts_like_function(codemap, dst)):
                 accept(dst, "pointer")
     elif image.identity.arch in ("x86-64", "x86", "aarch64"):
-        cands = _gap_candidates(codemap, image.identity.arch)
+        # Gaps are code no function covers (code decoded on a path later found dead counts too).
+        covered = _covered_maps(codemap, explorer, bodies)
+
+        def free(va: int) -> bool:
+            r = codemap.region(va)
+            return r is not None and r.state[va - r.va] != 2 and not (inside(va) and va not in extents)
+
+        cands = _gap_candidates(codemap, image.identity.arch, covered)
         for va, prologue, _gap_end in cands:
-            if prologue:
-                accept(va, "prologue")
+            if prologue and va not in starts and free(va):
+                c = explorer.chunk(va)
+                if c is not None and c[1] != T_BAD:
+                    out[va] = "prologue"
         if out:
             return out  # let descent from these claim their gaps before weaker guesses
         tried: set[int] = set()
@@ -353,13 +375,35 @@ def _heuristic_starts(
                 break
             for va, gap_end in fresh:
                 tried.add(va)
-                weak = x86 and va % 16 == 0 and va not in starts and unexplored(va)
-                if weak and _self_contained(explorer, va, gap_end, starts):
+                if not (x86 and va % 16 == 0 and va not in starts and free(va)):
+                    continue
+                ok, seen = _self_contained(explorer, va, gap_end, starts)
+                if ok:
                     out[va] = "prologue"
+                else:
+                    _cover(codemap, covered, explorer, seen)
             if out:
                 break
-            cands = _gap_candidates(codemap, image.identity.arch)
+            cands = _gap_candidates(codemap, image.identity.arch, covered)
     return out
+
+
+def _covered_maps(codemap: CodeMap, explorer: Explorer, bodies: dict[int, Body]) -> dict[int, bytearray]:
+    """Per code region, 1 for each byte inside a chunk of some function."""
+    maps = {r.va: bytearray(len(r.data)) for r in codemap.regions}
+    _cover(codemap, maps, explorer, {a for b in bodies.values() for a in b.chunks})
+    return maps
+
+
+def _cover(codemap: CodeMap, maps: dict[int, bytearray], explorer: Explorer, chunks: set[int]) -> None:
+    for a in chunks:
+        c = explorer.chunks.get(a)
+        r = codemap.region(a)
+        if c is None or r is None:
+            continue
+        n = min(c[0], r.end) - a
+        if n > 0:
+            maps[r.va][a - r.va : a - r.va + n] = b"\x01" * n
 
 
 def _body_spans(explorer: Explorer, bodies: dict[int, Body]) -> list[tuple[int, int]]:
@@ -377,12 +421,17 @@ def _body_spans(explorer: Explorer, bodies: dict[int, Body]) -> list[tuple[int, 
     return out
 
 
+def _instruction_start(codemap: CodeMap, va: int) -> bool:
+    r = codemap.region(va)
+    return r is not None and r.state[va - r.va] in (1, 3)
+
+
 def _starts_like_function(codemap: CodeMap, va: int) -> bool:
     r = codemap.region(va)
     return r is not None and r.data.startswith(_X86_PROLOGUES, va - r.va)
 
 
-def _self_contained(explorer: Explorer, start: int, gap_end: int, starts: dict[int, set[str]]) -> bool:
+def _self_contained(explorer: Explorer, start: int, gap_end: int, starts: dict[int, set[str]]) -> tuple[bool, set[int]]:
     """Does code decoded from `start` stay inside its gap (leaving only by calls and tail calls)?
 
     Unreached blocks of a function (cases of an unresolved switch, code after a call wrongly
@@ -397,16 +446,18 @@ def _self_contained(explorer: Explorer, start: int, gap_end: int, starts: dict[i
             continue
         seen.add(a)
         if len(seen) > 4096:
-            return False
+            return False, seen
         if a != start and a in starts:
             continue
         if not start <= a < gap_end:
-            return False
+            return False, seen
         c = explorer.chunk(a)
         if c is None or c[1] == T_BAD:
-            return False
+            return False, seen
         _end, term, t, _last = c
-        if term in (T_FALL, T_JUMP):
+        if term == T_JUMP and t[0] in starts and t[0] != start:
+            rets += 1  # a tail call to a known function
+        elif term in (T_FALL, T_JUMP):
             stack.append(t[0])
         elif term == T_COND:
             stack.extend(t)
@@ -414,16 +465,15 @@ def _self_contained(explorer: Explorer, start: int, gap_end: int, starts: dict[i
             stack.append(t[1])
         elif term == T_RET:
             rets += 1
-        elif term == T_JUMP and t[0] in starts:
-            rets += 1  # a tail call to a known function
-    return rets > 0
+    return rets > 0, seen
 
 
-def _gap_candidates(codemap: CodeMap, arch: str) -> list[tuple[int, bool, int]]:
-    """First non-padding address of each unexplored gap, and whether it starts like a function."""
+def _gap_candidates(codemap: CodeMap, arch: str, covered: dict[int, bytearray]) -> list[tuple[int, bool, int]]:
+    """First non-padding address of each gap (code no function covers), whether it starts like a
+    function, and where the gap ends."""
     out = []
     for r in codemap.regions:
-        for m in re.finditer(rb"\x00{2,}", r.state):
+        for m in re.finditer(rb"\x00{2,}", covered[r.va]):
             off = m.start()
             end = m.end()
             if arch in ("x86-64", "x86"):
