@@ -97,15 +97,20 @@ class Explorer:
     """Decoded chunks plus the graph passes over them."""
 
     def __init__(
-        self, codemap: CodeMap, backend: object, jump_tables: Callable[[int, int], tuple[list[int], bool]] | None
+        self,
+        codemap: CodeMap,
+        backend: object,
+        jump_tables: Callable[[int, int, list[tuple[int, int]]], tuple[list[int], bool]] | None,
     ) -> None:
         self.codemap = codemap
         self.backend = backend
         self.decode = backend.decode_chunk  # type: ignore[attr-defined]
         self.chunks: dict[int, tuple[int, int, tuple[int, ...], int]] = {}
         self.pred: dict[int, int] = {}
+        self.jpred: dict[int, int] = {}  # first chunk seen jumping to a chunk
         self.jt: dict[int, list[int]] = {}  # indirect jump address -> case targets
         self.unguarded: set[int] = set()  # jumps whose table has no bound check
+        self.unresolved: dict[int, int] = {}  # indirect jump -> its chunk, for a later retry
         self._jump_tables = jump_tables
         self.progress: Progress | None = None
         self.covered = 0
@@ -135,6 +140,7 @@ class Explorer:
             if head is None:
                 return None
             self.chunks[r.va + h] = (va, T_FALL, (va,), va)
+            self.pred[va] = r.va + h
             self._dirty.add(r.va + h)
             self.chunks[va] = head
             r.state[off] = CHUNK
@@ -152,11 +158,45 @@ class Explorer:
             guarded = True
             t = []
             if self._jump_tables is not None:
-                t, guarded = self._jump_tables(self.pred.get(chunk_start, chunk_start), last)
+                t, guarded = self._jump_tables(
+                    self.pred.get(chunk_start, chunk_start), last, self._pred_chain(chunk_start)
+                )
             self.jt[last] = t
+            if not t:
+                self.unresolved[last] = chunk_start  # retried once more predecessors are known
             if not guarded:
                 self.unguarded.add(last)
         return t
+
+    def retry_tables(self) -> list[int]:
+        """Resolve again the jump tables that failed; returns the new case targets to walk."""
+        out: list[int] = []
+        if self._jump_tables is None:
+            return out
+        for last, chunk_start in list(self.unresolved.items()):
+            t, guarded = self._jump_tables(self.pred.get(chunk_start, chunk_start), last, self._pred_chain(chunk_start))
+            if t:
+                del self.unresolved[last]
+                self.jt[last] = t
+                if not guarded:
+                    self.unguarded.add(last)
+                out.extend(t)
+        return out
+
+    def _pred_chain(self, chunk_start: int, hops: int = 32) -> list[tuple[int, int]]:
+        """(start, end) of the chunks before the slice, following one recorded predecessor each."""
+        out: list[tuple[int, int]] = []
+        seen = {chunk_start}
+        first = self.pred.get(chunk_start, chunk_start)
+        p = self.pred.get(first, self.jpred.get(first))
+        while p is not None and p not in seen and len(out) < hops:
+            seen.add(p)
+            c = self.chunks.get(p)
+            if c is None:
+                break
+            out.append((p, c[0]))
+            p = self.pred.get(p, self.jpred.get(p))
+        return out
 
     # ------------------------------------------------------------------ passes
     def traverse(self, starts: list[int], noret: set[int]) -> tuple[set[int], set[int]]:
@@ -172,6 +212,7 @@ class Explorer:
         self._trav_noret = set(noret)
         self._reached, self._calls = reached, calls
         pred = self.pred
+        jpred = self.jpred
         get = self.chunks.get
         tick = 0
         covered = 0
@@ -193,6 +234,7 @@ class Explorer:
                 stack.append(t[1])
                 stack.append(t[0])
             elif term == T_JUMP:
+                jpred.setdefault(t[0], a)
                 stack.append(t[0])
             elif term == T_CALL:
                 calls.add(t[0])

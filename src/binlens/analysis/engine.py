@@ -221,8 +221,8 @@ def _jump_table_fn(image: Image, codemap: CodeMap, backend: object, tables: dict
         return None
     from binlens.analysis.jumptable import jump_table_targets
 
-    def resolve(slice_start: int, jump_va: int) -> tuple[list[int], bool]:
-        targets, table, guarded = jump_table_targets(backend, codemap, slice_start, jump_va)
+    def resolve(slice_start: int, jump_va: int, earlier: list[tuple[int, int]]) -> tuple[list[int], bool]:
+        targets, table, guarded = jump_table_targets(backend, codemap, slice_start, jump_va, earlier)
         if table:
             tables[jump_va] = table
         return targets, guarded
@@ -244,6 +244,11 @@ def _discover(
     for _round in range(8):
         starts = {va: set(src) for va, src in seeds.items()}
         _reached, calls = explorer.traverse(list(starts), noret)
+        for _ in range(4):
+            more = explorer.retry_tables()
+            if not more:
+                break
+            _reached, calls = explorer.traverse(list(starts) + more, noret)
         for c in calls:
             if c in explorer.chunks and c not in excluded:
                 starts.setdefault(c, set()).add("call")

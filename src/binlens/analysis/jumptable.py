@@ -24,7 +24,11 @@ _WINDOW = 1 << 20  # case targets lie within 1 MiB of the jump
 
 
 def jump_table_targets(
-    backend: object, codemap: CodeMap, slice_start: int, jump_va: int
+    backend: object,
+    codemap: CodeMap,
+    slice_start: int,
+    jump_va: int,
+    earlier: list[tuple[int, int]] = (),  # type: ignore[assignment]
 ) -> tuple[list[int], int, bool]:
     """Case targets of the indirect jump at `jump_va`, the table address (0 when none), and
     whether a bound check guards it (unguarded: a computed goto or an array of function pointers)."""
@@ -57,6 +61,13 @@ def jump_table_targets(
                     gotrel.add((got + d) & 0xFFFFFFFF)  # i386 PIC: [ebx + idx*4 + disp], entries relative to GOT
                     bases.append((got + d) & 0xFFFFFFFF)
             scale = scale or ins.memory_index_scale
+    if not bases and earlier:
+        # the table sits in a register loaded long before (an interpreter's dispatch table)
+        reg = _table_register(insns)
+        if reg is not None:
+            found = _register_constant(b, earlier, reg)
+            if found is not None:
+                bases.append(found)
     count = _bound(insns)
     region = codemap.region(jump_va)
     if region is None:
@@ -75,6 +86,31 @@ def jump_table_targets(
         if best and count is not None and len(best) >= count:
             break
     return best, best_base, count is not None
+
+
+def _table_register(insns: list[ix.Instruction]) -> int | None:
+    """The base register of the indexed load (or jump) that reads the table."""
+    for ins in reversed(insns):
+        if OK.MEMORY in (ins.op0_kind, ins.op1_kind) and ins.memory_index != ix.Register.NONE:
+            if ins.memory_base not in (ix.Register.NONE, ix.Register.RIP) and ins.memory_displacement == 0:
+                return ix.RegisterExt.full_register(ins.memory_base)
+            return None
+    return None
+
+
+def _register_constant(backend: object, earlier: list[tuple[int, int]], reg: int) -> int | None:
+    """Walk earlier chunks (most recent first) for `lea reg, [rip+X]` before anything else writes reg."""
+    full = ix.RegisterExt.full_register
+    for start, end in earlier:
+        for ins in reversed(backend.raw_instructions(start, end)):  # type: ignore[attr-defined]
+            if ins.op_count and ins.op0_kind == OK.REGISTER and full(ins.op0_register) == reg:
+                if ins.mnemonic == MN.LEA and ins.is_ip_rel_memory_operand:
+                    return ins.ip_rel_memory_address
+                if ins.mnemonic == MN.MOV and ins.op1_kind in (OK.IMMEDIATE32, OK.IMMEDIATE32TO64, OK.IMMEDIATE64):
+                    return ins.immediate(1)
+                if ins.mnemonic not in (MN.CMP, MN.TEST, MN.PUSH):
+                    return None
+    return None
 
 
 def _got_base(image: object) -> int | None:
