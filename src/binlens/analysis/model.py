@@ -38,7 +38,6 @@ SOURCES = (
     "eh_frame",
     "pdata",
     "function_starts",
-    "init_array",
     "thunk",
     "call",
     "tail_call",
