@@ -224,7 +224,13 @@ def analysis_of(prog: Program) -> ProgramAnalysisState:
 
 def function_name(prog: Program, f: FunctionRow) -> str:
     """The one displayed name of a function: user name or symbol, else import thunk, else sub_<hex>."""
-    return prog.name_at(f.address) or f.thunk or f.symbol or f"sub_{f.address:x}"
+    return _text(prog.name_at(f.address)) or f.thunk or f.symbol or f"sub_{f.address:x}"
+
+
+def _text(name: object) -> str | None:
+    if name is None or isinstance(name, str):
+        return name
+    return bytes(name).decode("latin-1")  # type: ignore[call-overload]
 
 
 def name_for_address(prog: Program, va: int) -> str | None:
@@ -234,12 +240,12 @@ def name_for_address(prog: Program, va: int) -> str | None:
         f = st.view.by_address.get(va)
         if f is not None:
             return function_name(prog, f)
-    name = prog.name_at(va)
+    name = _text(prog.name_at(va))
     if name:
         return name
     for imp in prog.image.imports:
         if imp.slot == va:
-            return imp.name
+            return _text(imp.name)
     return None
 
 

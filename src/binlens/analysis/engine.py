@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import re
 import struct
 import time
@@ -112,6 +113,7 @@ def analyze(
     """
     t0 = time.perf_counter()
     report = progress or (lambda done, total, msg: None)
+    image = _text_names(image)
     codemap = CodeMap(image)
     backend = make_backend(image, codemap)
     report(0, None, "reading metadata")
@@ -187,6 +189,25 @@ def analyze(
         covered_bytes=covered,
         stats=stats,
     )
+
+
+def _text(value: object) -> str:
+    return value.decode("latin-1") if isinstance(value, bytes | bytearray) else str(value)
+
+
+def _text_names(image: Image) -> Image:
+    """The image with every section and symbol name as text (malformed files can carry raw bytes)."""
+    lists = {"sections": image.sections, "symbols": image.symbols, "exports": image.exports, "imports": image.imports}
+    fixed = {}
+    for key, items in lists.items():
+        if any(not isinstance(x.name, str) or not isinstance(getattr(x, "raw_name", ""), str) for x in items):
+            fixed[key] = [
+                dataclasses.replace(
+                    x, name=_text(x.name), **({"raw_name": _text(x.raw_name)} if hasattr(x, "raw_name") else {})
+                )
+                for x in items
+            ]
+    return dataclasses.replace(image, **fixed) if fixed else image
 
 
 def _metadata_seeds(image: Image, seeds: _Seeds) -> dict[int, str]:
