@@ -93,5 +93,6 @@ def find_strings(image: Image, min_length: int = 4) -> list[StringItem]:
         for m in utf16.finditer(data):
             raw = m.group()
             out.append(StringItem(s.va + m.start(), len(raw), "utf-16le", raw.decode("utf-16le", "replace"), s.name))
-    out.sort(key=lambda x: x.address)
-    return out
+    out.sort(key=lambda x: (x.address, -x.size))
+    # overlapping sections of odd files can yield the same address twice: keep the longest
+    return [x for i, x in enumerate(out) if i == 0 or out[i - 1].address != x.address]
