@@ -24,13 +24,12 @@ class CodeRegion:
     data: bytes
     state: bytearray = field(repr=False, default_factory=bytearray)
 
+    end: int = 0
+
     def __post_init__(self) -> None:
         if not self.state:
             self.state = bytearray(len(self.data))
-
-    @property
-    def end(self) -> int:
-        return self.va + len(self.data)
+        self.end = self.va + len(self.data)
 
 
 class CodeMap:
@@ -55,13 +54,18 @@ class CodeMap:
                     continue  # overlapping section headers: keep the first
                 self.regions.append(CodeRegion(s.name, s.va, bytes(data)))
         self._starts = [r.va for r in self.regions]
+        self._last: CodeRegion | None = None
 
     def region(self, va: int) -> CodeRegion | None:
-        """The region containing `va`, or None."""
+        """The region containing `va`, or None (the last hit is tried first: lookups cluster)."""
+        r = self._last
+        if r is not None and r.va <= va < r.end:
+            return r
         i = bisect.bisect_right(self._starts, va) - 1
         if i >= 0:
             r = self.regions[i]
-            if va < r.va + len(r.data):
+            if va < r.end:
+                self._last = r
                 return r
         return None
 
