@@ -266,7 +266,9 @@ class Explorer:
         # A body is reused when nothing it depends on changed since the last call (starts it saw
         # or hit, chunks split under it, callees whose returning status changed, its neighbour).
         if self._cache_key != (id(fragments), id(extents)):
-            self._cache.clear()
+            # new fragments (demoted cold parts) only change bodies that ran into them
+            for f in [f for f, hit in self._cache.items() if any(fragments(x) for x in hit[3] | hit[5])]:
+                del self._cache[f]
             self._cache_key = (id(fragments), id(extents))
         added = starts - self._prev_starts
         removed = self._prev_starts - starts
