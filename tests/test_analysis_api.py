@@ -177,11 +177,24 @@ def test_reopened_program_loads_the_analysis_from_the_database(home, sample):
 def test_define_and_undefine_function(workspace, sample, names):
     prog, _ = _analysed(workspace, sample)
     st = prog.extensions["analysis"]
-    inner = names["classify"] + 9  # a block inside classify
+    classify = hex(names["classify"])
+    before = invoke(workspace, "function.get", {"selector": {"address": classify}})
+    count = invoke(workspace, "analysis.get", {})["counts"]["functions"]
+    inner = names["classify"] + 9  # a block inside classify (the jump-table dispatch)
     assert st.function_at(inner).address == names["classify"]
     st.define_function(inner)
-    assert st.function_at(inner).address == inner
-    assert "user" in st.function_at(inner).sources
+    assert st.function_at(inner).address == inner and st.function_at(inner).sources == ("user",)
+    assert invoke(workspace, "analysis.get", {})["counts"]["functions"] == count + 1
+    shrunk = invoke(workspace, "function.get", {"selector": {"address": classify}})
+    assert shrunk["blocks"] < before["blocks"] and shrunk["sources"] == before["sources"]
+    cases = invoke(workspace, "function.cfg", {"selector": {"address": hex(inner)}})
+    assert len({e["dst"] for e in cases["edges"] if e["kind"] == "jump_table"}) == 12
+    # the database has it: a fresh view of the same program sees the user's function
+    from binlens.store.analysis import AnalysisView, user_functions
+
+    assert inner in AnalysisView(prog.db).by_address and user_functions(prog.db) == {inner: True}
     st.undefine_function(inner)
     assert st.function_at(inner).address == names["classify"]
+    assert invoke(workspace, "function.get", {"selector": {"address": classify}}) == before
+    assert invoke(workspace, "analysis.get", {})["counts"]["functions"] == count
     assert [f.address for f in st.functions] == sorted(f.address for f in st.functions)

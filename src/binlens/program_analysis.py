@@ -16,11 +16,13 @@ import time
 from typing import Any
 
 from binlens.analysis import ENGINE_VERSION, analyze
+from binlens.analysis.engine import analyze_functions
 from binlens.errors import BinlensError
 from binlens.store.analysis import (
     AnalysisView,
     FunctionRow,
     load_run,
+    replace_functions,
     save_analysis,
     set_user_function,
     user_functions,
@@ -181,24 +183,49 @@ class ProgramAnalysisState:
         return self.view.function_at(va) if self.view is not None else None
 
     def define_function(self, va: int, ctx: Any = None, timeout_s: float = 600.0) -> FunctionRow | None:
-        """Make `va` a function start (kept in the database) and re-run the analysis."""
+        """Make `va` a function start: re-analyse it and the function it was part of, update the database.
+
+        The choice is kept (`user_function`), so a later full analysis honours it too.
+        """
+        view = self.require(ctx, timeout_s=timeout_s)
         set_user_function(self.prog.db, va, True)
-        self._rerun(ctx, timeout_s)
+        current = view.by_address.get(va)
+        container = view.function_at(va) if current is None else current
+        entries = [va] + ([container.address] if container is not None and container.address != va else [])
+        sources = {va: tuple(dict.fromkeys((*current.sources, "user"))) if current else ("user",)}
+        if container is not None and container.address != va:
+            sources[container.address] = container.sources
+        self._reanalyse(view, entries, set(view.starts) | {va}, {va} | set(entries), sources)
         return self.function_at(va)
 
     def undefine_function(self, va: int, ctx: Any = None, timeout_s: float = 600.0) -> None:
-        """Stop treating `va` as a function start (kept in the database) and re-run the analysis."""
+        """Stop treating `va` as a function start: re-analyse the functions that ran into it, update the database."""
+        view = self.require(ctx, timeout_s=timeout_s)
         set_user_function(self.prog.db, va, False)
-        self._rerun(ctx, timeout_s)
+        if va not in view.by_address:
+            return
+        affected = {fn for _s, _d, _k, fn in view.xrefs_to(va, ("jump", "tail_call")) if fn is not None}
+        before = view.function_at(va - 1) if va else None
+        if before is not None:
+            affected.add(before.address)
+        affected.discard(va)
+        sources = {fn: view.by_address[fn].sources for fn in affected if fn in view.by_address}
+        self._reanalyse(view, sorted(affected), set(view.starts) - {va}, {va} | affected, sources)
 
-    def _rerun(self, ctx: Any, timeout_s: float) -> None:
-        if self._thread is not None and self.status == "running":
-            self.cancel()
-            self._done.wait(timeout_s)
+    def _reanalyse(
+        self,
+        view: AnalysisView,
+        entries: list[int],
+        starts: set[int],
+        remove: set[int],
+        sources: dict[int, tuple[str, ...]],
+    ) -> None:
+        noret = {f.address for f in view.functions if f.noreturn}
+        strings = {a for a, *_rest in view.strings()}
+        functions, xrefs = analyze_functions(self.prog.image, entries, starts, noret, strings)
+        replace_functions(self.prog.db, remove, functions, xrefs, sources)
         with self._lock:
-            self.status = "not_started"
-            self.view = None
-        self.require(ctx, timeout_s=timeout_s)
+            self.view = AnalysisView(self.prog.db)
 
     def resolve_name(self, name: str) -> int | None:
         """`sub_<hex>` and import-thunk names of analysed functions."""

@@ -20,10 +20,11 @@ def collect_xrefs(
     backend: object,
     explorer: Explorer,
     bodies: dict[int, Body],
-    strings: list[StringItem],
+    strings: list[StringItem] | set[int],
     jt_tables: dict[int, int],
+    data: bool = True,
 ) -> list[Xref]:
-    """Every reference from reached code and from data, deduplicated, sorted by (src, dst)."""
+    """Every reference from reached code (and from data unless `data` is false), sorted by (src, dst)."""
     chunks = explorer.chunks
     reached = sorted({a for b in bodies.values() for a in b.chunks})
     ends = [chunks[a][0] for a in reached]
@@ -44,10 +45,13 @@ def collect_xrefs(
             elif kind == "jump_table":
                 out.add((chunks[s][3], d, "jump_table"))
     for jump, table in jt_tables.items():
-        out.add((jump, table, "read"))
-    str_starts = {s.address for s in strings}
-    for src, dst in pointers_in_data(image, codemap, str_starts):
-        out.add((src, dst, "pointer"))
+        i = bisect.bisect_right(reached, jump) - 1
+        if i >= 0 and jump < ends[i]:
+            out.add((jump, table, "read"))
+    str_starts = strings if isinstance(strings, set) else {s.address for s in strings}
+    if data:
+        for src, dst in pointers_in_data(image, codemap, str_starts):
+            out.add((src, dst, "pointer"))
     res = []
     for src, dst, kind in out:
         if kind in _RETAG and dst in str_starts:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from binlens.analysis.model import ProgramAnalysis
@@ -168,6 +169,80 @@ def save_analysis(db: ProgramDatabase, a: ProgramAnalysis) -> None:
                 a.stats.get("seconds", 0.0),
                 time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             ),
+        )
+
+
+def _owner_index(functions: list) -> Callable[[int], int | None]:
+    spans = sorted((b.start, b.end, f.address) for f in functions for b in f.blocks)
+    starts: list[int] = []
+    ends: list[int] = []
+    fns: list[int] = []
+    for st, en, fn in spans:
+        if starts and starts[-1] == st:
+            continue
+        starts.append(st)
+        ends.append(en)
+        fns.append(fn)
+
+    def owner(va: int) -> int | None:
+        i = bisect.bisect_right(starts, va) - 1
+        return s64(fns[i]) if i >= 0 and va < ends[i] else None
+
+    return owner
+
+
+def replace_functions(
+    db: ProgramDatabase, remove: set[int], functions: list, xrefs: list, sources: dict[int, tuple[str, ...]]
+) -> None:
+    """Replace some functions (and the rows that hang off them) after a local re-analysis."""
+    ids = [s64(a) for a in remove | {f.address for f in functions}]
+    owner = _owner_index(functions)
+    marks = ",".join("?" * len(ids))
+    with db.transaction() as conn:
+        conn.execute(f"DELETE FROM func WHERE address IN ({marks})", ids)  # noqa: S608 - placeholders only
+        for table in ("block", "edge", "call", "xref"):
+            conn.execute(f"DELETE FROM {table} WHERE function IN ({marks})", ids)  # noqa: S608
+        conn.executemany(
+            "INSERT OR REPLACE INTO func VALUES (?,?,?,?,?,?,?,?)",
+            (
+                (
+                    s64(f.address),
+                    f.size,
+                    f.symbol_name,
+                    f.thunk_name,
+                    ",".join(sources.get(f.address, f.sources)),
+                    int(f.noreturn),
+                    len(f.blocks),
+                    sum(b.instruction_count for b in f.blocks),
+                )
+                for f in functions
+            ),
+        )
+        conn.executemany(
+            "INSERT OR IGNORE INTO block VALUES (?,?,?,?,?)",
+            (
+                (s64(f.address), s64(b.start), s64(b.end), b.instruction_count, b.terminator)
+                for f in functions
+                for b in f.blocks
+            ),
+        )
+        conn.executemany(
+            "INSERT INTO edge VALUES (?,?,?,?)",
+            ((s64(f.address), s64(e.src), s64(e.dst), e.kind) for f in functions for e in f.edges),
+        )
+        conn.executemany(
+            "INSERT INTO call VALUES (?,?,?)",
+            ((s64(f.address), s64(site), s64(callee)) for f in functions for site, callee in f.calls),
+        )
+        conn.executemany(
+            "INSERT INTO xref VALUES (?,?,?,?)", ((s64(x.src), s64(x.dst), x.kind, owner(x.src)) for x in xrefs)
+        )
+        conn.execute("UPDATE string SET refs = (SELECT COUNT(*) FROM xref WHERE xref.dst = string.address)")
+        conn.execute(
+            "UPDATE analysis_run SET functions = (SELECT COUNT(*) FROM func), "
+            "blocks = (SELECT COALESCE(SUM(blocks), 0) FROM func), "
+            "instructions = (SELECT COALESCE(SUM(instructions), 0) FROM func), "
+            "xrefs = (SELECT COUNT(*) FROM xref) WHERE id = 1"
         )
 
 
