@@ -65,6 +65,12 @@ class X86Backend:
         self._ins = ix.Instruction()
         regions = image.regions
         self.lo = min((r.va for r in regions), default=0)
+        # i386 position-independent ELF code keeps _GLOBAL_OFFSET_TABLE_ in ebx (the PLT ABI)
+        secs = {s.name: s.va for s in image.sections}
+        got_va = secs.get(".got.plt", secs.get(".got"))
+        pic = image.identity.format == "ELF" and self.bits == 32 and image.identity.image_base == 0
+        self.got = got_va if pic and got_va else 0
+        self.gotreg = ix.Register.EBX if self.got else -1
         self.hi = max((r.va + r.vsize for r in regions), default=0)
         # data references: parallel arrays (src, dst, kind)
         self.x_src = array("Q")
@@ -95,6 +101,7 @@ class X86Backend:
         dec.ip = va
         ins = self._ins
         lo, hi = self.lo, self.hi
+        got, gotreg = self.got, self.gotreg
         x_src, x_dst, x_kind = self.x_src, self.x_dst, self.x_kind
         is_mapped = self.image.is_mapped
         state[off] = CHUNK
@@ -128,10 +135,14 @@ class X86Backend:
                 t = 0
                 if ins.is_ip_rel_memory_operand:
                     t = ins.ip_rel_memory_address
-                elif ins.memory_base == REG_NONE:
-                    d = ins.memory_displacement
-                    if lo <= d < hi:
-                        t = d
+                else:
+                    mb = ins.memory_base
+                    if mb == REG_NONE:
+                        d = ins.memory_displacement
+                        if lo <= d < hi:
+                            t = d
+                    elif mb == gotreg and ins.memory_index == REG_NONE:
+                        t = (got + ins.memory_displacement) & 0xFFFFFFFF  # i386 PIC: [ebx + x] is GOT-relative
                 if t:
                     if is_mapped(t):
                         m = ins.mnemonic
