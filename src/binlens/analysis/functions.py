@@ -36,6 +36,7 @@ def build_functions(
 ) -> list[Function]:
     """One Function per body, in address order."""
     names = symbol_names(image)
+    thumb = getattr(explorer.backend, "thumb", set())
     order = sorted(bodies)
     out = []
     for idx, f in enumerate(order):
@@ -54,6 +55,7 @@ def build_functions(
                 thunk_name=thunks.get(f),
                 noreturn=f in noret,
                 calls=sorted(set(bodies[f].calls)),
+                mode="thumb" if f in thumb else None,
             )
         )
     return out

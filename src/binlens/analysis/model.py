@@ -122,6 +122,7 @@ class Function:
     thunk_name: str | None = None  # the import a PLT/IAT/stub thunk jumps to
     noreturn: bool = False
     calls: list[tuple[int, int]] = field(default_factory=list)  # (call site, callee address)
+    mode: str | None = None  # "thumb" for ARM Thumb code; None otherwise
 
     @property
     def end(self) -> int:

@@ -53,6 +53,17 @@ def decoder(prog: Program) -> Any:
     return d
 
 
+def thumb_spans(dec: Any, view: AnalysisView, spans: list[tuple[int, int]]) -> None:
+    """Tell an ARM decoder which spans are Thumb code (from the functions that own them)."""
+    thumb = getattr(dec, "thumb", None)
+    if thumb is None:
+        return
+    for s, _e in spans:
+        f = view.function_at(s)
+        if f is not None and f.mode == "thumb":
+            thumb.add(s)
+
+
 def instruction_item(ins: Instruction, fn: int | None) -> InstructionItem:
     return InstructionItem(
         address=hex(ins.address),
@@ -72,7 +83,9 @@ def instruction_get(ws: Any, p: InstructionGetParams, ctx: CallContext) -> Instr
     """The instruction at an address: bytes, text, flow kind, targets and address-like operands."""
     prog, view = need_view(ws, p, ctx)
     va, target = select_address(prog, p.selector)
-    insns = decoder(prog).instructions(va, va + 16)
+    dec = decoder(prog)
+    thumb_spans(dec, view, [(va, va + 16)])
+    insns = dec.instructions(va, va + 16)
     if not insns or insns[0].address != va:
         raise BinlensError("not_found", f"no decodable instruction at {hex(va)}", target=target)
     f = view.function_at(va)
@@ -98,9 +111,12 @@ def instruction_list(ws: Any, p: InstructionListParams, ctx: CallContext) -> Lis
         spans = [(cur, end)]
     else:
         spans = _merged(view.blocks_in(_block_floor(view, cur), end))
+    thumb_spans(dec, view, spans)
     for s, e in spans:
         if e <= cur:
             continue
+        if s < cur and getattr(dec, "thumb", None) is not None and s in dec.thumb:
+            dec.thumb.add(cur)
         for ins in dec.instructions(s, min(e, end)):
             if ins.address < cur:
                 continue
@@ -204,6 +220,7 @@ def listing_get(ws: Any, p: ListingParams, ctx: CallContext) -> ListingResult:
     count = 0
     truncated = False
     dec = decoder(prog)
+    thumb_spans(dec, view, _merged(spans))
     for s, e in _merged(spans):
         for ins in dec.instructions(s, e):
             if count >= p.max_instructions:

@@ -25,7 +25,7 @@ ANALYSIS_MIGRATIONS = [
     );
     CREATE TABLE IF NOT EXISTS func (
         address INTEGER PRIMARY KEY, size INTEGER NOT NULL, symbol TEXT, thunk TEXT, sources TEXT NOT NULL,
-        noreturn INTEGER NOT NULL, blocks INTEGER NOT NULL, instructions INTEGER NOT NULL
+        noreturn INTEGER NOT NULL, blocks INTEGER NOT NULL, instructions INTEGER NOT NULL, mode TEXT
     );
     CREATE TABLE IF NOT EXISTS block (
         function INTEGER NOT NULL, start INTEGER NOT NULL, end INTEGER NOT NULL, instructions INTEGER NOT NULL,
@@ -74,6 +74,7 @@ class FunctionRow:
     noreturn: bool
     blocks: int
     instructions: int
+    mode: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +116,7 @@ def save_analysis(db: ProgramDatabase, a: ProgramAnalysis) -> None:
         for t in _TABLES:
             conn.execute(f"DELETE FROM {t}")  # noqa: S608 - fixed table names
         conn.executemany(
-            "INSERT INTO func VALUES (?,?,?,?,?,?,?,?)",
+            "INSERT INTO func VALUES (?,?,?,?,?,?,?,?,?)",
             (
                 (
                     s64(f.address),
@@ -126,6 +127,7 @@ def save_analysis(db: ProgramDatabase, a: ProgramAnalysis) -> None:
                     int(f.noreturn),
                     len(f.blocks),
                     sum(b.instruction_count for b in f.blocks),
+                    f.mode,
                 )
                 for f in a.functions
             ),
@@ -203,7 +205,7 @@ def replace_functions(
         for table in ("block", "edge", "call", "xref"):
             conn.execute(f"DELETE FROM {table} WHERE function IN ({marks})", ids)  # noqa: S608
         conn.executemany(
-            "INSERT OR REPLACE INTO func VALUES (?,?,?,?,?,?,?,?)",
+            "INSERT OR REPLACE INTO func VALUES (?,?,?,?,?,?,?,?,?)",
             (
                 (
                     s64(f.address),
@@ -214,6 +216,7 @@ def replace_functions(
                     int(f.noreturn),
                     len(f.blocks),
                     sum(b.instruction_count for b in f.blocks),
+                    f.mode,
                 )
                 for f in functions
             ),
@@ -276,7 +279,9 @@ class AnalysisView:
         self.db = db
         rows = db.connect().execute("SELECT * FROM func ORDER BY address").fetchall()
         funcs = [
-            FunctionRow(u64(r[0]), r[1], r[2], r[3], tuple(r[4].split(",")) if r[4] else (), bool(r[5]), r[6], r[7])
+            FunctionRow(
+                u64(r[0]), r[1], r[2], r[3], tuple(r[4].split(",")) if r[4] else (), bool(r[5]), r[6], r[7], r[8]
+            )
             for r in rows
         ]
         funcs.sort(key=lambda f: f.address)
