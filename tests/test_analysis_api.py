@@ -198,3 +198,29 @@ def test_define_and_undefine_function(workspace, sample, names):
     assert invoke(workspace, "function.get", {"selector": {"address": classify}}) == before
     assert invoke(workspace, "analysis.get", {})["counts"]["functions"] == count
     assert [f.address for f in st.functions] == sorted(f.address for f in st.functions)
+
+
+def test_cancelling_the_only_waiting_call_stops_the_analysis(workspace):
+    from pathlib import Path
+
+    libc = next(
+        (p for p in (Path("/lib/x86_64-linux-gnu/libc.so.6"), Path("/usr/lib64/libc.so.6")) if p.exists()), None
+    )
+    if libc is None:
+        pytest.skip("no system libc to analyse")
+    workspace.open(libc, check_roots=False)
+    ctx = CallContext(progress=lambda done, total, message: ctx.cancel())
+    with pytest.raises(BinlensError) as err:
+        invoke(workspace, "function.list", {}, ctx)
+    assert err.value.code == "cancelled"
+    deadline = time.monotonic() + 30
+    while invoke(workspace, "analysis.get", {})["status"] == "running" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert invoke(workspace, "analysis.get", {})["status"] == "cancelled"
+    # the next call that needs the analysis starts it again
+    with pytest.raises(BinlensError) as err:
+        invoke(workspace, "function.list", {"wait": False})
+    assert err.value.code == "unavailable" and err.value.details["status"] == "running"
+    state = next(iter(workspace.programs.values())).extensions["analysis"]
+    state.cancel()
+    assert state._done.wait(30)
