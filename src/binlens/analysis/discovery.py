@@ -341,6 +341,11 @@ class Explorer:
                 if cases:
                     # a table of function entries is a dispatch through pointers: tail calls;
                     # so are entries of an unguarded table that lie below the function
+                    if last in self.unguarded and ext:
+                        # an unguarded table may be read past its end: keep entries inside the function
+                        cases = [x for x in cases if f <= x < f + ext or fragments(x) or x in starts]
+                    elif last in self.unguarded:
+                        cases = [x for x in cases if x < nxt or x in starts]
                     if last in self.unguarded and UNGUARDED_BELOW_ARE_FUNCTIONS:
                         below = [x for x in cases if x < f and x not in starts and not fragments(x)]
                         new.update(below)
