@@ -433,6 +433,13 @@ def _heuristic_starts(
             r = codemap.region(va)
             return r is not None and r.state[va - r.va] != 2 and not (inside(va) and va not in extents)
 
+        def other_gap(target: int, lo: int, hi: int) -> bool:
+            """An aligned, uncovered address outside this gap: the entry of another unreached function."""
+            if lo <= target < hi or target % 16:
+                return False
+            r = codemap.region(target)
+            return r is not None and not covered[r.va][target - r.va] and r.state[target - r.va] != 2
+
         cands = _gap_candidates(codemap, image.identity.arch, covered)
         for va, prologue, _gap_end in cands:
             if prologue and va not in starts and free(va):
@@ -450,7 +457,7 @@ def _heuristic_starts(
                 tried.add(va)
                 if not (x86 and va % 16 == 0 and va not in starts and free(va)):
                     continue
-                ok, seen = _self_contained(explorer, va, gap_end, starts)
+                ok, seen = _self_contained(explorer, va, gap_end, starts, other_gap)
                 if ok:
                     out[va] = "prologue"
                 else:
@@ -504,7 +511,13 @@ def _starts_like_function(codemap: CodeMap, va: int) -> bool:
     return r is not None and r.data.startswith(_X86_PROLOGUES, va - r.va)
 
 
-def _self_contained(explorer: Explorer, start: int, gap_end: int, starts: dict[int, set[str]]) -> tuple[bool, set[int]]:
+def _self_contained(
+    explorer: Explorer,
+    start: int,
+    gap_end: int,
+    starts: dict[int, set[str]],
+    elsewhere: Callable[[int, int, int], bool] = lambda va, lo, hi: False,
+) -> tuple[bool, set[int]]:
     """Does code decoded from `start` stay inside its gap (leaving only by calls and tail calls)?
 
     Unreached blocks of a function (cases of an unresolved switch, code after a call wrongly
@@ -528,8 +541,8 @@ def _self_contained(explorer: Explorer, start: int, gap_end: int, starts: dict[i
         if c is None or c[1] == T_BAD:
             return False, seen
         _end, term, t, _last = c
-        if term == T_JUMP and t[0] in starts and t[0] != start:
-            rets += 1  # a tail call to a known function
+        if term == T_JUMP and t[0] != start and (t[0] in starts or elsewhere(t[0], start, gap_end)):
+            rets += 1  # a tail call to a known function, or to an aligned entry in another gap
         elif term in (T_FALL, T_JUMP):
             stack.append(t[0])
         elif term == T_COND:
