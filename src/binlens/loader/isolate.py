@@ -96,8 +96,8 @@ class ParserWorker:
         if status == "ok":
             payload.data = data
             return payload
-        code, message, details = payload
-        raise BinlensError(code, message, details=details)
+        code, message, target, details = payload
+        raise BinlensError(code, message, target=target, details=details)
 
     def close(self) -> None:
         with self._lock:

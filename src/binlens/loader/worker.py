@@ -27,9 +27,12 @@ def _child(data: bytes, file_name: str, slice_name: str | None, wfd: int) -> Non
         img.data = b""
         out: Any = ("ok", img)
     except BinlensError as err:
-        out = ("error", (err.code, err.message, err.details))
+        out = ("error", (err.code, err.message, err.target, err.details))
     except Exception as err:  # noqa: BLE001 - any parser exception is a malformed file
-        out = ("error", ("invalid_argument", f"malformed file: the parser rejected it ({type(err).__name__})", {}))
+        out = (
+            "error",
+            ("invalid_argument", f"malformed file: the parser rejected it ({type(err).__name__})", None, {}),
+        )
     body = pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
     view = memoryview(body)
     while view:
@@ -48,7 +51,7 @@ def _collect(pid: int, rfd: int, timeout: float) -> tuple[str, Any]:
             os.waitpid(pid, 0)
             os.close(rfd)
             msg = f"malformed file: parsing took longer than {timeout:g} s and was stopped"
-            return "error", ("invalid_argument", msg, {"timeout_s": timeout})
+            return "error", ("invalid_argument", msg, None, {"timeout_s": timeout})
         ready, _, _ = select.select([rfd], [], [], left)
         if not ready:
             continue
@@ -61,7 +64,7 @@ def _collect(pid: int, rfd: int, timeout: float) -> tuple[str, Any]:
     if chunks and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
         return pickle.loads(b"".join(chunks))  # noqa: S301 - our own child
     how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}"
-    return "error", ("invalid_argument", "malformed file: the format parser crashed on it", {"parser": how})
+    return "error", ("invalid_argument", "malformed file: the format parser crashed on it", None, {"parser": how})
 
 
 def serve(stdin: Any, stdout: Any) -> None:
