@@ -199,8 +199,9 @@ def test_cli_info_symbols_methods_query(home, compile_c):
     info = run_cli("info", str(path), home=home)
     assert info.returncode == 0 and "x86-64" in info.stdout and ".text" in info.stdout
     syms = run_cli("symbols", str(path), "--kind", "import", "--json", home=home)
-    names = {s["name"] for s in json.loads(syms.stdout)["items"]}
-    assert {"printf", "puts", "exit"} <= names
+    items = json.loads(syms.stdout)["items"]
+    assert {"printf", "puts", "exit"} <= {s["name"] for s in items}
+    assert {s["library"] for s in items if s["name"] in ("printf", "puts", "exit")} == {"libc.so.6"}
     methods = run_cli("methods", home=home)
     assert "memory.search" in methods.stdout
     ok = run_cli("query", "-b", str(path), '{"method":"address.resolve","params":{"address":"main"}}', home=home)

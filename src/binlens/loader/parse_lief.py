@@ -191,19 +191,34 @@ def _elf_symbols(b: Any) -> list[Symbol]:
     return sorted(out.values(), key=lambda s: (s.address, _text(s.name)))
 
 
-def _elf_imports(b: Any) -> list[Import]:
-    out = []
-    libs = [lib for lib in b.libraries]
+def _elf_library_of(b: Any) -> Any:
+    """A function symbol -> library file, from the version needs (vna_other index), else the only DT_NEEDED."""
+    libs = [_text(lib) for lib in b.libraries]
     single = libs[0] if len(libs) == 1 else None
+    by_index: dict[int, str] = {}
+    for req in b.symbols_version_requirement:
+        for aux in req.get_auxiliary_symbols():
+            by_index[aux.other] = _text(req.name)
+
+    def library(sym: Any) -> str | None:
+        if sym.has_version:
+            hit = by_index.get(sym.symbol_version.value)
+            if hit is not None:
+                return hit
+        return single
+
+    return library
+
+
+def _elf_imports(b: Any) -> list[Import]:
+    library = _elf_library_of(b)
+    out = []
     seen = set()
     for r in b.pltgot_relocations:
         if not r.has_symbol or not _text(r.symbol.name):
             continue
         name = _text(r.symbol.name)
-        version_lib = None
-        if r.symbol.has_version and r.symbol.symbol_version.has_auxiliary_version:
-            version_lib = None  # the version names a symbol version, not a library file
-        out.append(Import(demangle(name), name, version_lib or single, slot=r.address))
+        out.append(Import(demangle(name), name, library(r.symbol), slot=r.address))
         seen.add(name)
     for r in b.dynamic_relocations:
         if not r.has_symbol or not _text(r.symbol.name) or _text(r.symbol.name) in seen:
@@ -212,8 +227,8 @@ def _elf_imports(b: Any) -> list[Import]:
         if s.shndx != 0:
             continue
         kind = "function" if _enum_name(s.type) == "FUNC" else "object"
-        out.append(Import(demangle(_text(s.name)), _text(s.name), single, slot=r.address, kind=kind))
-        seen.add(s.name)
+        out.append(Import(demangle(_text(s.name)), _text(s.name), library(s), slot=r.address, kind=kind))
+        seen.add(_text(s.name))
     return out
 
 
