@@ -213,3 +213,16 @@ def test_cli_info_symbols_methods_query(home, compile_c):
     assert unknown.returncode == 2 and json.loads(unknown.stdout)["error"]["target"] == "/method"
     stdin = run_cli("query", "-b", str(path), "-", stdin='{"method":"session.get","params":{}}', home=home)
     assert json.loads(stdin.stdout)["result"]["programs"][0]["file_name"] == path.name
+
+
+def test_symbol_list_scan_range(workspace, compile_c):
+    workspace.open(compile_c("sample.c", "-O2"), check_roots=False)
+    main = invoke(workspace, "symbol.get", {"selector": {"name": "main"}})
+    start = int(main["address"], 16)
+    rng = {"start": hex(start), "end": hex(start + 1)}
+    out = invoke(workspace, "symbol.list", {"scan": {"range": rng}, "kind": "function"})
+    assert [s["name"] for s in out["items"]] == ["main"]
+    assert out["scan"] == {"complete": True, "stop_reason": "range_end", "scanned_to": None}
+    err = call_error(workspace, "symbol.list", {"scan": {"range": {"start": "0x10", "end": "0x5"}}})
+    assert err.target == "/params/scan/range/end"
+    assert call_error(workspace, "symbol.list", {"scan": {"timeout_ms": 5}}).target == "/params/scan/timeout_ms"

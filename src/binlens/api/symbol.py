@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from binlens.api.models import HexAddress, Listing, Page, Params, ProgramRef, Result, Selector
-from binlens.api.pages import page_by_offset
+from binlens.api.models import HexAddress, Listing, Page, Params, ProgramRef, Result, Scan, ScanReport, Selector
+from binlens.api.pages import page_by_offset, scan_bounds
 from binlens.api.registry import READ_ONLY, method
 from binlens.errors import BinlensError
 
@@ -31,6 +31,7 @@ class SymbolListParams(Params):
     kind: SymbolKind | None = Field(None, description="Only symbols of this kind.")
     name: str | None = Field(None, max_length=1024, description="Glob on the (demangled or raw) name.")
     page: Page = Page()
+    scan: Scan = Scan()
 
 
 class SymbolGetParams(Params):
@@ -86,8 +87,16 @@ def symbol_list(ws: Any, p: SymbolListParams) -> Listing[SymbolItem]:
         items = [s for s in items if s.kind == p.kind]
     if p.name:
         items = [s for s in items if fnmatch.fnmatchcase(s.name, p.name) or fnmatch.fnmatchcase(s.raw_name, p.name)]
+    start, end = scan_bounds(prog, p.scan)
+    if p.scan.range is not None:
+        items = [s for s in items if start <= int(s.address, 16) < end]
     out, cursor = page_by_offset(prog, p, items, p.page)
-    return Listing[SymbolItem](items=out, next_cursor=cursor)
+    report = ScanReport(
+        complete=cursor is None,
+        stop_reason="limit" if cursor else "range_end",
+        scanned_to=out[-1].address if cursor and out else None,
+    )
+    return Listing[SymbolItem](items=out, next_cursor=cursor, scan=report)
 
 
 @method("symbol.get", effect=READ_ONLY)
