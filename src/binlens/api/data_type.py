@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import re
 import sqlite3
 from typing import Annotated, Any, Literal
 
@@ -263,6 +264,8 @@ def data_type_get(ws: Any, p: DataTypeGetParams) -> DataTypeItem:
     refresh(prog)
     ts = types(prog)
     name = " ".join(p.name.split())
+    if name not in SCALARS and name not in ts.defs:
+        raise BinlensError("not_found", f"no type named {p.name!r}", target="/params/name")
     try:
         return describe(ts, name)
     except KeyError:
@@ -345,14 +348,11 @@ def data_type_delete(ws: Any, p: DataTypeDeleteParams, ctx: CallContext) -> Edit
     def plan(conn: sqlite3.Connection) -> list[Change]:
         if store(prog).get(conn, "data_type", (name,)) is None:
             raise BinlensError("not_found", f"no user type named {p.name!r}", target="/params/name")
-        ts = _system_from(prog, conn)
-        ts.remove(name)
-        users = [n for n, d in ts.defs.items() if d.source == "user" and _breaks(lambda n=n: _layout(ts, n))]
-        users += [
-            f"global at {hex(k[0])}"
-            for k, v in store(prog).rows("global", conn)
-            if _breaks(lambda v=v: ts.parse_type_name(v["type"]))
-        ]
+        pattern = re.compile(r"(?<![\w])" + r"\s+".join(map(re.escape, name.split())) + r"(?![\w])")
+        st = store(prog)
+        users = [k[0] for k, v in st.rows("data_type", conn) if k[0] != name and pattern.search(v["declaration"])]
+        users += [f"global at {hex(k[0])}" for k, v in st.rows("global", conn) if pattern.search(v["type"])]
+        users += [f"prototype at {hex(k[0])}" for k, v in st.rows("prototype", conn) if pattern.search(v["prototype"])]
         if users:
             raise BinlensError(
                 "conflict",
@@ -363,14 +363,6 @@ def data_type_delete(ws: Any, p: DataTypeDeleteParams, ctx: CallContext) -> Edit
         return [("data_type", (name,), None)]
 
     return EditResult(journal_id=edit(prog, ctx, "data_type.delete", f"delete type {name}", plan))
-
-
-def _breaks(fn: Any) -> bool:
-    try:
-        fn()
-    except (DeclarationError, KeyError):
-        return True
-    return False
 
 
 @method("data_type_category.list", effect=READ_ONLY)
