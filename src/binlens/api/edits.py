@@ -45,7 +45,7 @@ def store(prog: Program) -> AnnotationStore:
 def refresh(prog: Program) -> None:
     """Reload in-memory caches (user names) if any process changed the annotations since."""
     st = store(prog)
-    gen = st.generation()
+    gen = st.generation("name")
     if prog.extensions.get("annotations.generation") == gen:
         return
     names = {key[0]: value["name"] for key, value in st.rows("name")}
@@ -62,13 +62,13 @@ def invalidate(prog: Program) -> None:
 def types(prog: Program) -> TypeSystem:
     """The program's type system (built-ins plus the user's types), rebuilt when types change."""
     st = store(prog)
-    gen = st.generation()
-    cached = prog.extensions.get("annotations.types")
-    if cached is not None and cached[0] == gen:
-        return cached[1]
     rows = sorted(st.rows("data_type"), key=lambda kv: kv[1]["position"])
-    ts = TypeSystem(abi_of(prog), [(k[0], v["kind"], v["category"], v["declaration"]) for k, v in rows])
-    prog.extensions["annotations.types"] = (gen, ts)
+    key = [(k[0], v["kind"], v["category"], v["declaration"]) for k, v in rows]
+    cached = prog.extensions.get("annotations.types")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    ts = TypeSystem(abi_of(prog), key)
+    prog.extensions["annotations.types"] = (key, ts)
     return ts
 
 

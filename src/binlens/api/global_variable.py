@@ -139,15 +139,20 @@ def _write(ws: Any, p: GlobalRef, ctx: CallContext, method_name: str, must_exist
 
 
 def _no_overlap(prog: Any, conn: sqlite3.Connection, va: int, size: int) -> None:
-    for (addr,), value in store(prog).rows("global", conn):
-        if addr == va:
-            continue
+    # globals never overlap, so only the closest one below and those inside the new range can collide
+    rows = conn.execute(
+        "SELECT address, type FROM ann_global WHERE address < ? ORDER BY address DESC LIMIT 1", (va,)
+    ).fetchall()
+    rows += conn.execute(
+        "SELECT address, type FROM ann_global WHERE address > ? AND address < ?", (va, va + size)
+    ).fetchall()
+    for addr, type_text in rows:
         other = global_at(prog, addr)
         osize = other[1] if other else 1
         if addr < va + size and va < addr + osize:
             raise BinlensError(
                 "conflict",
-                f"{hex(va)}..{hex(va + size)} overlaps the global at {hex(addr)} ({value['type']})",
+                f"{hex(va)}..{hex(va + size)} overlaps the global at {hex(addr)} ({type_text})",
                 target="/params/selector",
                 details={"address": hex(addr)},
             )

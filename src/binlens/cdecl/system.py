@@ -79,6 +79,7 @@ class TypeSystem:
         self.defs: dict[str, Definition] = dict(self._builtins(abi))
         self._cache: dict[str, CType] = {}
         self._busy: set[str] = set()
+        self._names: dict[str, CType] = {}
         rows = list(user)
         for name, kind, _category, _text in rows:  # every typedef name is known before any text is parsed
             if kind == "typedef":
@@ -94,11 +95,13 @@ class TypeSystem:
         for d in definitions:
             self.defs[d.name] = d
         self._cache.clear()
+        self._names.clear()
 
     def remove(self, name: str) -> None:
         """Forget a definition (the cache is dropped)."""
         self.defs.pop(name, None)
         self._cache.clear()
+        self._names.clear()
 
     # --- parsing ---------------------------------------------------------------------------
     @classmethod
@@ -127,6 +130,14 @@ class TypeSystem:
 
     def parse_type_name(self, text: str) -> CType:
         """A type written as a C type name: 'int', 'const char *', 'struct foo [4]', 'int (*)(int)'."""
+        hit = self._names.get(text)
+        if hit is None:
+            hit = self._parse_type_name(text)
+            if len(self._names) < 4096:
+                self._names[text] = hit
+        return hit
+
+    def _parse_type_name(self, text: str) -> CType:
         if ";" in text or "{" in text:
             raise DeclarationError("a type name has no ';' or '{' (declare new types with data_type.create)")
         try:

@@ -226,7 +226,7 @@ class AnnotationStore:
                 "INSERT INTO ann_journal(time, client, method, summary, batch, changes) VALUES(?,?,?,?,?,?)",
                 (now(), client, method, summary, getattr(self._local, "batch", None), _dumps(changes)),
             )
-            self._bump(conn)
+            self._bump(conn, {c["kind"] for c in changes})
             return int(cur.lastrowid or 0)
 
     def undo(self, client: str, count: int) -> list[int]:
@@ -239,6 +239,7 @@ class AnnotationStore:
 
     def _step(self, client: str, count: int, *, undo: bool) -> list[int]:
         done: list[int] = []
+        kinds: set[str] = set()
         with self.transaction() as conn:
             for _ in range(count):
                 if undo:
@@ -265,8 +266,9 @@ class AnnotationStore:
                         "UPDATE ann_journal SET state='done', undone_time=NULL, undone_by=NULL WHERE id=?", (row[0],)
                     )
                 done.append(int(row[0]))
+                kinds.update(ch["kind"] for ch in changes)
             if done:
-                self._bump(conn)
+                self._bump(conn, kinds)
         return done
 
     def journal(
@@ -290,13 +292,17 @@ class AnnotationStore:
         return out
 
     # --- change tracking for in-memory caches ---------------------------------------------------
-    def generation(self) -> str:
-        """A token that changes whenever any annotation changes (in any process)."""
-        row = self.db.connect().execute("SELECT value FROM meta WHERE key='annotations.generation'").fetchone()
+    def generation(self, kind: str = "") -> str:
+        """A token that changes whenever any annotation (or, given `kind`, one of that kind) changes, in any process."""
+        key = f"annotations.generation.{kind}" if kind else "annotations.generation"
+        row = self.db.connect().execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return row[0] if row else ""
 
-    def _bump(self, conn: sqlite3.Connection) -> None:
-        self.db.set_meta("annotations.generation", uuid.uuid4().hex, conn)
+    def _bump(self, conn: sqlite3.Connection, kinds: set[str]) -> None:
+        token = uuid.uuid4().hex
+        self.db.set_meta("annotations.generation", token, conn)
+        for kind in kinds:
+            self.db.set_meta(f"annotations.generation.{kind}", token, conn)
 
     # --- byte patches ---------------------------------------------------------------------------
     def patched_bytes(self, start: int, length: int) -> list[tuple[int, int]]:
