@@ -395,8 +395,10 @@ def lay_out(ts: TypeSystem, t: CType, decls: list[c_ast.Decl]) -> None:
                 pos = 0
             elif msvc:
                 if unit is None or unit[1] != unit_bits or bits + width > unit[0] + unit[1] or width == 0:
+                    if unit is not None:
+                        bits = unit[0] + unit[1]  # MSVC: a bit-field run owns its whole storage unit
                     bits = round_up(bits, ft.align * 8)
-                    unit = (bits, unit_bits)
+                    unit = (bits, unit_bits) if width else None
                 pos = bits
             else:
                 if width == 0 or (bits % (ft.align * 8)) + width > unit_bits:
@@ -410,7 +412,9 @@ def lay_out(ts: TypeSystem, t: CType, decls: list[c_ast.Decl]) -> None:
             fields.append(Field(name, ft, byte, pos - byte * 8, width))
             bits = pos + width if t.kind == "struct" else max(bits, width)
             continue
-        unit = None
+        if unit is not None:
+            bits = unit[0] + unit[1]
+            unit = None
         align = max(align, ft.align)
         if t.kind == "union":
             fields.append(Field(name, ft, 0))
@@ -419,6 +423,8 @@ def lay_out(ts: TypeSystem, t: CType, decls: list[c_ast.Decl]) -> None:
         offset = round_up((bits + 7) // 8, ft.align)
         fields.append(Field(name, ft, offset))
         bits = (offset + ft_size) * 8
+    if unit is not None and t.kind == "struct":
+        bits = unit[0] + unit[1]
     names = [f.name for f in fields if f.name]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup is not None:
