@@ -186,6 +186,19 @@ def _on_open(ws: Workspace, prog: Program) -> None:
     refresh(prog)
     prog.extensions["memory.overlay"] = overlay
     prog.extensions["annotations.refresh"] = lambda: refresh(prog)
+    # for the engine's listing and function views (see docs/ANNOTATIONS.md)
+    from binlens.api.function_edit import load_prototype, render_prototype
+    from binlens.api.global_variable import global_at
+
+    prog.extensions["annotations.global_at"] = lambda va: global_at(prog, va)
+    prog.extensions["annotations.prototype_at"] = lambda va: render_prototype(prog, va, load_prototype(prog, va))
+    prog.extensions["annotations.comments_at"] = lambda va: comments_at(prog, va)
+
+
+def comments_at(prog: Program, va: int) -> dict[str, str]:
+    """The comments at `va` by kind (eol, pre, plate), for the listing."""
+    rows = prog.db.connect().execute("SELECT kind, text FROM ann_comment WHERE address=?", (va,)).fetchall()
+    return dict(rows)
 
 
 OPEN_HOOKS.append(_on_open)

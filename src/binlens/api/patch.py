@@ -17,6 +17,7 @@ from pydantic import Field
 from binlens.api.edits import EditResult, edit, store
 from binlens.api.models import AddressText, HexAddress, Params, ProgramRef, Result
 from binlens.api.registry import MUTATION, CallContext, method
+from binlens.api.symbol_edit import storable
 from binlens.errors import BinlensError
 from binlens.store.annotations import Change
 
@@ -81,7 +82,7 @@ def _runs_of(va: int, data: bytes, base: bytes) -> list[list[Any]]:
 def memory_write(ws: Any, p: MemoryWriteParams, ctx: CallContext) -> MemoryWritten:
     """Patch bytes in the database (never in the file); memory.read then shows them with `patched: true`."""
     prog = ws.program(p.program)
-    va = prog.resolve(p.address, "/params/address")
+    va = storable(prog.resolve(p.address, "/params/address"), "/params/address")
     data = _decode(p)
     img = prog.image
     first, last = img.va_to_offset(va), img.va_to_offset(va + len(data) - 1)

@@ -9,6 +9,7 @@ from pydantic import Field
 from binlens.api.edits import EditResult, edit, name_change, original_name, refresh
 from binlens.api.models import HexAddress, Params, ProgramRef, Selector
 from binlens.api.registry import MUTATION, CallContext, method
+from binlens.errors import BinlensError
 
 NameText = Annotated[str, Field(min_length=1, max_length=1024)]
 
@@ -29,8 +30,19 @@ class SymbolPatched(EditResult):
 def selected_address(prog: Any, selector: Selector) -> int:
     """The address a selector names (by address, or by a name that resolves)."""
     if selector.name is not None:
-        return prog.resolve(selector.name, "/params/selector/name")
-    return prog.resolve(selector.address or "", "/params/selector/address")
+        va, target = prog.resolve(selector.name, "/params/selector/name"), "/params/selector/name"
+    else:
+        va, target = prog.resolve(selector.address or "", "/params/selector/address"), "/params/selector/address"
+    return storable(va, target)
+
+
+def storable(va: int, target: str) -> int:
+    """`va`, if the database can key annotations by it (SQLite integers are signed 64-bit)."""
+    if not 0 <= va < 1 << 63:
+        raise BinlensError(
+            "invalid_argument", f"{hex(va)} is above 0x7fffffffffffffff and cannot carry annotations", target=target
+        )
+    return va
 
 
 @method("symbol.patch", effect=MUTATION)
