@@ -425,6 +425,20 @@ def test_export_import_round_trip(ws, home, sample):
     call(ws, "comment.create", selector={"name": "fib"}, text="extra")
     out = call(ws, "annotations.import", document=doc, mode="replace")
     assert out["changes"] == 1 and call(ws, "annotations.export") == doc
+    # a merged type may use types already in the database; a replace must bring them along
+    partial = {**doc, "data_types": [], "names": [], "patches": [], "global_variables": [], "function_prototypes": []}
+    partial["data_types"] = [
+        {
+            "name": "struct uses_s",
+            "kind": "struct",
+            "category": "/user",
+            "declaration": "struct uses_s { s_t a; };",
+            "position": 99,
+        }
+    ]
+    assert call(ws, "annotations.import", document=partial)["changes"] == 1
+    err = fails(ws, "invalid_argument", "annotations.import", document=partial, mode="replace")
+    assert err.target == "/params/document/data_types"
     bad = {**doc, "program": {**doc["program"], "sha256": "0" * 64}}
     fails(ws, "conflict", "annotations.import", document=bad)
     bad = {**doc, "names": [{"address": "0x1", "name": "dup"}, {"address": "0x2", "name": "dup"}]}

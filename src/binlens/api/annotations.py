@@ -152,8 +152,10 @@ def _addr(text: str, target: str) -> int:
     return value
 
 
-def document_rows(prog: Any, doc: AnnotationDocument) -> dict[str, dict[tuple[Any, ...], dict[str, Any]]]:
-    """The rows a document stands for, by kind and key, after validating them."""
+def document_rows(
+    prog: Any, doc: AnnotationDocument, merge: bool = False
+) -> dict[str, dict[tuple[Any, ...], dict[str, Any]]]:
+    """The rows a document stands for, by kind and key, after validating them (with the existing types if merging)."""
     base = "/params/document"
     out: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {k: {} for k in ("name", "comment", "bookmark")}
     seen_names: dict[str, int] = {}
@@ -171,9 +173,11 @@ def document_rows(prog: Any, doc: AnnotationDocument) -> dict[str, dict[tuple[An
         (t.name,): {"kind": t.kind, "category": t.category, "declaration": t.declaration, "position": t.position}
         for t in doc.data_types
     }
-    rows = [(k[0], v["kind"], v["category"], v["declaration"]) for k, v in out["data_type"].items()]
+    merged = dict(store(prog).rows("data_type")) if merge else {}
+    merged.update(out["data_type"])
+    rows = [(k[0], v["kind"], v["category"], v["declaration"]) for k, v in merged.items()]
     try:
-        ts = TypeSystem(abi_of(prog), sorted(rows, key=lambda r: out["data_type"][(r[0],)]["position"]))
+        ts = TypeSystem(abi_of(prog), sorted(rows, key=lambda r: merged[(r[0],)]["position"]))
         for name, *_ in rows:
             ts.resolve(name)
     except (DeclarationError, KeyError) as err:
@@ -219,7 +223,7 @@ def annotations_import(ws: Any, p: ImportParams, ctx: CallContext) -> ImportResu
             "the document was made for other bytes (set allow_other_program to import anyway)",
             target="/params/document/program/sha256",
         )
-    wanted = document_rows(prog, p.document)
+    wanted = document_rows(prog, p.document, merge=p.mode == "merge")
     count = 0
 
     def plan(conn: sqlite3.Connection) -> list[Change]:

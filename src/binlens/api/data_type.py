@@ -227,14 +227,8 @@ def _write_types(
                 raise BinlensError(
                     "conflict", f"type {d.name} already exists (patch or upsert it)", target="/params/declaration"
                 )
-            if current is not None and current["kind"] != d.kind and d.kind != "struct" and current["kind"] != "struct":
-                pass  # a typedef may become a struct and so on: the name is what stays
-            if (
-                current is not None
-                and (current["declaration"] == "" or d.declaration == current["declaration"])
-                or current is not None
-            ):
-                pos_d = current["position"]
+            if current is not None:
+                pos_d = current["position"]  # a redefinition keeps its place in the list
             else:
                 pos += 1
                 pos_d = pos

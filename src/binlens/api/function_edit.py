@@ -169,7 +169,7 @@ def _type(prog: Any, text: str, target: str, *, allow_void: bool = False) -> str
         raise BinlensError(
             "invalid_argument", "a function type here must be a pointer: write 'int (*)(int)'", target=target
         )
-    if t.size is None and not (allow_void and t.strip().kind == "scalar" and t.strip().name == "void") and True:
+    if t.size is None and not (allow_void and t.strip().kind == "scalar" and t.strip().name == "void"):
         raise BinlensError("invalid_argument", f"{t.spelling} is incomplete here", target=target)
     return t.spelling
 
