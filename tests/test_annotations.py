@@ -485,3 +485,18 @@ def test_read_only_refuses_every_mutation(home, sample, tmp_path):
     assert call(ws, "journal.list")["items"] == []
     assert REGISTRY["comment.delete"].effect == "destructive mutation"
     assert REGISTRY["comment.create"].effect == "mutation"
+
+
+def test_a_writer_holding_the_database_makes_edits_busy_not_internal(ws):
+    import sqlite3
+
+    prog = next(iter(ws.programs.values()))
+    other = sqlite3.connect(prog.db.path, timeout=0.1, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process in the middle of a long write
+    try:
+        err = fails(ws, "busy", "comment.create", selector={"name": "main"}, text="x")
+        assert "retry" in err.message
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert call(ws, "comment.create", selector={"name": "main"}, text="x")["journal_id"] == 1

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from binlens.api.edits import invalidate, refresh, store
+from binlens.api.edits import database_busy, invalidate, refresh, store
 from binlens.api.models import Params, ProgramRef, Result
 from binlens.api.registry import LIFECYCLE, MUTATION, CallContext, invoke, lookup, method
 from binlens.errors import BinlensError
@@ -101,7 +101,7 @@ def batch_execute(ws: Any, p: BatchParams, ctx: CallContext) -> BatchResult:
     refresh(prog)
     if p.mode == "all_or_none":
         try:
-            with st.atomic_batch(batch_id):
+            with database_busy(), st.atomic_batch(batch_id):
                 for i, it in enumerate(p.items):
                     ctx.progress(i, len(p.items), it.method)
                     try:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pydantic import Field
@@ -94,10 +95,22 @@ def edit(
     """Run one journaled edit and refresh the caches it touches."""
     refresh(prog)
     try:
-        entry = store(prog).edit(client_of(ctx), method, summary, plan)
+        with database_busy():
+            entry = store(prog).edit(client_of(ctx), method, summary, plan)
     finally:
         refresh(prog)
     return entry
+
+
+@contextmanager
+def database_busy() -> Iterator[None]:
+    """Turn SQLite's 'database is locked' (another writer held it past the timeout) into `busy`."""
+    try:
+        yield
+    except sqlite3.OperationalError as err:
+        if "locked" not in str(err) and "busy" not in str(err):
+            raise
+        raise BinlensError("busy", "another client is writing to this program's database; retry shortly") from None
 
 
 def parse_type(prog: Program, text: str, target: str) -> CType:

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from binlens.api.cursor import decode_cursor, encode_cursor, query_key
-from binlens.api.edits import client_of, refresh, store, sync_engine_functions
+from binlens.api.edits import client_of, database_busy, refresh, store, sync_engine_functions
 from binlens.api.models import Listing, Page, Params, ProgramRef, Result
 from binlens.api.registry import DESTRUCTIVE, READ_ONLY, CallContext, method
 from binlens.errors import BinlensError
@@ -77,7 +77,8 @@ def _step(ws: Any, p: JournalStepParams, ctx: CallContext, undo: bool) -> Journa
     st = store(prog)
     client = client_of(ctx)
     try:
-        ids = st.undo(client, p.count) if undo else st.redo(client, p.count)
+        with database_busy():
+            ids = st.undo(client, p.count) if undo else st.redo(client, p.count)
     finally:
         refresh(prog)
     if not ids:
