@@ -164,9 +164,10 @@ def _check_all(ts: TypeSystem, new: list[Definition]) -> None:
             _layout(ts, d.name)
         except DeclarationError as err:
             raise _bad_declaration(err) from None
+    mentions = re.compile("|".join(r"(?<!\w)" + r"\s+".join(map(re.escape, d.name.split())) + r"(?!\w)" for d in new))
     for name, d in ts.defs.items():
-        if d.source != "user" or any(n.name == name for n in new):
-            continue
+        if d.source != "user" or any(n.name == name for n in new) or not mentions.search(d.declaration):
+            continue  # only types that mention a changed one can break
         try:
             _layout(ts, name)
         except (DeclarationError, KeyError) as err:
