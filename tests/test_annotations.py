@@ -500,3 +500,23 @@ def test_a_writer_holding_the_database_makes_edits_busy_not_internal(ws):
         other.execute("ROLLBACK")
         other.close()
     assert call(ws, "comment.create", selector={"name": "main"}, text="x")["journal_id"] == 1
+
+
+def test_remaining_failure_paths(ws):
+    fails(ws, "not_found", "function_prototype.get", selector={"name": "counter"})
+    assert call(ws, "function_prototype.get", selector={"name": "fib"})["prototype"] is None
+    err = fails(ws, "invalid_argument", "comment.list", page={"cursor": "bogus"})
+    assert err.target == "/params/page/cursor"
+    fails(ws, "invalid_argument", "journal.list", page={"cursor": "bogus"})
+    fails(ws, "invalid_argument", "bookmark.list", page={"limit": 0})
+    fails(ws, "conflict", "data_type.upsert", declaration="typedef unsigned int DWORD;")
+    err = fails(ws, "invalid_argument", "data_type.upsert", declaration="struct z { int a[-1]; };")
+    assert "negative" in err.message
+    fails(ws, "conflict", "data_type.patch", name="size_t", category="/x")
+    fails(ws, "invalid_argument", "global_variable.upsert", selector={"name": "counter"}, type="struct never_defined")
+    fails(ws, "invalid_argument", "global_variable.create", selector={"address": "0x7fffffffffff0000"}, type="int")
+    fails(ws, "invalid_argument", "symbol.patch", selector={"address": "0xffffffffffff0000"}, name="high")
+    fails(ws, "invalid_argument", "memory.write", address="counter", data="00" * 65537)
+    fails(ws, "invalid_argument", "function.patch", selector={"name": "fib"})
+    err = fails(ws, "invalid_argument", "comment.create", selector={"name": "fib"}, text="x", color="red")
+    assert err.target == "/params/color"
