@@ -94,12 +94,35 @@ def edit(
 ) -> int | None:
     """Run one journaled edit and refresh the caches it touches."""
     refresh(prog)
+    st = store(prog)
+    cached = prog.extensions.get("annotations.generation")
+    seen: dict[str, str] = {}
+
+    def planned(conn: sqlite3.Connection) -> list[Change]:
+        seen["names"] = st.generation("name")  # inside the transaction: no other writer can move it now
+        return plan(conn)
+
+    entry = None
     try:
         with database_busy():
-            entry = store(prog).edit(client_of(ctx), method, summary, plan)
+            entry = st.edit(client_of(ctx), method, summary, planned)
     finally:
-        refresh(prog)
+        if entry is not None and cached is not None and seen.get("names") == cached:
+            _apply_names(prog, *st.last_edit())  # our cache was current: add our own change, skip a reload
+        else:
+            refresh(prog)
     return entry
+
+
+def _apply_names(prog: Program, token: str, changes: list[dict[str, Any]]) -> None:
+    named = [c for c in changes if c["kind"] == "name"]
+    for c in named:
+        if c["after"] is None:
+            prog.user_names.pop(c["key"][0], None)
+        else:
+            prog.user_names[c["key"][0]] = c["after"]["name"]
+    if named:
+        prog.extensions["annotations.generation"] = token
 
 
 @contextmanager

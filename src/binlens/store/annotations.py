@@ -226,8 +226,12 @@ class AnnotationStore:
                 "INSERT INTO ann_journal(time, client, method, summary, batch, changes) VALUES(?,?,?,?,?,?)",
                 (now(), client, method, summary, getattr(self._local, "batch", None), _dumps(changes)),
             )
-            self._bump(conn, {c["kind"] for c in changes})
+            self._local.last_edit = (self._bump(conn, {c["kind"] for c in changes}), changes)
             return int(cur.lastrowid or 0)
+
+    def last_edit(self) -> tuple[str, list[dict[str, Any]]]:
+        """(generation token, changes) of this thread's last edit that changed something."""
+        return self._local.last_edit
 
     def undo(self, client: str, count: int) -> list[int]:
         """Undo the latest `count` live entries (newest first); returns their ids."""
@@ -298,11 +302,12 @@ class AnnotationStore:
         row = self.db.connect().execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return row[0] if row else ""
 
-    def _bump(self, conn: sqlite3.Connection, kinds: set[str]) -> None:
+    def _bump(self, conn: sqlite3.Connection, kinds: set[str]) -> str:
         token = uuid.uuid4().hex
         self.db.set_meta("annotations.generation", token, conn)
         for kind in kinds:
             self.db.set_meta(f"annotations.generation.{kind}", token, conn)
+        return token
 
     # --- byte patches ---------------------------------------------------------------------------
     def patched_bytes(self, start: int, length: int) -> list[tuple[int, int]]:
