@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import sqlite3
 import subprocess
@@ -77,7 +78,8 @@ def test_sigkill_mid_batch_loses_no_committed_item_and_half_applies_none(home, c
     request = {"method": "batch.execute", "params": {"mode": "per_item", "include_results": False, "items": items}}
     proc = start_query(home, binary, request)
     deadline = time.monotonic() + 60
-    while journal_count(db_path) < 50:
+    threshold = random.randint(50, 500)  # somewhere in the middle of the batch
+    while journal_count(db_path) < threshold:
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         assert time.monotonic() < deadline, "the batch did not start"
         time.sleep(0.005)
@@ -92,7 +94,8 @@ def test_sigkill_mid_batch_loses_no_committed_item_and_half_applies_none(home, c
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     journal = invoke(ws2, "journal.list", {"page": {"limit": 1000}})["items"]
     committed = len(journal)
-    assert 50 <= committed < 1000, f"the kill landed after {committed} items"
+    assert threshold <= committed < 1000, f"the kill landed after {committed} items"
+    print(f"SIGKILL after {committed} committed items")
     globals_ = {int(k, 16) for k in (g["address"] for g in _all_globals(ws2))}
     names = dict(conn.execute("SELECT address, name FROM ann_name").fetchall())
     journaled = set()
