@@ -99,6 +99,9 @@ class AnnotationStore:
     def __init__(self, db: ProgramDatabase) -> None:
         self.db = db
         self._local = threading.local()  # .conn: the open batch transaction of this thread, .batch: its id
+        if db.schema_versions().get("annotations", 0) < len(MIGRATIONS):
+            with db.write_lock:  # the database was opened before this module registered its tables
+                db._migrate()
 
     # --- rows ---------------------------------------------------------------------------------
     def get(self, conn: sqlite3.Connection, kind: str, key: Key) -> Value:
