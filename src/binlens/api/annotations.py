@@ -24,6 +24,8 @@ class _Doc(BaseModel):
 
 
 class DocProgram(_Doc):
+    """The program a document was exported from."""
+
     sha256: str
     file_name: str | None = None
     format: str | None = None
@@ -31,23 +33,31 @@ class DocProgram(_Doc):
 
 
 class DocName(_Doc):
+    """A user name."""
+
     address: str
     name: str
 
 
 class DocComment(_Doc):
+    """A comment."""
+
     address: str
     kind: Literal["eol", "pre", "plate"]
     text: str
 
 
 class DocBookmark(_Doc):
+    """A bookmark."""
+
     address: str
     category: str
     note: str
 
 
 class DocDataType(_Doc):
+    """A user type as C."""
+
     name: str
     kind: Literal["struct", "union", "enum", "typedef", "function"]
     category: str
@@ -56,16 +66,22 @@ class DocDataType(_Doc):
 
 
 class DocGlobal(_Doc):
+    """A typed global."""
+
     address: str
     type: str
 
 
 class DocParameter(_Doc):
+    """A prototype parameter."""
+
     name: str
     type: str
 
 
 class DocPrototype(_Doc):
+    """A function prototype."""
+
     address: str
     return_type: str
     calling_convention: str
@@ -74,11 +90,15 @@ class DocPrototype(_Doc):
 
 
 class DocFunction(_Doc):
+    """A user decision to define or undefine a function."""
+
     address: str
     state: Literal["defined", "undefined"]
 
 
 class DocPatch(_Doc):
+    """Patched bytes at an address."""
+
     address: str
     bytes: str
 
@@ -100,10 +120,14 @@ class AnnotationDocument(_Doc):
 
 
 class ExportParams(Params):
+    """The program whose annotations to export."""
+
     program: ProgramRef | None = None
 
 
 class ImportParams(Params):
+    """A document to import and how."""
+
     program: ProgramRef | None = None
     document: AnnotationDocument
     mode: Literal["merge", "replace"] = Field(
@@ -113,6 +137,8 @@ class ImportParams(Params):
 
 
 class ImportResult(EditResult):
+    """What an import changed."""
+
     changes: int
 
 

@@ -14,11 +14,15 @@ from binlens.errors import BinlensError
 
 
 class BatchItem(Params):
+    """One call in a batch."""
+
     method: Annotated[str, Field(min_length=3, max_length=128, description="A method name, e.g. 'comment.create'.")]
     params: dict[str, Any] = Field(default_factory=dict)
 
 
 class BatchParams(Params):
+    """Up to 1000 calls and how to commit them."""
+
     program: ProgramRef | None = Field(None, description="Program of every item that does not name its own.")
     mode: Literal["all_or_none", "per_item"] = Field(
         "all_or_none",
@@ -30,6 +34,8 @@ class BatchParams(Params):
 
 
 class ItemOutcome(Result):
+    """One batch item's result or error."""
+
     index: int
     method: str
     ok: bool
@@ -38,6 +44,8 @@ class ItemOutcome(Result):
 
 
 class BatchResult(Result):
+    """The outcome of a batch."""
+
     batch_id: str
     mode: Literal["all_or_none", "per_item"]
     succeeded: int

@@ -16,6 +16,8 @@ Category = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-
 
 
 class BookmarkItem(Result):
+    """One bookmark: address, category and note."""
+
     address: HexAddress
     category: str
     note: str
@@ -23,20 +25,28 @@ class BookmarkItem(Result):
 
 
 class BookmarkEdited(EditResult):
+    """A bookmark after an edit (null after a delete)."""
+
     bookmark: BookmarkItem | None
 
 
 class BookmarkRef(Params):
+    """One bookmark: an address and a category."""
+
     program: ProgramRef | None = None
     selector: Selector
     category: Category = Field("note", description="Bookmarks are keyed by address and category.")
 
 
 class BookmarkCreateParams(BookmarkRef):
+    """A new bookmark."""
+
     note: str = Field("", max_length=65536)
 
 
 class BookmarkListParams(Params):
+    """Filters and paging of bookmark.list."""
+
     program: ProgramRef | None = None
     category: Category | None = None
     page: Page = Page()

@@ -19,6 +19,8 @@ CommentText = Annotated[str, Field(min_length=1, max_length=65536)]
 
 
 class CommentItem(Result):
+    """One comment at an address."""
+
     address: HexAddress
     kind: CommentKind
     text: str
@@ -26,20 +28,28 @@ class CommentItem(Result):
 
 
 class CommentEdited(EditResult):
+    """A comment after an edit."""
+
     comment: CommentItem | None = Field(description="The comment now (null after a delete).")
 
 
 class CommentRef(Params):
+    """One comment: an address and a kind."""
+
     program: ProgramRef | None = None
     selector: Selector
     kind: CommentKind = Field("eol", description="eol (end of line), pre (above the line) or plate (a header box).")
 
 
 class CommentWrite(CommentRef):
+    """A comment's address, kind and text."""
+
     text: CommentText
 
 
 class CommentListParams(Params):
+    """Filters and paging of comment.list."""
+
     program: ProgramRef | None = None
     kind: CommentKind | None = None
     text: str | None = Field(None, max_length=1024, description="Glob on the comment text.")

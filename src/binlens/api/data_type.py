@@ -33,6 +33,8 @@ TypeKind = Literal["scalar", "struct", "union", "enum", "typedef", "function"]
 
 
 class TypeMember(Result):
+    """A struct/union member with its byte offset (and bit position for bit-fields)."""
+
     name: str | None
     type: str
     offset: int
@@ -42,16 +44,22 @@ class TypeMember(Result):
 
 
 class Enumerator(Result):
+    """One enum constant."""
+
     name: str
     value: int
 
 
 class TypeParameter(Result):
+    """One parameter of a function type."""
+
     name: str | None
     type: str
 
 
 class DataTypeItem(Result):
+    """A C type laid out for the program's ABI."""
+
     name: str
     kind: TypeKind
     category: str
@@ -68,15 +76,21 @@ class DataTypeItem(Result):
 
 
 class DataTypeEdited(EditResult):
+    """The types a declaration defined or replaced."""
+
     items: list[DataTypeItem]
 
 
 class DataTypeGetParams(Params):
+    """One type by name."""
+
     program: ProgramRef | None = None
     name: TypeName
 
 
 class DataTypeListParams(Params):
+    """Filters and paging of data_type.list."""
+
     program: ProgramRef | None = None
     category: CategoryPath | None = Field(None, description="Only this category and its subcategories.")
     kind: TypeKind | None = None
@@ -86,12 +100,16 @@ class DataTypeListParams(Params):
 
 
 class DataTypeWriteParams(Params):
+    """C declarations to add or replace, and their category."""
+
     program: ProgramRef | None = None
     declaration: Declaration
     category: CategoryPath = "/user"
 
 
 class DataTypePatchParams(Params):
+    """A user type to redefine or move."""
+
     program: ProgramRef | None = None
     name: TypeName
     declaration: Declaration | None = Field(None, description="The new definition (it must define `name`).")
@@ -99,16 +117,22 @@ class DataTypePatchParams(Params):
 
 
 class DataTypeDeleteParams(Params):
+    """A user type to delete."""
+
     program: ProgramRef | None = None
     name: TypeName
 
 
 class CategoryItem(Result):
+    """A type category and how many types it holds."""
+
     path: str
     types: int
 
 
 class CategoryListParams(Params):
+    """The program whose type categories to list."""
+
     program: ProgramRef | None = None
 
 

@@ -29,12 +29,16 @@ DEFAULT_RETURN = "int"
 
 
 class Parameter(Result):
+    """One named, typed parameter."""
+
     ordinal: int
     name: str
     type: str
 
 
 class Prototype(Result):
+    """A function's prototype."""
+
     return_type: str
     calling_convention: str
     parameters: list[Parameter]
@@ -43,12 +47,16 @@ class Prototype(Result):
 
 
 class FunctionEdited(EditResult):
+    """A function's name and prototype after an edit."""
+
     address: HexAddress
     name: str | None
     prototype: Prototype | None
 
 
 class FunctionPatchParams(Params):
+    """A new name and/or prototype for a function."""
+
     program: ProgramRef | None = None
     selector: Selector
     name: Annotated[str, Field(min_length=1, max_length=1024)] | None = Field(None, description="New name.")
@@ -60,17 +68,23 @@ class FunctionPatchParams(Params):
 
 
 class FunctionCreateParams(Params):
+    """Where to define a function, and its name."""
+
     program: ProgramRef | None = None
     selector: Selector
     name: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
 
 
 class FunctionRef(Params):
+    """The function a selector names."""
+
     program: ProgramRef | None = None
     selector: Selector
 
 
 class ParameterCreateParams(Params):
+    """A parameter to add to a function's prototype."""
+
     program: ProgramRef | None = None
     function: Selector
     name: ParamName
@@ -79,6 +93,8 @@ class ParameterCreateParams(Params):
 
 
 class ParameterPatchParams(Params):
+    """A parameter to rename or retype."""
+
     program: ProgramRef | None = None
     function: Selector
     ordinal: int = Field(ge=0, le=255)
@@ -87,6 +103,8 @@ class ParameterPatchParams(Params):
 
 
 class ParameterDeleteParams(Params):
+    """A parameter to remove."""
+
     program: ProgramRef | None = None
     function: Selector
     ordinal: int = Field(ge=0, le=255)
@@ -272,6 +290,8 @@ def _default() -> dict[str, Any]:
 
 
 class FunctionPrototypeParams(Params):
+    """The function whose prototype to read."""
+
     program: ProgramRef | None = None
     selector: Selector
 

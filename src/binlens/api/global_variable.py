@@ -23,6 +23,8 @@ MAX_GLOBAL = 1 << 20
 
 
 class GlobalItem(Result):
+    """A typed global and its decoded value."""
+
     address: HexAddress
     name: str | None
     type: str
@@ -33,25 +35,35 @@ class GlobalItem(Result):
 
 
 class GlobalEdited(EditResult):
+    """A global after an edit (null after a delete)."""
+
     global_variable: GlobalItem | None
 
 
 class GlobalRef(Params):
+    """The global at an address."""
+
     program: ProgramRef | None = None
     selector: Selector
 
 
 class GlobalWrite(GlobalRef):
+    """Type (and optionally name) the data at an address."""
+
     type: TypeText
     name: NameText | None = Field(None, description="Also name the address (a rename shown everywhere).")
 
 
 class GlobalPatch(GlobalRef):
+    """A new type and/or name for a global."""
+
     type: TypeText | None = None
     name: NameText | None = None
 
 
 class GlobalListParams(Params):
+    """Paging and range of global_variable.list."""
+
     program: ProgramRef | None = None
     page: Page = Page()
     scan: Scan = Scan()

@@ -16,6 +16,8 @@ EntryState = Literal["done", "undone", "abandoned"]
 
 
 class JournalChange(Result):
+    """One row's value before and after an edit."""
+
     kind: str = Field(description="name, comment, bookmark, data_type, global, prototype, function or patch")
     key: list[Any]
     before: dict[str, Any] | None
@@ -23,6 +25,8 @@ class JournalChange(Result):
 
 
 class JournalEntry(Result):
+    """One journaled edit."""
+
     id: int
     time: str
     client: str
@@ -36,6 +40,8 @@ class JournalEntry(Result):
 
 
 class JournalListParams(Params):
+    """Filters, order and paging of journal.list."""
+
     program: ProgramRef | None = None
     state: EntryState | None = None
     newest_first: bool = False
@@ -44,11 +50,15 @@ class JournalListParams(Params):
 
 
 class JournalStepParams(Params):
+    """How many edits to undo or redo."""
+
     program: ProgramRef | None = None
     count: int = Field(1, ge=1, le=1000, description="How many entries to undo or redo.")
 
 
 class JournalStepped(Result):
+    """The entries undone or redone."""
+
     entries: list[JournalEntry] = Field(description="The entries undone (newest first) or redone (oldest first).")
 
 

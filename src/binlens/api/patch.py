@@ -25,6 +25,8 @@ MAX_WRITE = 65536
 
 
 class MemoryWriteParams(Params):
+    """Bytes to patch at an address."""
+
     program: ProgramRef | None = None
     address: AddressText
     data: Annotated[str, Field(min_length=1, max_length=4 * MAX_WRITE, description="The bytes to write.")]
@@ -32,18 +34,24 @@ class MemoryWriteParams(Params):
 
 
 class MemoryWritten(EditResult):
+    """What a memory.write patched."""
+
     address: HexAddress
     length: int
     patched_bytes: int = Field(description="Bytes in the range that now differ from the file.")
 
 
 class ProgramExportParams(Params):
+    """Where to write the patched copy."""
+
     program: ProgramRef | None = None
     path: Annotated[str, Field(min_length=1, max_length=4096, description="Where to write the patched copy.")]
     overwrite: bool = Field(False, description="Replace an existing file at `path`.")
 
 
 class ProgramExported(Result):
+    """The patched copy that was written."""
+
     path: str
     size: int
     sha256: str

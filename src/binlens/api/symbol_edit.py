@@ -15,12 +15,16 @@ NameText = Annotated[str, Field(min_length=1, max_length=1024)]
 
 
 class SymbolPatchParams(Params):
+    """Rename the address a selector names."""
+
     program: ProgramRef | None = None
     selector: Selector = Field(description="The address (or current name) to rename.")
     name: NameText | None = Field(description="The new name; null removes the user name (the original shows again).")
 
 
 class SymbolPatched(EditResult):
+    """The name at an address after a rename."""
+
     address: HexAddress
     name: str | None = Field(description="The name shown at the address now.")
     previous_name: str | None

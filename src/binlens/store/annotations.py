@@ -198,6 +198,7 @@ class AnnotationStore:
 
     @property
     def in_atomic_batch(self) -> bool:
+        """Whether this thread is inside an all_or_none batch."""
         return getattr(self._local, "conn", None) is not None
 
     # --- journaled edits -----------------------------------------------------------------------
