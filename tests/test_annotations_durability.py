@@ -157,7 +157,14 @@ def test_two_processes_edit_one_program(home, compile_c):
     assert prog.db.connect().execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     journal = invoke(ws2, "journal.list", {"page": {"limit": 1000}})["items"]
     clients = {e["client"] for e in journal}
-    assert len(clients) == 2 and {e["method"] for e in journal} == {"comment.upsert", "bookmark.create"}
+    assert len(clients) == 2
+    for client in clients:
+        mine = invoke(ws2, "journal.list", {"client": client, "method": "bookmark.create", "page": {"limit": 1000}})
+        assert (
+            len(mine["items"]) == 15
+            and {e["client"] for e in mine["items"]} == {client}
+            and {e["method"] for e in journal} == {"comment.upsert", "bookmark.create"}
+        )
     assert len([e for e in journal if e["method"] == "bookmark.create"]) == 30
     # every comment's text is the `after` of the last journal entry that touched it
     last: dict[int, str] = {}

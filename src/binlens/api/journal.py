@@ -44,6 +44,9 @@ class JournalListParams(Params):
 
     program: ProgramRef | None = None
     state: EntryState | None = None
+    client: str | None = Field(None, max_length=256, description="Only this client's entries.")
+    method: str | None = Field(None, max_length=128, description="Only entries made by this method.")
+    batch: str | None = Field(None, max_length=64, description="Only the entries of this batch.")
     newest_first: bool = False
     include_changes: bool = Field(True, description="Include each entry's before/after values.")
     page: Page = Page()
@@ -75,7 +78,8 @@ def journal_list(ws: Any, p: JournalListParams) -> Listing[JournalEntry]:
     pos = decode_cursor(p.page.cursor, prog.image.identity.sha256, query_key(p))
     if pos is not None and not isinstance(pos, int):
         raise BinlensError("invalid_argument", "bad cursor", target="/params/page/cursor")
-    rows = store(prog).journal(pos, p.page.limit + 1, p.state, p.newest_first)
+    filters = {"client": p.client, "method": p.method, "batch": p.batch}
+    rows = store(prog).journal(pos, p.page.limit + 1, p.state, p.newest_first, filters)
     more = len(rows) > p.page.limit
     rows = rows[: p.page.limit]
     cursor = encode_cursor(prog.image.identity.sha256, query_key(p), rows[-1]["id"]) if more else None

@@ -280,18 +280,30 @@ class AnnotationStore:
         return done
 
     def journal(
-        self, position: int | None, limit: int, state: str | None = None, newest_first: bool = False
+        self,
+        position: int | None,
+        limit: int,
+        state: str | None = None,
+        newest_first: bool = False,
+        filters: dict[str, str] | None = None,
     ) -> list[dict[str, Any]]:
-        """Journal entries after `position` (an id; None: from the start) in id order or newest first."""
-        sql = "SELECT id, time, client, method, summary, batch, state, changes, undone_time, undone_by FROM ann_journal"
-        if newest_first:
-            sql += " WHERE id < ?" + (" AND state=?" if state else "") + " ORDER BY id DESC LIMIT ?"
-            start = position if position is not None else 1 << 62
-        else:
-            sql += " WHERE id > ?" + (" AND state=?" if state else "") + " ORDER BY id LIMIT ?"
-            start = position if position is not None else 0
-        args: tuple[Any, ...] = (start, state, limit) if state else (start, limit)
+        """Journal entries after `position` (an id; None: from the start) in id order or newest first.
+
+        `filters` match columns exactly (state, client, method, batch).
+        """
         cols = ("id", "time", "client", "method", "summary", "batch", "state", "changes", "undone_time", "undone_by")
+        where = ["id < ?" if newest_first else "id > ?"]
+        args: list[Any] = [position if position is not None else (1 << 62 if newest_first else 0)]
+        conds = dict(filters or {})
+        if state:
+            conds["state"] = state
+        for col in ("state", "client", "method", "batch"):
+            if conds.get(col) is not None:
+                where.append(f"{col} = ?")
+                args.append(conds[col])
+        sql = f"SELECT {', '.join(cols)} FROM ann_journal WHERE {' AND '.join(where)}"
+        sql += f" ORDER BY id {'DESC' if newest_first else 'ASC'} LIMIT ?"
+        args.append(limit)
         out = []
         for row in self.db.connect().execute(sql, args):
             entry = dict(zip(cols, row, strict=True))
