@@ -520,3 +520,25 @@ def test_remaining_failure_paths(ws):
     fails(ws, "invalid_argument", "function.patch", selector={"name": "fib"})
     err = fails(ws, "invalid_argument", "comment.create", selector={"name": "fib"}, text="x", color="red")
     assert err.target == "/params/color"
+
+
+PATHOLOGICAL = {
+    "deep pointers": ("typedef int " + "*" * 20000 + "p;", "nests more than"),
+    "deep parentheses": ("typedef int " + "(" * 5000 + "x" + ")" * 5000 + ";", "cannot parse"),
+    "deep arrays": ("typedef int x" + "[2]" * 3000 + ";", "nests more than"),
+    "deep structs": ("struct s { " + "struct { " * 500 + "int a;" + " } f;" * 500 + " };", "cannot parse"),
+    "contains itself": ("struct me { struct me m; };", "incomplete type struct me"),
+    "mutual containment": ("struct ma; struct mb { struct ma a; }; struct ma { struct mb b; };", "incomplete type"),
+    "enumerator too big": ("enum big { A = 1 << 70 };", "does not fit in 64 bits"),
+    "division by zero": ("typedef int z[1/0];", "division by zero"),
+    "array too large": ("typedef char huge[1ULL << 62];", "too large"),
+    "control bytes": ("struct \x00 { int a; };", "Illegal character"),
+}
+
+
+@pytest.mark.parametrize("name", list(PATHOLOGICAL))
+def test_pathological_declarations_are_clear_errors(ws, name):
+    text, words = PATHOLOGICAL[name]
+    err = fails(ws, "invalid_argument", "data_type.create", declaration=text)
+    assert words in err.message and err.target == "/params/declaration"
+    assert call(ws, "journal.list")["items"] == []

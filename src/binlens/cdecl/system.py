@@ -245,6 +245,8 @@ class TypeSystem:
             if elem.size is None:
                 raise DeclarationError(f"array of incomplete type {elem.spelling}", *_coord(node))
             size = None if count is None else elem.size * count
+            if size is not None and size >= 1 << 62:
+                raise DeclarationError("the array is too large", *_coord(node))
             return CType(kind="array", size=size, align=elem.align, count=count, _target=elem)
         if isinstance(node, c_ast.FuncDecl):
             return self._function(node)
@@ -318,6 +320,9 @@ class TypeSystem:
         size = 4
         if values and (max(v for _, v in values) > 0xFFFFFFFF or min(v for _, v in values) < -(1 << 31)):
             size = 8
+        bad = next((n for n, v in values if not -(1 << 63) <= v < 1 << 64), None)
+        if bad is not None:
+            raise DeclarationError(f"enumerator {bad} does not fit in 64 bits", *_coord(node))
         return CType(kind="enum", name=node.name or "", size=size, align=size, signed=True, enumerators=values)
 
     def _record(self, node: c_ast.Struct | c_ast.Union) -> CType:
@@ -563,7 +568,25 @@ def _parse(text: str, known: dict[str, Definition]) -> c_ast.FileAST:
     except Exception as err:  # noqa: BLE001 - the lexer raises plain errors on odd bytes
         raise DeclarationError(f"cannot parse: {err}") from None
     ast.ext = [n for n in ast.ext if getattr(n, "coord", None) is not None and n.coord.file == _FILE]
+    if _depth(ast) > MAX_DEPTH:
+        raise DeclarationError(f"the declaration nests more than {MAX_DEPTH} levels deep")
     return ast
+
+
+MAX_DEPTH = 200
+
+
+def _depth(root: c_ast.Node) -> int:
+    """How deep the AST goes (iteratively: the later recursive walks then stay bounded)."""
+    deepest = 0
+    stack = [(root, 1)]
+    while stack:
+        node, d = stack.pop()
+        deepest = max(deepest, d)
+        if d > MAX_DEPTH:
+            return d
+        stack.extend((child, d + 1) for _name, child in node.children())
+    return deepest
 
 
 _KEYWORDS = frozenset(
@@ -671,7 +694,18 @@ def _definitions(ast: c_ast.FileAST) -> list[Definition]:
         )
     if not out:
         raise DeclarationError("the declaration is empty")
-    return out
+    # a forward declaration followed by the definition in the same text: keep the definition
+    defined = {d.name for d in out if not _is_forward(d)}
+    return [d for d in out if not (_is_forward(d) and d.name in defined)]
+
+
+def _is_forward(d: Definition) -> bool:
+    node = d.node.type if isinstance(d.node, c_ast.Decl) else d.node
+    if d.kind in ("struct", "union"):
+        return getattr(node, "decls", None) is None
+    if d.kind == "enum":
+        return getattr(node, "values", None) is None
+    return False
 
 
 def _inline_tagged(node: c_ast.Node) -> c_ast.Node | None:
