@@ -49,6 +49,10 @@ def test_symbol_patch_rename_conflict_and_reset(ws):
     assert out["name"] == "fibonacci" and out["previous_name"] == "fib" and out["journal_id"] >= 1
     assert prog.name_at(fib) == "fibonacci" and prog.user_names[fib] == "fibonacci"
     assert prog.resolve("fibonacci", "/") == fib  # the new name resolves everywhere an address is accepted
+    sym = call(ws, "symbol.get", selector={"name": "fibonacci"})
+    assert sym["name"] == "fib" and sym["user_name"] == "fibonacci"
+    listed = [s for s in call(ws, "symbol.list", name="fib")["items"] if s["kind"] == "function"]
+    assert listed and all(s["user_name"] == "fibonacci" for s in listed)
     err = fails(ws, "conflict", "symbol.patch", selector={"name": "main"}, name="fibonacci")
     assert err.target == "/params/name" and err.details["address"] == hex(fib)
     fails(ws, "conflict", "symbol.patch", selector={"name": "main"}, name="classify")  # a symbol elsewhere
