@@ -2,6 +2,7 @@
 
 from binlens.cdecl.abi import Abi, abi_for
 from binlens.cdecl.ctype import CType, Field
-from binlens.cdecl.system import DeclarationError, Definition, TypeSystem
+from binlens.cdecl.parse import DeclarationError, Definition
+from binlens.cdecl.system import TypeSystem
 
 __all__ = ["Abi", "CType", "DeclarationError", "Definition", "Field", "TypeSystem", "abi_for"]

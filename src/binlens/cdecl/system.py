@@ -6,68 +6,26 @@ typedef name, or a function prototype's name. Layout follows the program's ABI.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
-from pycparser import c_ast, c_generator, c_parser
+from pycparser import c_ast
 
 from binlens.cdecl.abi import SCALARS, Abi
 from binlens.cdecl.builtins import WIN32_DECLARATIONS, libc_declarations, win32_pointer_sized
-from binlens.cdecl.ctype import CType, Field, round_up
-
-_FILE = "<declaration>"
-
-
-class DeclarationError(Exception):
-    """A declaration that does not parse or does not make sense, with where and why."""
-
-    def __init__(self, message: str, line: int | None = None, column: int | None = None, fld: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.line = line
-        self.column = column
-        self.field = fld
-
-    def details(self) -> dict[str, Any]:
-        """Position and member name, for the error's details."""
-        out: dict[str, Any] = {}
-        if self.line is not None:
-            out["line"] = self.line
-        if self.column is not None:
-            out["column"] = self.column
-        if self.field is not None:
-            out["field"] = self.field
-        return out
-
-
-@dataclass
-class Definition:
-    """One named type a declaration defines."""
-
-    name: str
-    kind: str  # struct, union, enum, typedef, function
-    node: c_ast.Node
-    declaration: str  # canonical C text of this definition alone
-    category: str = "/user"
-    source: str = "user"
-
-
-def type_key(node: c_ast.Node) -> str | None:
-    """The type name a struct/union/enum node refers to ('struct foo'), or None if anonymous."""
-    kind = {c_ast.Struct: "struct", c_ast.Union: "union", c_ast.Enum: "enum"}.get(type(node))
-    if kind and node.name:
-        return f"{kind} {node.name}"
-    return None
-
-
-def _coord(node: c_ast.Node) -> tuple[int | None, int | None]:
-    c = getattr(node, "coord", None)
-    return (c.line, c.column) if c is not None and c.file == _FILE else (None, None)
-
+from binlens.cdecl.ctype import CType
+from binlens.cdecl.layout import canonical_scalar, lay_out
+from binlens.cdecl.parse import (
+    DeclarationError,
+    Definition,
+    binary_op,
+    coord,
+    definitions,
+    literal,
+    parse_text,
+    type_key,
+)
 
 _STORED: dict[tuple[str, tuple[str, ...]], list[Definition]] = {}
 
@@ -118,7 +76,7 @@ class TypeSystem:
                 ("/libc", libc_declarations(abi)),
                 ("/win32", WIN32_DECLARATIONS + win32_pointer_sized(abi)),
             ):
-                for d in _definitions(_parse(text, cached)):
+                for d in definitions(parse_text(text, cached)):
                     d.category, d.source = category, "builtin"
                     cached[d.name] = d
             cls._builtin_cache[key] = cached
@@ -130,7 +88,7 @@ class TypeSystem:
 
     def parse(self, text: str) -> list[Definition]:
         """The types `text` defines, in order; DeclarationError when it is not valid C."""
-        return _definitions(_parse(text, self.defs))
+        return definitions(parse_text(text, self.defs))
 
     def _parse_stored(self, text: str) -> list[Definition]:
         # stored declarations are canonical and re-parse the same way: parse each once per process
@@ -156,7 +114,7 @@ class TypeSystem:
         if ";" in text or "{" in text:
             raise DeclarationError("a type name has no ';' or '{' (declare new types with data_type.create)")
         try:
-            ast = _parse(f"void __binlens_type({text});", self.defs)
+            ast = parse_text(f"void __binlens_type({text});", self.defs)
         except DeclarationError as err:
             if err.column is not None:
                 err.column -= len("void __binlens_type(")
@@ -241,18 +199,18 @@ class TypeSystem:
             elem = self.convert(node.type)
             count = None if node.dim is None else self.constant(node.dim)
             if count is not None and count < 0:
-                raise DeclarationError("an array cannot have a negative size", *_coord(node))
+                raise DeclarationError("an array cannot have a negative size", *coord(node))
             if elem.size is None:
-                raise DeclarationError(f"array of incomplete type {elem.spelling}", *_coord(node))
+                raise DeclarationError(f"array of incomplete type {elem.spelling}", *coord(node))
             size = None if count is None else elem.size * count
             if size is not None and size >= 1 << 62:
-                raise DeclarationError("the array is too large", *_coord(node))
+                raise DeclarationError("the array is too large", *coord(node))
             return CType(kind="array", size=size, align=elem.align, count=count, _target=elem)
         if isinstance(node, c_ast.FuncDecl):
             return self._function(node)
         if isinstance(node, (c_ast.Struct, c_ast.Union, c_ast.Enum)):
             return self.convert_tagged(node)
-        raise DeclarationError(f"unsupported type construct {type(node).__name__}", *_coord(node))
+        raise DeclarationError(f"unsupported type construct {type(node).__name__}", *coord(node))
 
     def _lazy(self, node: c_ast.Node) -> Callable[[], CType] | CType:
         # A pointer's target may be the struct being laid out (a linked list): resolve it later.
@@ -272,8 +230,8 @@ class TypeSystem:
             try:
                 return self.resolve(names[0])
             except KeyError:
-                raise DeclarationError(f"unknown type name {names[0]!r}", *_coord(node)) from None
-        raise DeclarationError(f"invalid type specifiers {' '.join(names)!r}", *_coord(node))
+                raise DeclarationError(f"unknown type name {names[0]!r}", *coord(node)) from None
+        raise DeclarationError(f"invalid type specifiers {' '.join(names)!r}", *coord(node))
 
     def _function(self, node: c_ast.FuncDecl) -> CType:
         ret = self.convert(node.type)
@@ -284,7 +242,7 @@ class TypeSystem:
                 variadic = True
                 continue
             if isinstance(p, c_ast.ID):
-                raise DeclarationError("K&R parameter lists are not supported: give each parameter a type", *_coord(p))
+                raise DeclarationError("K&R parameter lists are not supported: give each parameter a type", *coord(p))
             t = self.convert(p.type)
             if t.kind == "scalar" and t.name == "void" and not p.name and len(node.args.params) == 1:
                 continue
@@ -297,9 +255,9 @@ class TypeSystem:
         body = node.values if isinstance(node, c_ast.Enum) else node.decls
         if body is None:
             if key is None:
-                raise DeclarationError("an anonymous type needs a body", *_coord(node))
+                raise DeclarationError("an anonymous type needs a body", *coord(node))
             if isinstance(node, c_ast.Enum) and key not in self.defs:
-                raise DeclarationError(f"unknown {key}", *_coord(node))
+                raise DeclarationError(f"unknown {key}", *coord(node))
             return self.resolve(key)
         known = self.defs.get(key) if key is not None else None
         if known is not None and known.node is node:
@@ -322,7 +280,7 @@ class TypeSystem:
             size = 8
         bad = next((n for n, v in values if not -(1 << 63) <= v < 1 << 64), None)
         if bad is not None:
-            raise DeclarationError(f"enumerator {bad} does not fit in 64 bits", *_coord(node))
+            raise DeclarationError(f"enumerator {bad} does not fit in 64 bits", *coord(node))
         return CType(kind="enum", name=node.name or "", size=size, align=size, signed=True, enumerators=values)
 
     def _record(self, node: c_ast.Struct | c_ast.Union) -> CType:
@@ -343,19 +301,19 @@ class TypeSystem:
         """The value of an integer constant expression (literals, enumerators, sizeof, arithmetic)."""
         local = local or {}
         if isinstance(node, c_ast.Constant):
-            return _literal(node)
+            return literal(node)
         if isinstance(node, c_ast.ID):
             if node.name in local:
                 return local[node.name]
             hit = self.enumerator(node.name)
             if hit is None:
-                raise DeclarationError(f"{node.name!r} is not a known constant", *_coord(node))
+                raise DeclarationError(f"{node.name!r} is not a known constant", *coord(node))
             return hit
         if isinstance(node, c_ast.UnaryOp):
             if node.op == "sizeof":
                 t = self.convert(node.expr) if isinstance(node.expr, c_ast.Typename) else None
                 if t is None or t.size is None:
-                    raise DeclarationError("sizeof needs a complete type name", *_coord(node))
+                    raise DeclarationError("sizeof needs a complete type name", *coord(node))
                 return t.size
             v = self.constant(node.expr, local)
             ops = {"-": -v, "+": v, "~": ~v, "!": int(not v)}
@@ -364,14 +322,14 @@ class TypeSystem:
         if isinstance(node, c_ast.BinaryOp):
             a, b = self.constant(node.left, local), self.constant(node.right, local)
             try:
-                return _binary(node.op, a, b)
+                return binary_op(node.op, a, b)
             except ZeroDivisionError:
-                raise DeclarationError("division by zero in a constant", *_coord(node)) from None
+                raise DeclarationError("division by zero in a constant", *coord(node)) from None
         if isinstance(node, c_ast.Cast):
             return self.constant(node.expr, local)
         if isinstance(node, c_ast.TernaryOp):
             return self.constant(node.iftrue if self.constant(node.cond, local) else node.iffalse, local)
-        raise DeclarationError("not an integer constant expression", *_coord(node))
+        raise DeclarationError("not an integer constant expression", *coord(node))
 
     def enumerator(self, name: str) -> int | None:
         """The value of an enumerator of any known enum."""
@@ -382,346 +340,6 @@ class TypeSystem:
             if values is not None and any(e.name == name for e in values.enumerators):
                 return dict(self.resolve(key).enumerators)[name]
         return None
-
-
-def lay_out(ts: TypeSystem, t: CType, decls: list[c_ast.Decl]) -> None:
-    """Fill in a struct/union's members, size and alignment per the ABI."""
-    fields: list[Field] = []
-    bits = 0  # struct: next free bit
-    align = 1
-    msvc = ts.abi.bitfields == "msvc"
-    unit: tuple[int, int] | None = None  # msvc: (unit start bit, unit size in bits) of the open bit-field run
-    for i, d in enumerate(decls):
-        ft = ts.convert(d.type)
-        name = d.name
-        where = _coord(d)
-        last = i == len(decls) - 1
-        if ft.size is None:
-            if ft.kind == "array" and ft.count is None and last and t.kind == "struct":
-                ft_size = 0  # flexible array member
-            else:
-                raise DeclarationError(f"member {name!r} has incomplete type {ft.spelling}", *where, fld=name)
-        else:
-            ft_size = ft.size
-        if d.bitsize is not None:
-            width = ts.constant(d.bitsize)
-            base = ft.strip()
-            if base.kind not in ("scalar", "enum") or base.floating:
-                raise DeclarationError(f"bit-field {name!r} needs an integer type", *where, fld=name)
-            if width < 0 or width > ft_size * 8:
-                raise DeclarationError(f"bit-field {name!r} is wider than its type", *where, fld=name)
-            unit_bits = ft_size * 8
-            if t.kind == "union":
-                pos = 0
-            elif msvc:
-                if unit is None or unit[1] != unit_bits or bits + width > unit[0] + unit[1] or width == 0:
-                    if unit is not None:
-                        bits = unit[0] + unit[1]  # MSVC: a bit-field run owns its whole storage unit
-                    bits = round_up(bits, ft.align * 8)
-                    unit = (bits, unit_bits) if width else None
-                pos = bits
-            else:
-                if width == 0 or (bits % (ft.align * 8)) + width > unit_bits:
-                    bits = round_up(bits, ft.align * 8)
-                pos = bits
-            if width == 0:
-                continue
-            if name is not None or msvc:
-                align = max(align, ft.align)
-            byte = pos // (ft.align * 8) * ft.align
-            fields.append(Field(name, ft, byte, pos - byte * 8, width))
-            bits = pos + width if t.kind == "struct" else max(bits, width)
-            continue
-        if unit is not None:
-            bits = unit[0] + unit[1]
-            unit = None
-        align = max(align, ft.align)
-        if t.kind == "union":
-            fields.append(Field(name, ft, 0))
-            bits = max(bits, ft_size * 8)
-            continue
-        offset = round_up((bits + 7) // 8, ft.align)
-        fields.append(Field(name, ft, offset))
-        bits = (offset + ft_size) * 8
-    if unit is not None and t.kind == "struct":
-        bits = unit[0] + unit[1]
-    names = [f.name for f in fields if f.name]
-    dup = next((n for n in names if names.count(n) > 1), None)
-    if dup is not None:
-        raise DeclarationError(f"duplicate member {dup!r}", fld=dup)
-    t.fields = fields
-    t.align = align
-    t.size = round_up((bits + 7) // 8, align)
-
-
-def canonical_scalar(names: list[str]) -> str | None:
-    """The canonical scalar for a specifier list ('unsigned long int' -> 'unsigned long'), or None."""
-    words = [n for n in names if n not in ("signed", "unsigned", "int", "short", "long")]
-    unsigned = "unsigned" in names
-    longs = names.count("long")
-    if words and len(words) == 1 and words[0] in ("void", "_Bool", "float", "double", "char", "__int128"):
-        w = words[0]
-        if w == "char":
-            return "unsigned char" if unsigned else "signed char" if "signed" in names else "char"
-        if w == "__int128":
-            return "unsigned __int128" if unsigned else "__int128"
-        if w == "double" and longs:
-            return "long double"
-        return w
-    if words:
-        return None
-    if "short" in names:
-        base = "short"
-    elif longs >= 2:
-        base = "long long"
-    elif longs == 1:
-        base = "long"
-    else:
-        base = "int"
-    return f"unsigned {base}" if unsigned else base
-
-
-def _literal(node: c_ast.Constant) -> int:
-    text = node.value
-    if node.type == "char":
-        body = text[1:-1]
-        esc = {"\\n": 10, "\\t": 9, "\\0": 0, "\\r": 13, "\\\\": 92, "\\'": 39}
-        return esc.get(body, ord(body[-1]) if body else 0)
-    if "int" not in node.type:
-        raise DeclarationError(f"{text} is not an integer", *_coord(node))
-    t = text.rstrip("uUlL")
-    if t.lower().startswith("0x"):
-        return int(t, 16)
-    if t.lower().startswith("0b"):
-        return int(t, 2)
-    if len(t) > 1 and t.startswith("0"):
-        return int(t, 8)
-    return int(t)
-
-
-def _binary(op: str, a: int, b: int) -> int:
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    if op == "*":
-        return a * b
-    if op == "/":
-        return int(a / b)
-    if op == "%":
-        return a - int(a / b) * b
-    if op == "<<":
-        return a << b
-    if op == ">>":
-        return a >> b
-    if op == "&":
-        return a & b
-    if op == "|":
-        return a | b
-    if op == "^":
-        return a ^ b
-    cmp = {"<": a < b, ">": a > b, "<=": a <= b, ">=": a >= b, "==": a == b, "!=": a != b, "&&": a and b}
-    if op in cmp:
-        return int(bool(cmp[op]))
-    if op == "||":
-        return int(bool(a or b))
-    raise DeclarationError(f"operator {op} is not allowed in a constant")
-
-
-_PARSER_LOCAL = __import__("threading").local()
-
-
-def _parser() -> c_parser.CParser:
-    p = getattr(_PARSER_LOCAL, "parser", None)
-    if p is None:
-        p = c_parser.CParser()
-        _PARSER_LOCAL.parser = p
-    return p
-
-
-def _parse(text: str, known: dict[str, Definition]) -> c_ast.FileAST:
-    """Parse `text` with stand-in typedefs for every known typedef name; keep only text's nodes."""
-    if "#" in text:
-        raise DeclarationError("preprocessor directives are not supported (write plain declarations)")
-    # stand-ins only for the typedef names the text mentions: parsing ~100 of them costs ~20 ms
-    words = set(re.findall(r"[A-Za-z_]\w*", text))
-    stubs = sorted(n for n in words if (d := known.get(n)) is not None and d.kind == "typedef")
-    preamble = "".join(f"typedef int {n};" for n in stubs)
-    src = f'{preamble}\n# 1 "{_FILE}"\n{text}\n'
-    try:
-        ast = _parser().parse(src, filename="<known-types>")
-    except c_parser.ParseError as err:
-        msg = str(err)
-        unknown = _unknown_type_name(text, known)
-        if unknown is not None:
-            line = text.count("\n", 0, unknown[1]) + 1
-            col = unknown[1] - (text.rfind("\n", 0, unknown[1]) + 1) + 1
-            parser_msg = re.sub(r"^[^:]*:(\d+:\d+:)?\s*", "", msg)
-            raise DeclarationError(
-                f"line {line}, column {col}: unknown type name {unknown[0]!r} (parser: {parser_msg})", line, col
-            ) from None
-        m = re.match(r"^(?:<declaration>)?:?(\d+):(\d+):\s*(.*)$", msg, re.S)
-        if m:
-            line, col, rest = int(m.group(1)), int(m.group(2)), m.group(3)
-            raise DeclarationError(f"line {line}, column {col}: {rest}", line, col) from None
-        raise DeclarationError(msg.removeprefix(f"{_FILE}: ").removeprefix(f"{_FILE}:")) from None
-    except Exception as err:  # noqa: BLE001 - the lexer raises plain errors on odd bytes
-        raise DeclarationError(f"cannot parse: {err}") from None
-    ast.ext = [n for n in ast.ext if getattr(n, "coord", None) is not None and n.coord.file == _FILE]
-    if _depth(ast) > MAX_DEPTH:
-        raise DeclarationError(f"the declaration nests more than {MAX_DEPTH} levels deep")
-    return ast
-
-
-MAX_DEPTH = 200
-
-
-def _depth(root: c_ast.Node) -> int:
-    """How deep the AST goes (iteratively: the later recursive walks then stay bounded)."""
-    deepest = 0
-    stack = [(root, 1)]
-    while stack:
-        node, d = stack.pop()
-        deepest = max(deepest, d)
-        if d > MAX_DEPTH:
-            return d
-        stack.extend((child, d + 1) for _name, child in node.children())
-    return deepest
-
-
-_KEYWORDS = frozenset(
-    [
-        "auto",
-        "break",
-        "case",
-        "char",
-        "const",
-        "continue",
-        "default",
-        "do",
-        "double",
-        "else",
-        "enum",
-        "extern",
-        "float",
-        "for",
-        "goto",
-        "if",
-        "inline",
-        "int",
-        "long",
-        "register",
-        "restrict",
-        "return",
-        "short",
-        "signed",
-        "sizeof",
-        "static",
-        "struct",
-        "switch",
-        "typedef",
-        "union",
-        "unsigned",
-        "void",
-        "volatile",
-        "while",
-        "_Bool",
-        "_Complex",
-        "_Atomic",
-        "_Alignas",
-        "_Noreturn",
-        "__int128",
-    ]
-)
-
-
-def _unknown_type_name(text: str, known: dict[str, Definition]) -> tuple[str, int] | None:
-    """The first identifier used as a type name that no declaration defines (a likely parse error cause)."""
-    for m in re.finditer(r"(?<![\w.>])([A-Za-z_]\w*)(?=\s*\*|\s+[A-Za-z_(])", text):
-        word = m.group(1)
-        before = text[: m.start()].rstrip()
-        if word in _KEYWORDS or word in known or re.search(r"\b(struct|union|enum)$", before):
-            continue
-        if before and before[-1] not in "{;(," and not re.search(r"\b(const|volatile|typedef|extern|static)$", before):
-            continue
-        return word, m.start()
-    return None
-
-
-def _definitions(ast: c_ast.FileAST) -> list[Definition]:
-    gen = c_generator.CGenerator()
-    out: list[Definition] = []
-    for node in ast.ext:
-        line, col = _coord(node)
-        if isinstance(node, c_ast.FuncDef):
-            raise DeclarationError("a function body is not a declaration: give just the prototype", line, col)
-        if isinstance(node, c_ast.Typedef):
-            tagged = _inline_tagged(node.type)
-            if tagged is not None and type_key(tagged) is not None:
-                out.append(_tagged_definition(tagged, gen))
-                split = copy.deepcopy(node)
-                inner = _inline_tagged(split.type)
-                if isinstance(inner, c_ast.Enum):
-                    inner.values = None
-                else:
-                    inner.decls = None
-                out.append(Definition(node.name, "typedef", split, gen.visit(split) + ";"))
-            else:
-                out.append(Definition(node.name, "typedef", node, gen.visit(node) + ";"))
-            continue
-        if not isinstance(node, c_ast.Decl):
-            raise DeclarationError(f"unexpected {type(node).__name__}", line, col)
-        if node.name is None:
-            if isinstance(node.type, (c_ast.Struct, c_ast.Union, c_ast.Enum)):
-                if type_key(node.type) is None:
-                    raise DeclarationError("an anonymous struct, union or enum declares nothing: name it", line, col)
-                body = node.type.values if isinstance(node.type, c_ast.Enum) else node.type.decls
-                if body is None:
-                    out.append(_tagged_definition(node.type, gen))  # forward declaration
-                    continue
-                out.append(_tagged_definition(node.type, gen))
-                continue
-            raise DeclarationError("this declaration declares nothing", line, col)
-        if isinstance(node.type, c_ast.FuncDecl):
-            if node.storage and any(s != "extern" for s in node.storage):
-                raise DeclarationError(f"storage class {node.storage[0]!r} is not part of a prototype", line, col)
-            out.append(Definition(node.name, "function", node, gen.visit(node) + ";"))
-            continue
-        raise DeclarationError(
-            f"{node.name!r} declares a variable, not a type (type data at an address with global_variable.create)",
-            line,
-            col,
-        )
-    if not out:
-        raise DeclarationError("the declaration is empty")
-    # a forward declaration followed by the definition in the same text: keep the definition
-    defined = {d.name for d in out if not _is_forward(d)}
-    return [d for d in out if not (_is_forward(d) and d.name in defined)]
-
-
-def _is_forward(d: Definition) -> bool:
-    node = d.node.type if isinstance(d.node, c_ast.Decl) else d.node
-    if d.kind in ("struct", "union"):
-        return getattr(node, "decls", None) is None
-    if d.kind == "enum":
-        return getattr(node, "values", None) is None
-    return False
-
-
-def _inline_tagged(node: c_ast.Node) -> c_ast.Node | None:
-    while isinstance(node, c_ast.TypeDecl):
-        node = node.type
-    if isinstance(node, (c_ast.Struct, c_ast.Union)) and node.decls is not None:
-        return node
-    if isinstance(node, c_ast.Enum) and node.values is not None:
-        return node
-    return None
-
-
-def _tagged_definition(node: c_ast.Node, gen: c_generator.CGenerator) -> Definition:
-    key = type_key(node)
-    assert key is not None
-    return Definition(key, key.split(" ")[0], node, gen.visit(node) + ";")
 
 
 def dataclasses_replace(t: CType, **kw: Any) -> CType:
