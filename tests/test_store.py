@@ -61,3 +61,18 @@ def test_transaction_is_all_or_nothing(tmp_path):
         conn.execute("INSERT INTO kv VALUES ('a', '1')")
         raise RuntimeError("boom")
     assert db.connect().execute("SELECT count(*) FROM kv").fetchone() == (0,)
+
+
+def test_nested_transaction_is_a_savepoint(tmp_path):
+    db = ProgramDatabase(tmp_path / "n.sqlite")
+    with db.transaction() as conn:
+        conn.execute("CREATE TABLE kv (k TEXT PRIMARY KEY)")
+    with db.transaction() as outer:
+        outer.execute("INSERT INTO kv VALUES ('outer')")
+        with pytest.raises(RuntimeError), db.transaction() as inner:
+            inner.execute("INSERT INTO kv VALUES ('inner-rolled-back')")
+            raise RuntimeError("inner fails")
+        with db.transaction() as inner:
+            inner.execute("INSERT INTO kv VALUES ('inner-kept')")
+    rows = db.connect().execute("SELECT k FROM kv ORDER BY k").fetchall()
+    assert rows == [("inner-kept",), ("outer",)]
