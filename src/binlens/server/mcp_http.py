@@ -404,7 +404,11 @@ def mcp_routes(ws: Any, opts: Any) -> list[Route]:
         getattr(opts, "tool_prefix", "binlens"),
         max_concurrent=getattr(opts, "max_concurrent", None) or ws.limits.max_concurrent,
     )
-    legacy = LegacySse(core, keepalive_s=getattr(opts, "sse_keepalive_s", SSE_KEEPALIVE_S))
+    legacy = LegacySse(
+        core,
+        keepalive_s=getattr(opts, "sse_keepalive_s", SSE_KEEPALIVE_S),
+        max_sessions=getattr(opts, "max_sse_sessions", MAX_SSE_SESSIONS),
+    )
     methods = ["GET", "POST", "OPTIONS", "DELETE", "PUT", "PATCH", "HEAD"]
     return [
         Route("/mcp", McpEndpoint(core), methods=methods),

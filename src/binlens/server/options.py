@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -18,6 +19,10 @@ class ServerOptions:
     ws_clients: int = 1  # concurrent /ws clients; 1 = exclusive (409 for a second one)
     max_frame_bytes: int = 1 << 20  # stdio and WebSocket input frame limit
     allowed_origins: list[str] = field(default_factory=list)  # beyond loopback and the configured host
+    # MCP (binlens.server.mcp_*): None = the workspace's Limits.max_concurrent
+    max_concurrent: int | None = None
+    sse_keepalive_s: float = field(default_factory=lambda: float(os.environ.get("BINLENS_SSE_KEEPALIVE_S", "15")))
+    max_sse_sessions: int = 64  # legacy /sse sessions at once; a client that goes away frees its slot
 
     @property
     def loopback(self) -> bool:
