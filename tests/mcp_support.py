@@ -27,40 +27,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-SERVE_SNIPPET = """
-import sys
-from binlens.cli.main import build_parser, COMMANDS, main
-if "serve" in COMMANDS or (build_parser() and "serve" in COMMANDS):
-    sys.exit(main(["serve", *sys.argv[1:]]))
-# Until `binlens serve` lands: the same app on uvicorn.
-import argparse, uvicorn
-from pathlib import Path
-from binlens.server.app import build_app
-from binlens.server.options import ServerOptions
-from binlens.workspace import Config, Limits, Workspace
-p = argparse.ArgumentParser()
-p.add_argument("files", nargs="*"); p.add_argument("--port", type=int)
-p.add_argument("--max-concurrent", type=int, default=4)
-p.add_argument("--tool-prefix", default="binlens"); p.add_argument("--read-only", action="store_true")
-a = p.parse_args()
-ws = Workspace(Config(read_only=a.read_only, limits=Limits(max_concurrent=a.max_concurrent)))
-for f in a.files:
-    ws.open(f, check_roots=False)
-opts = ServerOptions(port=a.port, tool_prefix=a.tool_prefix)
-uvicorn.run(build_app(ws, opts), host="127.0.0.1", port=a.port, log_level="warning")
-"""
-
-
 def start_http_server(home: Path, files: list[Path], *extra: str) -> tuple[subprocess.Popen[bytes], str]:
-    """Start `binlens serve` (or its app on uvicorn) on a free port; returns (process, base URL)."""
+    """Start `binlens serve` on a free port; returns (process, base URL)."""
     port = _free_port()
-    args = [sys.executable, "-c", SERVE_SNIPPET, *map(str, files), "--port", str(port), *extra]
-    proc = subprocess.Popen(args, env=env_for(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    args = [sys.executable, "-m", "binlens", "serve", *map(str, files), "--port", str(port), *extra]
+    home.mkdir(parents=True, exist_ok=True)
+    log = open(home / f"server-{port}.log", "wb")  # noqa: SIM115 - the child owns it (a pipe could fill up)
+    proc = subprocess.Popen(args, env=env_for(home), stdout=subprocess.DEVNULL, stderr=log)
+    log.close()
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+            raise RuntimeError(f"server exited: {(home / f'server-{port}.log').read_text()[-2000:]}")
         try:
             if httpx.get(base + "/healthz", timeout=1).status_code == 200:
                 return proc, base

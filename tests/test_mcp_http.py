@@ -415,3 +415,22 @@ def test_sse_keepalive_comments(compile_c, tmp_path: Path, monkeypatch: pytest.M
             sse.close()
     finally:
         stop(proc)
+
+
+def test_prompts_list_and_get(base: str) -> None:
+    res = post(base, *modern("prompts/list")).json()["result"]
+    assert [p["name"] for p in res["prompts"]] == ["binlens.triage"]
+    assert isinstance(res["ttlMs"], int)
+    got = post(base, *modern("prompts/get", {"name": "binlens.triage", "arguments": {"program": "p1"}})).json()
+    text = got["result"]["messages"][0]["content"]["text"]
+    assert "binlens.program" in text and "'p1'" in text
+    r = post(base, *modern("prompts/get", {"name": "nope"}))
+    assert r.status_code == 400 and r.json()["error"]["code"] == -32602
+
+
+def test_resource_not_found_codes_per_era(base: str) -> None:
+    r = post(base, *modern("resources/read", {"uri": "binlens://nothing"}))
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == -32602 and r.json()["error"]["data"]["uri"] == "binlens://nothing"
+    r = post(base, *handshake("resources/read", {"uri": "binlens://nothing"}))
+    assert r.json()["error"]["code"] == -32002

@@ -52,10 +52,29 @@ SUPPORTED_VERSIONS = (MODERN, *HANDSHAKE_VERSIONS)
 
 # Methods each era serves (anything else is -32601, 404 over HTTP in 2026-07-28).
 HANDSHAKE_METHODS = frozenset(
-    {"initialize", "ping", "tools/list", "tools/call", "resources/list", "resources/read", "resources/templates/list"}
+    {
+        "initialize",
+        "ping",
+        "tools/list",
+        "tools/call",
+        "resources/list",
+        "resources/read",
+        "resources/templates/list",
+        "prompts/list",
+        "prompts/get",
+    }
 )
 MODERN_METHODS = frozenset(
-    {"server/discover", "tools/list", "tools/call", "resources/list", "resources/read", "resources/templates/list"}
+    {
+        "server/discover",
+        "tools/list",
+        "tools/call",
+        "resources/list",
+        "resources/read",
+        "resources/templates/list",
+        "prompts/list",
+        "prompts/get",
+    }
 )
 # ttlMs/cacheScope of cacheable results (2026-07-28): the tool list and catalog are fixed for the
 # server's life; the resource list changes as programs open and close.
@@ -63,6 +82,7 @@ CACHE_HINTS: dict[str, tuple[int, str]] = {
     "server/discover": (300_000, "public"),
     "tools/list": (300_000, "public"),
     "resources/templates/list": (300_000, "public"),
+    "prompts/list": (300_000, "public"),
     "resources/list": (0, "private"),
     "resources/read": (60_000, "private"),
 }
@@ -202,7 +222,11 @@ class McpCore:
     @staticmethod
     def capabilities() -> dict[str, Any]:
         """What this server offers (no list-changed notifications, no subscriptions)."""
-        return {"tools": {"listChanged": False}, "resources": {"listChanged": False, "subscribe": False}}
+        return {
+            "tools": {"listChanged": False},
+            "resources": {"listChanged": False, "subscribe": False},
+            "prompts": {"listChanged": False},
+        }
 
     @property
     def running(self) -> int:
@@ -327,12 +351,21 @@ class McpCore:
             return {"resources": self.tools.list_resources()}
         if method == "resources/templates/list":
             return {"resourceTemplates": self.tools.list_resource_templates()}
+        if method == "prompts/list":
+            return {"prompts": self.tools.list_prompts()}
+        if method == "prompts/get":
+            try:
+                return self.tools.get_prompt(params.get("name"), params.get("arguments"))
+            except ResourceNotFound:
+                raise RpcError(INVALID_PARAMS, f"Unknown prompt: {params.get('name')}") from None
         if method == "resources/read":
             uri = params.get("uri")
             try:
                 content = await anyio.to_thread.run_sync(self.tools.read_resource, uri)
             except ResourceNotFound:
-                raise RpcError(-32002, f"Resource not found: {uri}", {"uri": uri}) from None
+                # SEP-2164 (2026-07-28): invalid params; the handshake eras used -32002.
+                code = INVALID_PARAMS if version == MODERN else -32002
+                raise RpcError(code, f"Resource not found: {uri}", {"uri": uri}) from None
             except BinlensError as err:
                 raise RpcError(INTERNAL_ERROR, err.message, err.to_dict()) from None
             return {"contents": [content]}
