@@ -61,13 +61,21 @@ def env_for(home: Path, **extra: str) -> dict[str, str]:
 class ServerProcess:
     """`python -m binlens serve ARGS --port 0`, started and waited for (its ready line names the port)."""
 
-    def __init__(self, home: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60) -> None:
+    def __init__(
+        self,
+        home: Path,
+        *args: str,
+        env: dict[str, str] | None = None,
+        timeout: float = 60,
+        cwd: Path | None = None,
+    ) -> None:
         self.args = [sys.executable, "-m", "binlens", "serve", *args]
         if "--port" not in args:
             self.args += ["--port", "0"]
         self.proc = subprocess.Popen(
             self.args,
             env=env or env_for(home),
+            cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

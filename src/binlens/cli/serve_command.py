@@ -230,7 +230,13 @@ def _run_server(ws: Any, opts: Any, args: argparse.Namespace, opened: list[Path]
                     signal.signal(sig, handler)
 
     server = Server(config)
-    server.run()
+    try:
+        server.run()
+    except SystemExit as exc:  # uvicorn exits when it cannot bind or start (its error is logged above)
+        if exc.code not in (0, None):
+            sys.stderr.write(f"binlens serve: error: could not listen on {opts.host}:{opts.port}\n")
+            hub.pool.shutdown(wait=False)
+            return 1
     sys.stderr.write("binlens serve: stopped\n")
     sys.stderr.flush()
     hub.pool.shutdown(wait=False, cancel_futures=True)
