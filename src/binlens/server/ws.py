@@ -15,8 +15,8 @@ Methods run in worker threads (`binlens.api.invoke` is synchronous), at most `ma
 at once across all connections; beyond that a request fails at once with `busy`. Long calls push
 `$/progress` notifications `{id, progress, total, message}`; the client cancels a running request
 with the notification `{"jsonrpc": "2.0", "method": "$/cancelRequest", "params": {"id": ...}}`
-(the request then answers -32000 `cancelled`). `WsHub.notify`/`broadcast` push any other
-notification (debugger events) to connected clients.
+(the request then answers -32000 `cancelled`). `WsHub.notify`/`broadcast` (in the loop) and
+`WsHub.post` (from any thread) push any other notification (debugger events) to connected clients.
 
 Handshake refusals happen before the upgrade (denial response): 404 on other paths, 409 when
 `ws_clients` clients are already connected; the security middleware adds 400/401/403. A plain
@@ -91,6 +91,7 @@ class WsHub:
         self._running = 0
         self._running_lock = threading.Lock()
         self.stopping = False
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     # --- work slots -----------------------------------------------------------------------
     def try_start(self) -> bool:
@@ -126,6 +127,19 @@ class WsHub:
             sent += await sess.notify(method, params)
         return sent
 
+    def post(self, method: str, params: dict[str, Any], session_id: str | None = None) -> bool:
+        """Thread-safe: queue a notification for one client (or all when `session_id` is None).
+
+        For producers outside the event loop (debugger event threads). False when no client has
+        connected yet, so there is no loop to post to.
+        """
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return False
+        coro: Any = self.broadcast(method, params) if session_id is None else self.notify(session_id, method, params)
+        asyncio.run_coroutine_threadsafe(coro, loop)
+        return True
+
     async def close_all(self, code: int = CLOSE_GOING_AWAY, reason: str = "server stopping") -> None:
         """Close every client (1001 when the server stops) and cancel their calls."""
         self.stopping = True
@@ -143,6 +157,7 @@ class WsHub:
             return
         if scope["type"] != "websocket":
             return
+        self.loop = asyncio.get_running_loop()
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         version = headers.get("sec-websocket-version", "13").strip()
         if version != "13":
