@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from typing import Any
 
 from binlens.api import invoke
@@ -71,6 +72,17 @@ class ToolSet:
             self.domains.setdefault(spec.domain, []).append(spec)
         self._by_tool = {f"{prefix}.{d}": d for d in self.domains}
         self._tools = [self._help_tool(), *(self._domain_tool(d, specs) for d, specs in self.domains.items())]
+        # The registry and the read-only switch are fixed for a server's life: schemas are built once.
+        self._cache: dict[Any, Any] = {}
+        self._cache_lock = threading.Lock()
+
+    def _cached(self, key: Any, build: Any) -> Any:
+        with self._cache_lock:
+            if key in self._cache:
+                return self._cache[key]
+        value = build()
+        with self._cache_lock:
+            return self._cache.setdefault(key, value)
 
     # --- tools/list ----------------------------------------------------------------------
     def _help_tool(self) -> dict[str, Any]:
@@ -228,9 +240,8 @@ class ToolSet:
                 target="/arguments/operation",
                 details={"operations": sorted(specs)},
             )
-        info = describe(specs[op]).model_dump(mode="json")
-        info["tool"] = f"{self.prefix}.{domain}"
-        return info
+        info = self._cached(("help", domain, op), lambda: describe(specs[op]).model_dump(mode="json"))
+        return {**info, "tool": f"{self.prefix}.{domain}"}
 
     # --- prompts -------------------------------------------------------------------------
     def list_prompts(self) -> list[dict[str, Any]]:
@@ -304,10 +315,10 @@ class ToolSet:
     def read_resource(self, uri: str) -> dict[str, Any]:
         """One resource's contents entry; ResourceNotFound for an unknown URI."""
         if uri == CATALOG_URI:
-            data = invoke(self.ws, "interface.get", {})
+            text = self._cached("catalog", lambda: _json_text(invoke(self.ws, "interface.get", {})))
         else:
             m = _PROGRAM_URI_RE.match(uri)
             if m is None or m.group(1) not in self.ws.programs:
                 raise ResourceNotFound(uri)
-            data = invoke(self.ws, "program.get", {"program": m.group(1)})
-        return {"uri": uri, "mimeType": "application/json", "text": _json_text(data)}
+            text = _json_text(invoke(self.ws, "program.get", {"program": m.group(1)}))
+        return {"uri": uri, "mimeType": "application/json", "text": text}
