@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -110,3 +111,34 @@ def test_no_file_serves_with_the_current_folder_as_root(tmp_path: Path) -> None:
         assert asyncio.run(roots()) == [str(work.resolve())]
     finally:
         srv.stop()
+
+
+def test_stop_ends_open_http_streams_cleanly(tmp_path: Path, sample: Path) -> None:
+    srv = ServerProcess(tmp_path, str(sample))
+    lines: list[str] = []
+    ended: list[str] = []
+
+    def read_sse() -> None:
+        try:
+            with httpx.stream("GET", srv.base + "/sse", timeout=30) as r:
+                for line in r.iter_lines():
+                    lines.append(line)
+            ended.append("clean")
+        except httpx.HTTPError as err:
+            ended.append(repr(err))
+
+    reader = threading.Thread(target=read_sse, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not any(line.startswith("event: endpoint") for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(line.startswith("event: endpoint") for line in lines)
+        t0 = time.monotonic()
+        assert srv.stop(signal.SIGTERM) == 0
+        assert time.monotonic() - t0 < 4.5  # well under uvicorn's 5 s graceful timeout
+        reader.join(10)
+        assert ended == ["clean"]  # the stream was terminated properly, not cut
+        assert "ERROR" not in srv.stderr and "Traceback" not in srv.stderr
+    finally:
+        srv.kill()
