@@ -289,7 +289,7 @@ class ToolSet:
                 "mimeType": "application/json",
             }
         ]
-        for handle, prog in sorted(self.ws.programs.items()):
+        for handle, prog in sorted(dict(self.ws.programs).items()):  # a copy: open/close run in workers
             out.append(
                 {
                     "uri": PROGRAM_URI.format(program=handle),
