@@ -217,23 +217,7 @@ def test_tokens_never_appear_in_logs(tmp_path: Path, sample: Path) -> None:
 
 
 # --- read-only and roots ------------------------------------------------------------------------
-def test_read_only_hides_and_refuses_mutations(tmp_path: Path, sample: Path) -> None:
-    from binlens.api import REGISTRY
-
-    mutations = sorted(name for name, spec in REGISTRY.items() if spec.mutates)
-    with ServerProcess(tmp_path, str(sample), "--read-only") as srv:
-        info = ws_call(srv.ws_url, "session.get", {})
-        assert info["result"]["read_only"] is True
-        listed = ws_call(srv.ws_url, "interface.get", {"schemas": False})["result"]["methods"]
-        assert listed and all(m["effect"] not in ("mutation", "destructive mutation") for m in listed)
-        assert {m["name"] for m in listed} == {n for n, s in REGISTRY.items() if not s.mutates}
-        if not mutations:
-            pytest.skip("no mutation method is registered yet: nothing more to refuse")
-        reply = ws_call(srv.ws_url, mutations[0], {})
-        assert reply["error"]["code"] == -32000 and reply["error"]["data"]["code"] == "read_only"
-
-
-def test_program_open_only_under_roots(tmp_path: Path, sample: Path, compile_c) -> None:  # noqa: ANN001
+def test_program_open_only_under_roots_and_read_only(tmp_path: Path, sample: Path, compile_c) -> None:  # noqa: ANN001
     inside = tmp_path / "inside"
     outside = tmp_path / "outside"
     inside.mkdir()
@@ -250,8 +234,24 @@ def test_program_open_only_under_roots(tmp_path: Path, sample: Path, compile_c) 
             assert reply["error"]["code"] == -32000, path
             assert reply["error"]["data"]["target"] == "/params/path"
             assert "outside the allowed roots" in reply["error"]["data"]["message"]
-    with ServerProcess(tmp_path / "home", str(served), "--root", str(outside)) as srv:
+    with ServerProcess(tmp_path / "home", str(served), "--root", str(outside), "--read-only") as srv:
         ok = ws_call(srv.ws_url, "program.open", {"path": str(foreign)})
         assert "result" in ok
         reply = ws_call(srv.ws_url, "program.open", {"path": str(inside / "neighbour")})
         assert reply["error"]["data"]["target"] == "/params/path"
+        check_read_only(srv)
+
+
+def check_read_only(srv: ServerProcess) -> None:
+    """`--read-only`: session.get says so, interface.get hides every mutation, calling one is refused."""
+    from binlens.api import REGISTRY
+
+    info = ws_call(srv.ws_url, "session.get", {})
+    assert info["result"]["read_only"] is True
+    listed = ws_call(srv.ws_url, "interface.get", {"schemas": False})["result"]["methods"]
+    assert listed and all(m["effect"] not in ("mutation", "destructive mutation") for m in listed)
+    assert {m["name"] for m in listed} == {n for n, s in REGISTRY.items() if not s.mutates}
+    mutations = sorted(name for name, spec in REGISTRY.items() if spec.mutates)
+    for name in mutations:
+        reply = ws_call(srv.ws_url, name, {})
+        assert reply["error"]["code"] == -32000 and reply["error"]["data"]["code"] == "read_only", name

@@ -35,7 +35,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, sample: Path) -> Iterator[S
 
 @pytest.fixture(scope="module")
 def token_server(tmp_path_factory: pytest.TempPathFactory, sample: Path) -> Iterator[ServerProcess]:
-    srv = ServerProcess(tmp_path_factory.mktemp("hs-tok"), str(sample), "--token", TOKEN, "--ws-clients", "4")
+    srv = ServerProcess(tmp_path_factory.mktemp("hs-tok"), str(sample), "--token", TOKEN, "--ws-clients", "2")
     yield srv
     srv.stop()
 
@@ -127,18 +127,20 @@ def test_second_client_is_409_in_exclusive_mode(server: ServerProcess) -> None:
     asyncio.run(go())
 
 
-def test_ws_clients_n_allows_n(tmp_path: Path, sample: Path) -> None:
-    async def go(srv: ServerProcess) -> None:
-        a = await connect(srv.ws_url, open_timeout=10)
-        b = await connect(srv.ws_url, open_timeout=10)
+def test_ws_clients_n_allows_n(token_server: ServerProcess) -> None:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+
+    async def go() -> None:
+        a = await connect(token_server.ws_url, open_timeout=10, additional_headers=auth)
+        b = await connect(token_server.ws_url, open_timeout=10, additional_headers=auth)
         with pytest.raises(InvalidStatus) as info:
-            await connect(srv.ws_url, open_timeout=10)
+            await connect(token_server.ws_url, open_timeout=10, additional_headers=auth)
         assert info.value.response.status_code == 409
+        assert b"--ws-clients 2" in info.value.response.body
         await a.close()
         await b.close()
 
-    with ServerProcess(tmp_path, str(sample), "--ws-clients", "2") as srv:
-        asyncio.run(go(srv))
+    asyncio.run(go())
 
 
 CLIENT = """
