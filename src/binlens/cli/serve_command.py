@@ -57,26 +57,41 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     """Serve MCP (/mcp, legacy /sse), WebSocket JSON-RPC (/ws) and /healthz over HTTP."""
     p.add_argument("files", nargs="*", metavar="FILE", help="programs to open at start")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1; others need a token)")
-    p.add_argument("--port", type=_port, default=8765, help="listen port (default 8765; 0 picks a free one)")
+    p.add_argument(
+        "--port", metavar="PORT", type=_port, default=8765, help="listen port (default 8765; 0 picks a free one)"
+    )
     p.add_argument(
         "--token",
         default=None,
         help=f"bearer token clients must send (default: ${TOKEN_ENV}); required for a non-loopback --host",
     )
-    p.add_argument("--tool-prefix", type=_prefix, default="binlens", help="MCP tool / notification prefix")
+    p.add_argument(
+        "--tool-prefix", metavar="PREFIX", type=_prefix, default="binlens", help="MCP tool / notification prefix"
+    )
     p.add_argument("--read-only", action="store_true", help="hide and refuse every mutation")
     p.add_argument(
         "--root",
+        metavar="DIR",
         action="append",
         type=Path,
         default=[],
         help="program.open from clients reads only under DIR (repeatable; default: the folders of the FILEs)",
     )
-    p.add_argument("--max-concurrent", type=_positive, default=4, help="calls running at once; more get busy")
-    p.add_argument("--ws-clients", type=_positive, default=1, help="WebSocket clients at once (default 1: exclusive)")
-    p.add_argument("--max-frame-bytes", type=_positive, default=1 << 20, help="WebSocket frame limit (default 1 MiB)")
     p.add_argument(
-        "--allow-origin", action="append", default=[], help="a browser Origin to accept beyond loopback (repeatable)"
+        "--max-concurrent", metavar="N", type=_positive, default=4, help="calls running at once; more get busy"
+    )
+    p.add_argument(
+        "--ws-clients", metavar="N", type=_positive, default=1, help="WebSocket clients at once (default 1: exclusive)"
+    )
+    p.add_argument(
+        "--max-frame-bytes", metavar="N", type=_positive, default=1 << 20, help="WebSocket frame limit (default 1 MiB)"
+    )
+    p.add_argument(
+        "--allow-origin",
+        metavar="ORIGIN",
+        action="append",
+        default=[],
+        help="a browser Origin to accept beyond loopback (repeatable)",
     )
     p.add_argument(
         "--print-mcp-config", action="store_true", help="print the mcpServers entries (stdio and HTTP) on stdout"
