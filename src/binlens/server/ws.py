@@ -137,7 +137,11 @@ class WsHub:
         if loop is None or loop.is_closed():
             return False
         coro: Any = self.broadcast(method, params) if session_id is None else self.notify(session_id, method, params)
-        asyncio.run_coroutine_threadsafe(coro, loop)
+        try:
+            asyncio.run_coroutine_threadsafe(coro, loop)
+        except RuntimeError:  # the loop stopped between the check and the call
+            coro.close()
+            return False
         return True
 
     async def close_all(self, code: int = CLOSE_GOING_AWAY, reason: str = "server stopping") -> None:
@@ -365,7 +369,13 @@ class WsSession:
                 params["total"] = total
             if message:
                 params["message"] = message
-            asyncio.run_coroutine_threadsafe(self.notify(PROGRESS_METHOD, params), loop)
+            if not self.open or loop.is_closed():
+                return
+            coro = self.notify(PROGRESS_METHOD, params)
+            try:
+                asyncio.run_coroutine_threadsafe(coro, loop)
+            except RuntimeError:  # the loop stopped between the check and the call
+                coro.close()
 
         return report
 
