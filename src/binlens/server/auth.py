@@ -21,7 +21,7 @@ import json
 import logging
 import re
 from collections.abc import Iterable
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, quote, quote_plus, urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -219,7 +219,8 @@ class RedactingFilter(logging.Filter):
     def redact(self, text: str) -> str:
         """The text with secrets replaced by `***`."""
         if self.token:
-            text = text.replace(self.token, "***")
+            for form in (self.token, quote(self.token, safe=""), quote_plus(self.token)):
+                text = text.replace(form, "***")
         text = _QUERY_PARAM_RE.sub(r"\1***", text)
         return _BEARER_RE.sub(r"\1***", text)
 
