@@ -26,7 +26,7 @@ from mcp_types import HEADER_MISMATCH, INVALID_REQUEST, PARSE_ERROR
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from binlens.server.mcp_protocol import MODERN, McpCore, RpcError, Session, classify, error_response
+from binlens.server.mcp_protocol import MODERN, McpCore, RpcError, Session, classify, error_response, modern_meta
 
 log = logging.getLogger("binlens.mcp")
 
@@ -98,6 +98,21 @@ class McpEndpoint:
 
     def __init__(self, core: McpCore) -> None:
         self.core = core
+        # In-flight requests for `notifications/cancelled` (handshake eras): keyed by who asks
+        # (client address, Authorization) and the request id. /mcp has no sessions, so a cancel
+        # acts only when exactly one request matches; an ambiguous one is ignored.
+        self.inflight: dict[tuple[str, str, str], list[Session]] = {}
+
+    @staticmethod
+    def _caller(scope: Scope, headers: dict[str, str], request_id: Any) -> tuple[str, str, str]:
+        client = scope.get("client") or ("", 0)
+        return str(client[0]), headers.get("authorization", ""), json.dumps(request_id)
+
+    def _cancel(self, scope: Scope, headers: dict[str, str], params: Any) -> None:
+        rid = params.get("requestId") if isinstance(params, dict) else None
+        matches = self.inflight.get(self._caller(scope, headers, rid), [])
+        if len(matches) == 1 and matches[0].cancel(rid):
+            log.info("cancelled /mcp request %r", rid)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = _headers(scope)
@@ -161,7 +176,9 @@ class McpEndpoint:
             )
             return
         if inbound.kind != "request":
-            # Notifications and responses: accepted, nothing to answer (no session to act on).
+            # Notifications and responses: accepted with no body; only a cancellation acts.
+            if inbound.method == "notifications/cancelled" and not modern_meta(inbound.params):
+                self._cancel(scope, headers, inbound.params)
             await _respond(send, 202, extra=cors)
             return
         try:
@@ -174,13 +191,38 @@ class McpEndpoint:
         wants_progress = (
             inbound.method == "tools/call" and isinstance(meta, dict) and meta.get("progressToken") is not None
         )
-        if wants_progress and "text/event-stream" in accept:
-            await self._stream(inbound, version, receive, send, cors)
-            return
-        task = asyncio.ensure_future(self.core.handle_request(inbound, version))
+        key = self._caller(scope, headers, inbound.id)
+        session = Session()
+        self.inflight.setdefault(key, []).append(session)
+        try:
+            if wants_progress and "text/event-stream" in accept:
+                await self._stream(inbound, version, session, receive, send, cors)
+            else:
+                await self._json(inbound, version, session, receive, send, cors)
+        finally:
+            entries = self.inflight.get(key, [])
+            if session in entries:
+                entries.remove(session)
+            if not entries:
+                self.inflight.pop(key, None)
+
+    async def _json(
+        self,
+        inbound: Any,
+        version: str,
+        session: Session,
+        receive: Receive,
+        send: Send,
+        cors: list[tuple[bytes, bytes]],
+    ) -> None:
+        """Answer one request with a JSON body."""
+        task = asyncio.ensure_future(self.core.handle_request(inbound, version, session=session))
         response = await _until_disconnect(task, receive)
-        if response is None:
+        if response is _GONE:
             log.info("client closed /mcp request %r: cancelled", inbound.id)
+            return
+        if response is _CANCELLED:  # by notifications/cancelled: no JSON-RPC response, as MCP asks
+            await _respond(send, 204, extra=cors)
             return
         status = 200
         if "error" in response and version == MODERN:
@@ -188,7 +230,13 @@ class McpEndpoint:
         await _respond(send, status, _dump(response), "application/json", cors)
 
     async def _stream(
-        self, inbound: Any, version: str, receive: Receive, send: Send, cors: list[tuple[bytes, bytes]]
+        self,
+        inbound: Any,
+        version: str,
+        session: Session,
+        receive: Receive,
+        send: Send,
+        cors: list[tuple[bytes, bytes]],
     ) -> None:
         """Answer one request as an SSE stream: progress notifications, then the response."""
         started = False
@@ -214,17 +262,27 @@ class McpEndpoint:
                 chunk = b"event: message\ndata: " + _dump(message) + b"\n\n"
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
-        task = asyncio.ensure_future(self.core.handle_request(inbound, version, notify=emit))
+        task = asyncio.ensure_future(self.core.handle_request(inbound, version, session=session, notify=emit))
         response = await _until_disconnect(task, receive)
-        if response is None:
+        if response is _GONE:
             log.info("client closed the /mcp stream of request %r: cancelled", inbound.id)
+            return
+        if response is _CANCELLED:
+            if not started:
+                await _respond(send, 204, extra=cors)
+            else:  # end the stream without a response
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
             return
         await emit(response)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+_GONE = object()  # the client disconnected
+_CANCELLED = object()  # cancelled by notifications/cancelled
+
+
 async def _until_disconnect(task: asyncio.Future[Any], receive: Receive) -> Any:
-    """Await `task`; if the client disconnects first, cancel it and return None."""
+    """Await `task`; if the client disconnects first, cancel it and return _GONE (_CANCELLED if cancelled)."""
 
     async def watch() -> None:
         while True:
@@ -236,11 +294,11 @@ async def _until_disconnect(task: asyncio.Future[Any], receive: Receive) -> Any:
     try:
         done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if task in done:
-            return task.result()
+            return _CANCELLED if task.cancelled() else task.result()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        return None
+        return _GONE
     finally:
         watcher.cancel()
 
