@@ -143,6 +143,7 @@ async def long_call_cancel(client: Client, handle: str) -> None:
         first.set()
 
     args = {"operation": "search", "params": {"program": handle, "regex": SLOW_REGEX, "scan": {"timeout_ms": 60000}}}
+    quick = {"operation": "search", "params": {"program": handle, "pattern": "7f 45 4c 46"}}
     started = time.monotonic()
     with anyio.move_on_after(30) as scope:
         async with anyio.create_task_group() as tg:
@@ -153,12 +154,15 @@ async def long_call_cancel(client: Client, handle: str) -> None:
 
             tg.start_soon(call)
             await first.wait()
+            # beyond --max-concurrent: `busy` at once, no queue
+            busy = await client.call_tool("binlens.memory", quick)
+            assert busy.is_error and _payload(busy)["error"]["code"] == "busy"
+            assert _payload(busy)["error"]["details"]["max_concurrent"] == 1
             tg.cancel_scope.cancel()
     assert not scope.cancelled_caught, "no progress within 30 s"
     cancelled_at = time.monotonic()
     # The server stays responsive, and the cancelled search stops at its next progress check:
     # a new long call is accepted (not `busy`) well before the full search could have finished.
-    quick = {"operation": "search", "params": {"program": handle, "pattern": "7f 45 4c 46"}}
     deadline = time.monotonic() + 30
     while True:
         res = await client.call_tool("binlens.memory", quick)
