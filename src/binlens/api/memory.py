@@ -202,7 +202,7 @@ def compile_pattern(p: MemorySearchParams) -> re.Pattern[bytes]:
         raise BinlensError("invalid_argument", f"bad regex: {err}", target="/params/regex") from None
 
 
-CHUNK = 1 << 20
+CHUNK = 1 << 15  # the regex engine holds the GIL: small chunks keep the servers responsive
 
 
 @method("memory.search", effect=READ_ONLY, long_running=True)
