@@ -155,14 +155,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ws_clients=args.ws_clients,
         max_frame_bytes=args.max_frame_bytes,
         allowed_origins=list(args.allow_origin),
+        max_concurrent=args.max_concurrent,
     )
-    opts.max_concurrent = args.max_concurrent
     if not opts.loopback and not token:
         sys.stderr.write(
             f"binlens serve: error: --host {args.host} is not a loopback address; "
             f"refusing to listen without a token (give --token or set ${TOKEN_ENV})\n"
         )
         return 2
+    if not opts.loopback:
+        sys.stderr.write(
+            "binlens serve: warning: plain HTTP: the token and the traffic cross the network unencrypted; "
+            "put a TLS-terminating proxy in front for anything but a trusted network\n"
+        )
     install_log_redaction(token)
     ws = make_workspace(
         args,
