@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def env_for(home: Path) -> dict[str, str]:
+    """The environment of a child binlens: this checkout on PYTHONPATH, an isolated BINLENS_HOME."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
     env["BINLENS_HOME"] = str(home)
@@ -27,13 +28,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_http_server(home: Path, files: list[Path], *extra: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_http_server(
+    home: Path, files: list[Path], *extra: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     """Start `binlens serve` on a free port; returns (process, base URL)."""
     port = _free_port()
     args = [sys.executable, "-m", "binlens", "serve", *map(str, files), "--port", str(port), *extra]
     home.mkdir(parents=True, exist_ok=True)
     log = open(home / f"server-{port}.log", "wb")  # noqa: SIM115 - the child owns it (a pipe could fill up)
-    proc = subprocess.Popen(args, env=env_for(home), stdout=subprocess.DEVNULL, stderr=log)
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log, env={**env_for(home), **(env or {})})
     log.close()
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

@@ -26,12 +26,10 @@ from mcp.shared.inbound import (
     classify_inbound_request,
 )
 from mcp_types import (
-    HEADER_MISMATCH,
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
-    PARSE_ERROR,
     PROTOCOL_VERSION_META_KEY,
     SERVER_INFO_META_KEY,
     UNSUPPORTED_PROTOCOL_VERSION,
@@ -446,11 +444,14 @@ class McpCore:
                 log.info("cancelled request %r", rid)
 
 
+def negotiate(requested: Any) -> str:
+    """Handshake negotiation: the requested version when supported, else 2025-11-25."""
+    return requested if requested in HANDSHAKE_VERSIONS else DEFAULT_HANDSHAKE
+
+
 __all__ = [
     "HANDSHAKE_VERSIONS",
-    "HEADER_MISMATCH",
     "MODERN",
-    "PARSE_ERROR",
     "SUPPORTED_VERSIONS",
     "Inbound",
     "McpCore",
@@ -458,9 +459,6 @@ __all__ = [
     "Session",
     "classify",
     "error_response",
+    "modern_meta",
+    "negotiate",
 ]
-
-
-def negotiate(requested: Any) -> str:
-    """Handshake negotiation: the requested version when supported, else 2025-11-25."""
-    return requested if requested in HANDSHAKE_VERSIONS else DEFAULT_HANDSHAKE
