@@ -141,7 +141,7 @@ async def concurrent(url: str, tool: str, arguments: dict[str, Any], clients: in
 
 
 def main() -> int:
-    """Run both servers, measure, print a table and JSON."""
+    """Run both servers, measure, print a Markdown table and the JSON figures."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--binary", type=Path, default=ROOT / "build" / "sample")
@@ -176,11 +176,12 @@ def main() -> int:
             for proc in (binlens, baseline):
                 proc.terminate()
                 proc.wait(10)
-    print(f"{'case':24} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'req/s x8':>9}")
+    print("| server | p50 ms | p99 ms | req/s (sequential) | req/s (8 clients) |")
+    print("|---|---|---|---|---|")
     for name, r in results.items():
-        print(f"{name:24} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['req_s']:8.0f} {r['req_s_8_clients']:9.0f}")
+        print(f"| {name} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['req_s']:.0f} | {r['req_s_8_clients']:.0f} |")
     ratio = results["binlens program.get"]["p50_ms"] / results["SDK baseline echo"]["p50_ms"]
-    print(f"binlens p50 / baseline p50 = {ratio:.2f} (target <= 1.5)")
+    print(f"\nbinlens p50 / baseline p50 = {ratio:.2f} (target <= 1.5)")
     print(json.dumps({"results": results, "p50_ratio": ratio}))
     return 0
 

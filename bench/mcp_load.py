@@ -92,7 +92,7 @@ async def run(url: str, clients: int, seconds: float, mode: str) -> tuple[collec
 
 
 def main() -> int:
-    """Start the server, run the load, print the figures; exit 1 on any protocol error."""
+    """Start the server, run the load, print a Markdown row and JSON; exit 1 on any protocol error."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=30)
@@ -140,7 +140,13 @@ def main() -> int:
         "busy": busy,
         "counters": dict(stats),
     }
-    print(json.dumps(report, indent=2))
+    print("| mode | --max-concurrent | calls | calls/s | p50 ms | p99 ms | protocol errors | busy |")
+    print("|---|---|---|---|---|---|---|---|")
+    print(
+        f"| {args.mode} | {args.max_concurrent} | {total} | {report['calls_per_s']} | {report['p50_ms']} "
+        f"| {report['p99_ms']} | {report['protocol_errors']} | {busy} |"
+    )
+    print(json.dumps(report))
     bad = stats["protocol_errors"] or any(k.startswith("tool_error_") and k != "tool_error_busy" for k in stats)
     if args.clients <= args.max_concurrent and busy:
         print("FAIL: busy although no more calls ran than the limit", file=sys.stderr)

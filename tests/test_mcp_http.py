@@ -26,7 +26,10 @@ JSON = {"Content-Type": "application/json", "Accept": "application/json, text/ev
 @pytest.fixture(scope="module")
 def server(compile_c, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:  # noqa: ANN001
     sample = compile_c("sample.c")
-    proc, base = start_http_server(tmp_path_factory.mktemp("http-home"), [sample])
+    # keep-alive comments every 0.3 s so the SSE test sees them without a server of its own
+    proc, base = start_http_server(
+        tmp_path_factory.mktemp("http-home"), [sample], env={"BINLENS_SSE_KEEPALIVE_S": "0.3"}
+    )
     yield base, sample
     stop(proc)
 
@@ -404,17 +407,13 @@ def test_messages_needs_a_known_session(base: str) -> None:
     assert r.status_code == 404
 
 
-def test_sse_keepalive_comments(compile_c, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    monkeypatch.setenv("BINLENS_SSE_KEEPALIVE_S", "0.2")
-    proc, url = start_http_server(tmp_path, [compile_c("sample.c")])
+def test_sse_keepalive_comments(base: str) -> None:
+    sse = SseReader(base + "/sse")
     try:
-        sse = SseReader(url + "/sse")
-        try:
-            sse.wait(lambda: len(sse.comments) >= 2, timeout=10)
-        finally:
-            sse.close()
+        sse.wait(lambda: sse.events and sse.events[0][0] == "endpoint")
+        sse.wait(lambda: len(sse.comments) >= 2, timeout=10)
     finally:
-        stop(proc)
+        sse.close()
 
 
 def test_prompts_list_and_get(base: str) -> None:
@@ -434,3 +433,10 @@ def test_resource_not_found_codes_per_era(base: str) -> None:
     assert r.json()["error"]["code"] == -32602 and r.json()["error"]["data"]["uri"] == "binlens://nothing"
     r = post(base, *handshake("resources/read", {"uri": "binlens://nothing"}))
     assert r.json()["error"]["code"] == -32002
+
+
+def test_huge_body_is_413_and_the_server_keeps_serving(base: str) -> None:
+    huge = b'{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"pad":"' + b"x" * (5 << 20) + b'"}}'
+    r = post(base, huge, {**JSON, "MCP-Protocol-Version": "2025-11-25"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == -32600
+    assert post(base, *handshake("ping")).json()["result"] == {}

@@ -181,10 +181,24 @@ class McpEndpoint:
                 self._cancel(scope, headers, inbound.params)
             await _respond(send, 202, extra=cors)
             return
+        await self._request(scope, inbound, headers, receive, send, cors)
+
+    async def _request(
+        self,
+        scope: Scope,
+        inbound: Any,
+        headers: dict[str, str],
+        receive: Receive,
+        send: Send,
+        cors: list[tuple[bytes, bytes]],
+    ) -> None:
+        """Serve one request: its era, then a JSON answer or a progress stream; track it for cancels."""
+        header_version = headers.get(MCP_PROTOCOL_VERSION_HEADER)
         try:
             version = self.core.request_version(inbound, None, headers)
         except RpcError as err:
-            await fail(err.http_status if err.http_status != 200 else 400, err, inbound.id, True)
+            body = _dump(error_response(err, inbound.id, header_version))
+            await _respond(send, err.http_status if err.http_status != 200 else 400, body, "application/json", cors)
             return
         accept = headers.get("accept", "")
         meta = (inbound.params or {}).get("_meta")
