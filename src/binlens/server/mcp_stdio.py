@@ -21,6 +21,8 @@ from binlens.server.mcp_protocol import McpCore, RpcError, Session, classify, er
 
 log = logging.getLogger("binlens.mcp")
 
+# Requests that run in worker threads: served concurrently (and cancellable); the rest inline, in order.
+_CONCURRENT = frozenset({"tools/call", "resources/read"})
 _EOF = object()
 _OVERSIZE = object()
 
@@ -107,12 +109,12 @@ class StdioServer:
                 err = RpcError(INVALID_REQUEST, f"frame over the {self.limit}-byte limit; dropped up to the newline")
                 self._write(error_response(err, None, self.session.negotiated, identifiable=False))
                 continue
-            self._frame(item)
+            await self._frame(item)
         self.session.cancel_all()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _frame(self, data: bytes) -> None:
+    async def _frame(self, data: bytes) -> None:
         version = self.session.negotiated
         try:
             msg = json.loads(data)
@@ -132,6 +134,9 @@ class StdioServer:
             if inbound.method == "notifications/initialized":
                 return
             self.core.handle_notification(inbound, self.session)
+            return
+        if inbound.method not in _CONCURRENT:
+            await self._request(inbound)  # cheap and in order: initialize settles the era before the next frame
             return
         task = asyncio.ensure_future(self._request(inbound))
         self._tasks.add(task)
