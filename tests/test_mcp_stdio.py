@@ -197,3 +197,35 @@ def test_read_only_hides_mutations(tmp_path: Path) -> None:
         assert set(d["operations"]) == visible
     only_mutations = {d for d in mutating if all(s.mutates for s in REGISTRY.values() if s.domain == d)}
     assert not only_mutations & {d["domain"] for d in listed}
+
+
+def test_program_open_only_under_roots(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
+    sample = compile_c("sample.c")
+    root = tmp_path / "root"
+    root.mkdir()
+    inside = root / "inside"
+    inside.write_bytes(sample.read_bytes())
+
+    def open_call(rid: int, path: Path) -> bytes:
+        args = {"operation": "open", "params": {"path": str(path)}}
+        return msg(
+            {
+                "jsonrpc": "2.0",
+                "id": rid,
+                "method": "tools/call",
+                "params": {"name": "binlens.program", "arguments": args},
+            }
+        )
+
+    lines = [
+        msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}),
+        open_call(2, sample),
+        open_call(3, inside),
+    ]
+    frames, _, code = run_stdio(tmp_path, lines, "--root", str(root))
+    assert code == 0
+    refused = by_id(frames)[2]["result"]
+    assert refused["isError"] is True
+    assert refused["structuredContent"]["error"]["target"] == "/params/path"
+    opened = by_id(frames)[3]["result"]
+    assert opened["isError"] is False and opened["structuredContent"]["identity"]["file_name"] == "inside"
