@@ -440,3 +440,32 @@ def test_huge_body_is_413_and_the_server_keeps_serving(base: str) -> None:
     r = post(base, huge, {**JSON, "MCP-Protocol-Version": "2025-11-25"})
     assert r.status_code == 413 and r.json()["error"]["code"] == -32600
     assert post(base, *handshake("ping")).json()["result"] == {}
+
+
+@pytest.mark.parametrize(
+    ("arguments", "target", "code"),
+    [
+        ({}, "/arguments/operation", "invalid_argument"),
+        ({"operation": "list", "extra": 1}, "/arguments/extra", "invalid_argument"),
+        ({"operation": "list", "params": "nope"}, "/params", "invalid_argument"),
+        ({"operation": "list", "params": {"page": {"limit": 0}}}, "/params/page/limit", "invalid_argument"),
+        ({"operation": "list", "params": {"bogus": True}}, "/params/bogus", "invalid_argument"),
+    ],
+)
+def test_bad_tool_arguments_are_tool_errors_with_pointers(base: str, arguments: dict, target: str, code: str) -> None:
+    r = post(base, *modern("tools/call", {"name": "binlens.symbol", "arguments": arguments}))
+    assert r.status_code == 200
+    res = r.json()["result"]
+    assert res["isError"] is True
+    err = res["structuredContent"]["error"]
+    assert err["code"] == code and err["target"] == target
+
+
+def test_help_with_bad_arguments(base: str) -> None:
+    for args, target in [
+        ({"domain": "nope"}, "/arguments/domain"),
+        ({"operation": "list"}, "/arguments/domain"),
+        ({"domain": "symbol", "operation": "fly"}, "/arguments/operation"),
+    ]:
+        res = post(base, *modern("tools/call", {"name": "binlens.help", "arguments": args})).json()["result"]
+        assert res["isError"] is True and res["structuredContent"]["error"]["target"] == target
