@@ -469,3 +469,26 @@ def test_help_with_bad_arguments(base: str) -> None:
     ]:
         res = post(base, *modern("tools/call", {"name": "binlens.help", "arguments": args})).json()["result"]
         assert res["isError"] is True and res["structuredContent"]["error"]["target"] == target
+
+
+def test_stopping_server_answers_open_requests_503_and_exits_0(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
+    import signal
+    import threading
+    import time
+
+    proc, url = start_http_server(tmp_path, [compile_c("mcp_big.c")])
+    slow = {"regex": "(?:.{1,10})(?:.{1,3})\xfe\xfd\xfc", "scan": {"timeout_ms": 60000}}  # ~9 s uncancelled
+    body, headers = handshake(
+        "tools/call", {"name": "binlens.memory", "arguments": {"operation": "search", "params": slow}}
+    )
+    got: dict[str, httpx.Response] = {}
+    t = threading.Thread(target=lambda: got.setdefault("r", post(url, body, headers)))
+    t.start()
+    time.sleep(1.5)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0
+    t.join(20)
+    assert time.monotonic() - started < 8
+    r = got["r"]
+    assert r.status_code == 503 and r.json()["id"] == 7 and r.json()["error"]["code"] == -32603

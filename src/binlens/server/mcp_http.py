@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER, find_duplicated_routing_header
-from mcp_types import HEADER_MISMATCH, INVALID_REQUEST, PARSE_ERROR
+from mcp_types import HEADER_MISMATCH, INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -233,7 +233,8 @@ class McpEndpoint:
         task = asyncio.ensure_future(self.core.handle_request(inbound, version, session=session))
         response = await _until_disconnect(task, receive)
         if response is _GONE:
-            log.info("client closed /mcp request %r: cancelled", inbound.id)
+            log.info("client closed /mcp request %r (or the server is stopping): cancelled", inbound.id)
+            await _abandoned(send, inbound.id, version, cors)
             return
         if response is _CANCELLED:  # by notifications/cancelled: no JSON-RPC response, as MCP asks
             await _respond(send, 204, extra=cors)
@@ -279,7 +280,9 @@ class McpEndpoint:
         task = asyncio.ensure_future(self.core.handle_request(inbound, version, session=session, notify=emit))
         response = await _until_disconnect(task, receive)
         if response is _GONE:
-            log.info("client closed the /mcp stream of request %r: cancelled", inbound.id)
+            log.info("client closed the /mcp stream of request %r (or the server is stopping): cancelled", inbound.id)
+            if not started:
+                await _abandoned(send, inbound.id, version, cors)
             return
         if response is _CANCELLED:
             if not started:
@@ -289,6 +292,13 @@ class McpEndpoint:
             return
         await emit(response)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _abandoned(send: Send, request_id: Any, version: str, cors: list[tuple[bytes, bytes]]) -> None:
+    """Answer a request whose connection reported a disconnect: nobody reads it if the client left,
+    and when the server is stopping (the app drains open requests that way) the client gets 503."""
+    err = RpcError(INTERNAL_ERROR, "the request was abandoned: the client went away or the server is stopping")
+    await _respond(send, 503, _dump(error_response(err, request_id, version)), "application/json", cors)
 
 
 _GONE = object()  # the client disconnected
