@@ -229,3 +229,40 @@ def test_program_open_only_under_roots(compile_c, tmp_path: Path) -> None:  # no
     assert refused["structuredContent"]["error"]["target"] == "/params/path"
     opened = by_id(frames)[3]["result"]
     assert opened["isError"] is False and opened["structuredContent"]["identity"]["file_name"] == "inside"
+
+
+def test_underscore_tool_separator_for_strict_clients(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
+    import re
+
+    lines = [
+        msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}),
+        msg({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+        msg(
+            {
+                "jsonrpc": "2.0",
+                "id": 3,
+                "method": "tools/call",
+                "params": {"name": "binlens_symbol", "arguments": {"operation": "list"}},
+            }
+        ),
+        msg(
+            {
+                "jsonrpc": "2.0",
+                "id": 4,
+                "method": "tools/call",
+                "params": {"name": "binlens_help", "arguments": {"domain": "memory_block"}},
+            }
+        ),
+        msg({"jsonrpc": "2.0", "id": 5, "method": "prompts/list"}),
+    ]
+    frames, _, code = run_stdio(tmp_path, lines, str(compile_c("sample.c")), "--tool-separator", "_")
+    assert code == 0
+    got = by_id(frames)
+    names = [t["name"] for t in got[2]["result"]["tools"]]
+    assert "binlens_help" in names and "binlens_memory_block" in names
+    assert all(re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", n) for n in names)  # Claude Desktop's rule
+    assert got[3]["result"]["isError"] is False
+    assert got[4]["result"]["structuredContent"]["tool"] == "binlens_memory_block"
+    assert got[5]["result"]["prompts"][0]["name"] == "binlens_triage"
+    _, err, code = run_stdio(tmp_path, [], "--tool-separator", "/")
+    assert code == 2 and "tool-separator" in err

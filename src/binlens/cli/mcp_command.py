@@ -34,6 +34,12 @@ def _mcp_args(p: argparse.ArgumentParser) -> None:
     """Serve MCP over stdio: stdout carries only protocol frames, logs go to stderr."""
     p.add_argument("files", nargs="*", metavar="FILE", help="programs to open at start")
     p.add_argument("--tool-prefix", type=_prefix, default="binlens", help="tool name prefix (default: binlens)")
+    p.add_argument(
+        "--tool-separator",
+        choices=[".", "_"],
+        default=os.environ.get("BINLENS_TOOL_SEPARATOR", "."),
+        help="between prefix and domain in tool names (default '.': binlens.help; '_' for Claude Desktop)",
+    )
     p.add_argument("--read-only", action="store_true", help="hide and refuse every mutation")
     p.add_argument("--root", action="append", type=Path, default=[], help="program.open reads only under DIR")
     p.add_argument("--max-concurrent", type=_positive, default=4, help="calls running at once; more get busy")
@@ -67,7 +73,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         except BinlensError as err:
             sys.stderr.write(f"binlens: error: {f}: {err.message}\n")
             return 1
-    core = McpCore(ws, args.tool_prefix, max_concurrent=args.max_concurrent)
+    core = McpCore(ws, args.tool_prefix, max_concurrent=args.max_concurrent, separator=args.tool_separator)
     server = StdioServer(core, max_frame_bytes=args.max_frame_bytes, out=proto_out)
     asyncio.run(server.run())
     proto_out.close()

@@ -201,9 +201,11 @@ class Session:
 class McpCore:
     """One server's MCP behaviour: shared by every transport and connection."""
 
-    def __init__(self, ws: Any, prefix: str = "binlens", *, max_concurrent: int | None = None) -> None:
+    def __init__(
+        self, ws: Any, prefix: str = "binlens", *, max_concurrent: int | None = None, separator: str = "."
+    ) -> None:
         self.ws = ws
-        self.tools = ToolSet(ws, prefix)
+        self.tools = ToolSet(ws, prefix, separator)
         self.max_concurrent = max_concurrent or ws.limits.max_concurrent
         self._running = 0
         self._running_lock = threading.Lock()

@@ -23,6 +23,9 @@ class ServerOptions:
     max_concurrent: int | None = None
     sse_keepalive_s: float = field(default_factory=lambda: float(os.environ.get("BINLENS_SSE_KEEPALIVE_S", "15")))
     max_sse_sessions: int = 64  # legacy /sse sessions at once; a client that goes away frees its slot
+    # MCP tool names are {prefix}{sep}{domain}: "." per SPEC §3; "_" for clients (Claude Desktop,
+    # claude.ai) that accept only ^[a-zA-Z0-9_-]{1,64}$
+    tool_separator: str = field(default_factory=lambda: os.environ.get("BINLENS_TOOL_SEPARATOR", "."))
 
     @property
     def loopback(self) -> bool:
