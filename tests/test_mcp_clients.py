@@ -73,8 +73,13 @@ async def acceptance(client: Client, sample: Path) -> None:
     tools = await client.list_tools()
     names = {t.name for t in tools.tools}
     assert {"binlens.help", "binlens.symbol", "binlens.program", "binlens.memory"} <= names
+    addr_tool = next(t for t in tools.tools if t.name == "binlens.address")  # address.resolve only
+    assert addr_tool.annotations is not None and addr_tool.annotations.read_only_hint is True
     sym_tool = next(t for t in tools.tools if t.name == "binlens.symbol")
-    assert sym_tool.annotations is not None and sym_tool.annotations.read_only_hint is True
+    assert sym_tool.annotations.read_only_hint is False  # symbol.patch renames
+    assert sym_tool.annotations.destructive_hint is False
+    comment_tool = next(t for t in tools.tools if t.name == "binlens.comment")
+    assert comment_tool.annotations.destructive_hint is True  # comment.delete
     assert sym_tool.input_schema["required"] == ["operation"]
     prog_tool = next(t for t in tools.tools if t.name == "binlens.program")
     assert prog_tool.annotations.read_only_hint is False  # program.open/close are lifecycle
