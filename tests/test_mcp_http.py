@@ -492,3 +492,15 @@ def test_stopping_server_answers_open_requests_503_and_exits_0(compile_c, tmp_pa
     assert time.monotonic() - started < 8
     r = got["r"]
     assert r.status_code == 503 and r.json()["id"] == 7 and r.json()["error"]["code"] == -32603
+
+
+def test_serve_tool_separator_underscore(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
+    """`binlens serve --tool-separator _` names tools binlens_help, binlens_symbol, ..."""
+    proc, url = start_http_server(tmp_path / "home", [compile_c("sample.c")], "--tool-separator", "_")
+    try:
+        body, headers = modern("tools/list")
+        names = {t["name"] for t in post(url, body, headers).json()["result"]["tools"]}
+        assert {"binlens_help", "binlens_symbol"} <= names
+        assert not any("." in n for n in names)
+    finally:
+        stop(proc)

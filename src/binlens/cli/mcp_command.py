@@ -7,43 +7,20 @@ import asyncio
 import logging
 import os
 import sys
-from pathlib import Path
 
 from binlens.cli.main import command, make_workspace
+from binlens.cli.server_args import add_mcp_options
 
 log = logging.getLogger("binlens.mcp")
 
 
-def _prefix(value: str) -> str:
-    from binlens.server.mcp_tools import validate_prefix
-
-    try:
-        return validate_prefix(value)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def _positive(value: str) -> int:
-    n = int(value)
-    if n < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return n
-
-
 def _mcp_args(p: argparse.ArgumentParser) -> None:
     """Serve MCP over stdio: stdout carries only protocol frames, logs go to stderr."""
-    p.add_argument("files", nargs="*", metavar="FILE", help="programs to open at start")
-    p.add_argument("--tool-prefix", type=_prefix, default="binlens", help="tool name prefix (default: binlens)")
-    p.add_argument(
-        "--tool-separator",
-        choices=[".", "_"],
-        default=os.environ.get("BINLENS_TOOL_SEPARATOR", "."),
-        help="between prefix and domain in tool names (default '.': binlens.help; '_' for Claude Desktop)",
+    add_mcp_options(
+        p,
+        root_help="program.open reads only under DIR (repeatable)",
+        frame_help="input frame limit in bytes (default 1 MiB)",
     )
-    p.add_argument("--read-only", action="store_true", help="hide and refuse every mutation")
-    p.add_argument("--root", action="append", type=Path, default=[], help="program.open reads only under DIR")
-    p.add_argument("--max-concurrent", type=_positive, default=4, help="calls running at once; more get busy")
-    p.add_argument("--max-frame-bytes", type=_positive, default=1 << 20, help="input frame limit (default 1 MiB)")
 
 
 @command("mcp", _mcp_args)

@@ -18,29 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from binlens.cli.main import command, make_workspace
+from binlens.cli.server_args import add_mcp_options, positive
 
 log = logging.getLogger("binlens.server")
 
 TOKEN_ENV = "BINLENS_TOKEN"
 _PREFIX_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
-
-
-def _prefix(value: str) -> str:
-    if not _PREFIX_RE.match(value):
-        raise argparse.ArgumentTypeError(
-            f"tool prefix {value!r} must be 1-64 letters, digits, '_' or '-', starting with a letter"
-        )
-    return value
-
-
-def _positive(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return n
 
 
 def _port(value: str) -> int:
@@ -55,7 +38,6 @@ def _port(value: str) -> int:
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
     """Serve MCP (/mcp, legacy /sse), WebSocket JSON-RPC (/ws) and /healthz over HTTP."""
-    p.add_argument("files", nargs="*", metavar="FILE", help="programs to open at start")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1; others need a token)")
     p.add_argument(
         "--port", metavar="PORT", type=_port, default=8765, help="listen port (default 8765; 0 picks a free one)"
@@ -65,26 +47,13 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help=f"bearer token clients must send (default: ${TOKEN_ENV}); required for a non-loopback --host",
     )
-    p.add_argument(
-        "--tool-prefix", metavar="PREFIX", type=_prefix, default="binlens", help="MCP tool / notification prefix"
-    )
-    p.add_argument("--read-only", action="store_true", help="hide and refuse every mutation")
-    p.add_argument(
-        "--root",
-        metavar="DIR",
-        action="append",
-        type=Path,
-        default=[],
-        help="program.open from clients reads only under DIR (repeatable; default: the folders of the FILEs)",
+    add_mcp_options(
+        p,
+        root_help="program.open from clients reads only under DIR (repeatable; default: the folders of the FILEs)",
+        frame_help="WebSocket frame limit in bytes (default 1 MiB)",
     )
     p.add_argument(
-        "--max-concurrent", metavar="N", type=_positive, default=4, help="calls running at once; more get busy"
-    )
-    p.add_argument(
-        "--ws-clients", metavar="N", type=_positive, default=1, help="WebSocket clients at once (default 1: exclusive)"
-    )
-    p.add_argument(
-        "--max-frame-bytes", metavar="N", type=_positive, default=1 << 20, help="WebSocket frame limit (default 1 MiB)"
+        "--ws-clients", metavar="N", type=positive, default=1, help="WebSocket clients at once (default 1: exclusive)"
     )
     p.add_argument(
         "--allow-origin",
@@ -152,6 +121,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=args.port,
         token=token,
         tool_prefix=args.tool_prefix,
+        tool_separator=args.tool_separator,
         ws_clients=args.ws_clients,
         max_frame_bytes=args.max_frame_bytes,
         allowed_origins=list(args.allow_origin),
