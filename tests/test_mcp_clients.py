@@ -101,6 +101,8 @@ async def acceptance(client: Client, sample: Path) -> None:
     assert res.is_error is False
     items = _payload(res)["items"]
     assert any(s["name"] == "add_numbers" and s["address"].startswith("0x") for s in items)
+    identity = (res.meta or {}).get("io.binlens/program")
+    assert identity is not None and identity["program"] == prog and identity["file_name"] == sample.name
 
     # a method failure is a tool result with isError and the error object
     bad = await client.call_tool(

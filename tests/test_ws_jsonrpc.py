@@ -110,9 +110,12 @@ def test_request_with_string_and_integer_ids(server: ServerProcess, sample: Path
             reply = await call(c, 8, "symbol.list", {"program": prog, "page": {"limit": 1000}})
             names = {s["name"] for s in reply["result"]["items"]}
             assert "main" in names
-            # params may be left out: session.get takes none
+            # a response about a program carries its identity beside the result
+            assert reply["program"]["program"] == prog
+            assert reply["program"]["sha256"] == hashlib.sha256(sample.read_bytes()).hexdigest()
+            # params may be left out: session.get takes none (and concerns no one program)
             reply = await call(c, 9, "session.get")
-            assert reply["result"]["read_only"] is False
+            assert reply["result"]["read_only"] is False and "program" not in reply
 
     run(go())
 

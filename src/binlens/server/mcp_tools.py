@@ -14,7 +14,7 @@ from typing import Any
 
 from binlens.api import invoke
 from binlens.api.interface import describe, visible_methods
-from binlens.api.registry import DESTRUCTIVE, READ_ONLY, CallContext, MethodSpec
+from binlens.api.registry import DESTRUCTIVE, READ_ONLY, CallContext, MethodSpec, program_identity
 from binlens.errors import BinlensError
 
 PREFIX_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
@@ -45,6 +45,8 @@ def validate_prefix(prefix: str) -> str:
 
 
 SEPARATORS = (".", "_")
+# Tool results that concern a program carry its identity here (SPEC §1: identity in every response).
+PROGRAM_META = "io.binlens/program"
 
 
 def validate_separator(sep: str) -> str:
@@ -182,7 +184,21 @@ class ToolSet:
             return self.error_result(err)
         if not isinstance(data, dict):
             data = {"result": data}
-        return {"content": [{"type": "text", "text": _json_text(data)}], "structuredContent": data, "isError": False}
+        out = {"content": [{"type": "text", "text": _json_text(data)}], "structuredContent": data, "isError": False}
+        identity = self._identity(name, arguments, data)
+        if identity is not None:
+            out["_meta"] = {PROGRAM_META: identity}
+        return out
+
+    def _identity(self, tool: str, arguments: dict[str, Any], data: Any) -> dict[str, Any] | None:
+        """The identity of the program a domain call concerned, for the result's `_meta`."""
+        if tool == self.help_name:
+            return None
+        specs = {s.operation: s for s in self.domains[self._by_tool[tool]]}
+        spec = specs.get(arguments.get("operation"))  # type: ignore[arg-type]
+        if spec is None:
+            return None
+        return program_identity(self.ws, spec.name, arguments.get("params") or {}, data)
 
     @staticmethod
     def error_result(err: BinlensError) -> dict[str, Any]:

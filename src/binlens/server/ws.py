@@ -38,7 +38,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from binlens.api.registry import REGISTRY, CallContext, invoke
+from binlens.api.registry import REGISTRY, CallContext, invoke, program_identity
 from binlens.errors import BinlensError
 from binlens.server.auth import refuse
 from binlens.server.options import ServerOptions
@@ -388,6 +388,9 @@ class WsSession:
                 if ctx.cancelled:
                     raise BinlensError("cancelled", "the request was cancelled")
                 reply = {"jsonrpc": "2.0", "id": msg_id, "result": result}
+                identity = program_identity(self.hub.ws, method, params, result)
+                if identity is not None:
+                    reply["program"] = identity  # extension member: SPEC §1, identity in every response
             except BinlensError as err:
                 reply = rpc_error(msg_id, METHOD_FAILED, err.message, err.to_dict())
             except Exception:  # noqa: BLE001 - nothing internal crosses the wire
