@@ -173,14 +173,51 @@ class ProgramAnalysisState:
         return {"status": self.status, "progress": round(self.fraction, 4), "message": self.message}
 
     # ------------------------------------------------------------------ for other layers
+    def _ready(self) -> AnalysisView | None:
+        """The view, running the analysis first if needed; None when it cannot run (unsupported code)."""
+        try:
+            return self.require(None, wait=True, timeout_s=3600)
+        except BinlensError:
+            return None
+
     @property
     def functions(self) -> list[FunctionRow]:
-        """All functions in address order (empty until the analysis is done)."""
-        return self.view.functions if self.view is not None else []
+        """All functions in address order (runs the analysis first if needed)."""
+        view = self._ready()
+        return view.functions if view is not None else self._metadata_functions()
 
     def function_at(self, va: int) -> FunctionRow | None:
-        """The function starting at or containing `va` (None until analysed)."""
-        return self.view.function_at(va) if self.view is not None else None
+        """The function that starts at `va`, or None (runs the analysis first if needed)."""
+        view = self._ready()
+        if view is None:
+            return next((f for f in self._metadata_functions() if f.address == va), None)
+        return view.by_address.get(va)
+
+    def function_containing(self, va: int) -> FunctionRow | None:
+        """The function starting at `va`, else the one with a block containing it (runs the analysis if needed)."""
+        view = self._ready()
+        return view.function_at(va) if view is not None else self.function_at(va)
+
+    def _metadata_functions(self) -> list[FunctionRow]:
+        """When the engine cannot analyse the code: entry, function symbols and exports in code."""
+        img = self.prog.image
+        rows: dict[int, FunctionRow] = {}
+        code = [s for s in img.sections if s.kind == "code" and s.size]
+
+        def in_code(va: int) -> bool:
+            return any(s.va <= va < s.end for s in code)
+
+        for s in img.symbols:
+            if s.kind == "function" and in_code(s.address):
+                rows.setdefault(
+                    s.address, FunctionRow(s.address, s.size, _text(s.name), None, ("symbol",), False, 0, 0)
+                )
+        for e in img.exports:
+            if in_code(e.address):
+                rows.setdefault(e.address, FunctionRow(e.address, 0, _text(e.name), None, ("export",), False, 0, 0))
+        if img.identity.entry and in_code(img.identity.entry):
+            rows.setdefault(img.identity.entry, FunctionRow(img.identity.entry, 0, None, None, ("entry",), False, 0, 0))
+        return sorted(rows.values(), key=lambda f: f.address)
 
     def define_function(self, va: int, ctx: Any = None, timeout_s: float = 600.0) -> FunctionRow | None:
         """Make `va` a function start: re-analyse it and the function it was part of, update the database.
