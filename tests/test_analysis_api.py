@@ -224,3 +224,15 @@ def test_cancelling_the_only_waiting_call_stops_the_analysis(workspace):
     state = next(iter(workspace.programs.values())).extensions["analysis"]
     state.cancel()
     assert state._done.wait(30)
+
+
+def test_user_renames_show_everywhere(workspace, sample, names):
+    workspace.open(sample, check_roots=False)
+    classify = hex(names["classify"])
+    invoke(workspace, "symbol.patch", {"selector": {"address": classify}, "name": "sorter"})
+    assert invoke(workspace, "function.get", {"selector": {"name": "sorter"}})["address"] == classify
+    listing = invoke(workspace, "listing.get", {"selector": {"address": hex(names["main"])}})["text"]
+    assert "<sorter>" in listing
+    callees = invoke(workspace, "function_call.list", {"selector": {"address": hex(names["main"])}})["items"]
+    assert "sorter" in {c["callee_name"] for c in callees}
+    assert [f["name"] for f in invoke(workspace, "function.list", {"name": "sort*"})["items"]] == ["sorter"]

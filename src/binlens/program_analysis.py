@@ -267,13 +267,14 @@ class ProgramAnalysisState:
     def resolve_name(self, name: str) -> int | None:
         """`sub_<hex>` and import-thunk names of analysed functions."""
         view = self.view
-        if view is None:
-            return None
         m = _SUB_RE.match(name)
         if m:
             va = int(m.group(1), 16)
+            if view is None:  # before the analysis: any address in code
+                sec = self.prog.image.section_at(va)
+                return va if sec is not None and sec.kind == "code" else None
             return va if va in view.by_address else None
-        return view.thunks.get(name)
+        return view.thunks.get(name) if view is not None else None
 
 
 def analysis_of(prog: Program) -> ProgramAnalysisState:
