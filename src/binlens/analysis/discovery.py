@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from binlens.analysis.codemap import CHUNK, INSN, CodeMap
 from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET
 
-UNGUARDED_BELOW_ARE_FUNCTIONS = True
 Progress = Callable[[float, float | None, str | None], None]
 
 NORETURN_NAMES = frozenset(
@@ -346,7 +345,7 @@ class Explorer:
                         cases = [x for x in cases if f <= x < f + ext or fragments(x) or x in starts]
                     elif last in self.unguarded:
                         cases = [x for x in cases if x < nxt or x in starts]
-                    if last in self.unguarded and UNGUARDED_BELOW_ARE_FUNCTIONS:
+                    if last in self.unguarded:
                         below = [x for x in cases if x < f and x not in starts and not fragments(x)]
                         new.update(below)
                         b.tails.extend((last, x) for x in below)
