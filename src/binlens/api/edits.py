@@ -237,6 +237,17 @@ def comments_at(prog: Program, va: int) -> dict[str, str]:
     return dict(rows)
 
 
+def comments_in(prog: Program, start: int, end: int) -> dict[int, dict[str, str]]:
+    """Every user comment in [start, end), by address then kind: one query for a whole listing."""
+    rows = prog.db.connect().execute(
+        "SELECT address, kind, text FROM ann_comment WHERE address >= ? AND address < ?", (start, end)
+    )
+    out: dict[int, dict[str, str]] = {}
+    for va, kind, text in rows:
+        out.setdefault(va, {})[kind] = text
+    return out
+
+
 OPEN_HOOKS.append(_on_open)
 
 

@@ -94,6 +94,12 @@ def item(prog: Any, va: int, type_text: str) -> GlobalItem:
     )
 
 
+def global_item_at(prog: Any, va: int) -> GlobalItem | None:
+    """The user's global starting at `va` with its decoded value, or None (one indexed lookup)."""
+    row = store(prog).get(prog.db.connect(), "global", (va,))
+    return None if row is None else item(prog, va, row["type"])
+
+
 def global_at(prog: Any, va: int) -> tuple[str, int] | None:
     """(type, size) of the user's global starting at `va`, for the listing to show its data."""
     row = store(prog).get(prog.db.connect(), "global", (va,))

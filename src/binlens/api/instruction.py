@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Literal
 
@@ -11,6 +12,9 @@ from binlens.analysis import Instruction, make_backend
 from binlens.analysis.codemap import CodeMap
 from binlens.api.analysis import NeedsAnalysis, need_view, select_address, select_function
 from binlens.api.cursor import decode_cursor, encode_cursor, query_key
+from binlens.api.edits import comments_in
+from binlens.api.function_edit import load_prototype, render_prototype
+from binlens.api.global_variable import global_item_at
 from binlens.api.models import AddressRange, HexAddress, Listing, Page, Result, Scan, ScanReport, Selector
 from binlens.api.pages import scan_bounds
 from binlens.api.registry import READ_ONLY, CallContext, method
@@ -166,7 +170,9 @@ class ListingParams(NeedsAnalysis):
 
 class ListingLine(Result):
     address: HexAddress
-    kind: Literal["label", "instruction"]
+    kind: Literal["label", "comment", "instruction"] = Field(
+        description="label: a function or block start; comment: a user plate/pre comment or prototype line"
+    )
     text: str
     bytes: str | None = None
     comment: str | None = None
@@ -221,20 +227,29 @@ def listing_get(ws: Any, p: ListingParams, ctx: CallContext) -> ListingResult:
     truncated = False
     dec = decoder(prog)
     thumb_spans(dec, view, _merged(spans))
-    for s, e in _merged(spans):
+    merged = _merged(spans)
+    notes = comments_in(prog, merged[0][0], max(e for _s, e in merged)) if merged else {}
+    for s, e in merged:
         for ins in dec.instructions(s, e):
             if count >= p.max_instructions:
                 truncated = True
                 break
-            if ins.address in labels or ins.address in view.by_address:
-                f = view.by_address.get(ins.address)
-                label = function_name(prog, f) if f else f"loc_{ins.address:x}"
-                lines.append(ListingLine(address=hex(ins.address), kind="label", text=label + ":"))
+            va = ins.address
+            user = notes.get(va, {})
+            if va in labels or va in view.by_address:
+                f = view.by_address.get(va)
+                lines += _header_lines(prog, va, user.get("plate"), f is not None)
+                label = function_name(prog, f) if f else f"loc_{va:x}"
+                lines.append(ListingLine(address=hex(va), kind="label", text=label + ":"))
+            elif "plate" in user:
+                lines += _header_lines(prog, va, user["plate"], False)
+            if "pre" in user:
+                lines += [ListingLine(address=hex(va), kind="comment", text=t) for t in user["pre"].splitlines()]
             text, comment = _render(prog, view, ins, strings)
+            if "eol" in user:
+                comment = user["eol"] + (f"; {comment}" if comment else "")
             lines.append(
-                ListingLine(
-                    address=hex(ins.address), kind="instruction", text=text, bytes=ins.bytes.hex(), comment=comment
-                )
+                ListingLine(address=hex(va), kind="instruction", text=text, bytes=ins.bytes.hex(), comment=comment)
             )
             count += 1
         if truncated:
@@ -252,6 +267,27 @@ def listing_get(ws: Any, p: ListingParams, ctx: CallContext) -> ListingResult:
     )
 
 
+def _header_lines(prog: Program, va: int, plate: str | None, is_function: bool) -> list[ListingLine]:
+    """A plate comment and, for a function, its user prototype, as comment lines before the label."""
+    out = [ListingLine(address=hex(va), kind="comment", text=t) for t in (plate or "").splitlines()]
+    if is_function:
+        proto = render_prototype(prog, va, load_prototype(prog, va))
+        if proto is not None:
+            out.append(ListingLine(address=hex(va), kind="comment", text=proto.declaration))
+    return out
+
+
+def _data_note(prog: Program, va: int) -> str | None:
+    """How a reference to a typed global reads: `name: type = value` (its bytes decoded through the type)."""
+    g = global_item_at(prog, va)
+    if g is None:
+        return None
+    value = json.dumps(g.value, separators=(",", ":")) if g.value is not None else "?"
+    if len(value) > 80:
+        value = value[:77] + "..."
+    return f"{g.name or hex(va)}: {g.type} = {value}"
+
+
 def _render(prog: Program, view: AnalysisView, ins: Instruction, strings: dict[int, str]) -> tuple[str, str | None]:
     text = f"{ins.mnemonic} {ins.operands}".strip()
     notes = []
@@ -262,7 +298,10 @@ def _render(prog: Program, view: AnalysisView, ins: Instruction, strings: dict[i
         if name:
             text += f" <{name}>"
     for r in ins.refs:
-        if r in strings:
+        typed = _data_note(prog, r)
+        if typed is not None:
+            notes.append(typed)
+        elif r in strings:
             notes.append(_quote(strings[r]))
         else:
             name = name_for_address(prog, r)
@@ -277,6 +316,9 @@ def render_text(lines: list[ListingLine]) -> str:
     for ln in lines:
         if ln.kind == "label":
             out.append(f"{ln.text}")
+            continue
+        if ln.kind == "comment":
+            out.append(f"  ; {ln.text}")
             continue
         b = (ln.bytes or "")[:20]
         row = f"  {ln.address:>12}  {b:<20}  {ln.text}"
