@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -16,18 +17,68 @@ from mcp_support import ROOT, env_for
 INIT = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}
 
 
+def _request_ids(lines: list[bytes], limit: int) -> set[Any]:
+    """Ids of the well-formed requests among `lines` that fit the frame limit (the replies to wait for)."""
+    ids = set()
+    for line in lines:
+        if len(line) > limit:
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and "id" in obj and isinstance(obj.get("method"), str):
+            ids.add(obj["id"])
+    return ids
+
+
 def run_stdio(home: Path, lines: list[bytes], *args: str, timeout: float = 60) -> tuple[list[dict[str, Any]], str, int]:
-    """Feed `lines` to `binlens mcp ARGS`, close stdin, return (stdout frames, stderr, exit status)."""
-    proc = subprocess.run(
+    """Feed `lines` to `binlens mcp ARGS`, wait for the replies, close stdin; return (frames, stderr, status).
+
+    Like a real client, stdin is closed only after the answers came (EOF cancels outstanding work).
+    """
+    limit = int(args[args.index("--max-frame-bytes") + 1]) if "--max-frame-bytes" in args else 1 << 20
+    want = _request_ids(lines, limit)
+    proc = subprocess.Popen(
         [sys.executable, "-m", "binlens", "mcp", *args],
-        input=b"".join(lines),
-        capture_output=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         env=env_for(home),
         cwd=ROOT,
-        timeout=timeout,
     )
-    frames = [json.loads(line) for line in proc.stdout.splitlines()]  # every stdout line is one JSON frame
-    return frames, proc.stderr.decode(), proc.returncode
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    err_chunks: list[bytes] = []
+    err_reader = threading.Thread(target=lambda: err_chunks.append(proc.stderr.read()), daemon=True)
+    err_reader.start()
+
+    def feed() -> None:
+        try:
+            for line in lines:
+                proc.stdin.write(line)
+            proc.stdin.flush()
+        except BrokenPipeError:
+            pass
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    frames: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    closed = False
+    while True:
+        if not closed and (want <= {f.get("id") for f in frames} or time.monotonic() > deadline):
+            writer.join(timeout)
+            proc.stdin.close()
+            closed = True
+        line = proc.stdout.readline()
+        if not line:
+            break
+        frames.append(json.loads(line))  # every stdout line is one JSON frame
+    if not closed:
+        proc.stdin.close()
+    code = proc.wait(timeout)
+    err_reader.join(timeout)
+    return frames, b"".join(err_chunks).decode(), code
 
 
 def msg(obj: Any) -> bytes:
