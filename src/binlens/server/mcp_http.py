@@ -54,6 +54,22 @@ def _cors(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
     return out
 
 
+async def _start_event_stream(send: Any, cors: list[tuple[bytes, bytes]]) -> None:
+    """Start a 200 `text/event-stream` response (no caching, no proxy buffering)."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                *cors,
+                (b"content-type", b"text/event-stream"),
+                (b"cache-control", b"no-cache, no-transform"),
+                (b"x-accel-buffering", b"no"),
+            ],
+        }
+    )
+
+
 async def _respond(
     send: Send,
     status: int,
@@ -262,18 +278,7 @@ class McpEndpoint:
             async with lock:
                 if not started:
                     started = True
-                    await send(
-                        {
-                            "type": "http.response.start",
-                            "status": 200,
-                            "headers": [
-                                *cors,
-                                (b"content-type", b"text/event-stream"),
-                                (b"cache-control", b"no-cache, no-transform"),
-                                (b"x-accel-buffering", b"no"),
-                            ],
-                        }
-                    )
+                    await _start_event_stream(send, cors)
                 chunk = b"event: message\ndata: " + _dump(message) + b"\n\n"
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
@@ -360,18 +365,7 @@ class LegacySse:
         sess = SseSession()
         self.sessions[sess.id] = sess
         root = scope.get("root_path", "")
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [
-                    *cors,
-                    (b"content-type", b"text/event-stream"),
-                    (b"cache-control", b"no-cache, no-transform"),
-                    (b"x-accel-buffering", b"no"),
-                ],
-            }
-        )
+        await _start_event_stream(send, cors)
         endpoint = f"{root}/messages?sessionId={sess.id}"
         await send(
             {"type": "http.response.body", "body": f"event: endpoint\ndata: {endpoint}\n\n".encode(), "more_body": True}
