@@ -64,7 +64,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     corpus.add_subset_args(ap)
     ap.add_argument("--tools", default=",".join(tools.ALL_TOOLS), help="comma list of " + ",".join(tools.ALL_TOOLS))
-    ap.add_argument("--quick", action="store_true", help="only -O2 PIE builds (both compilers, with and without unwind)")
+    ap.add_argument(
+        "--quick", action="store_true", help="only -O2 PIE builds (both compilers, with and without unwind)"
+    )
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per tool run")
     ap.add_argument("--tool-jobs", type=int, default=1, help="tool runs in parallel (accuracy only, not timing)")
     ap.add_argument("--fresh", action="store_true", help="ignore cached results")

@@ -95,7 +95,7 @@ RECIPES: dict[str, Recipe] = {
     ),
     "lua5.4": Recipe(
         package="lua5.4",
-        tree_glob="lua-5.4*",
+        tree_glob="lua5.4-*",
         sources=("src/*.c",),
         exclude=("src/luac.c",),
         cflags=("-DLUA_COMPAT_5_3", "-DLUA_USE_LINUX"),
@@ -171,14 +171,7 @@ def matrix(
     unwinds: Iterable[str] = UNWINDS,
 ) -> list[Variant]:
     """All variants of the chosen subset, in a stable order."""
-    return [
-        Variant(p, c, o, pi, u)
-        for p in programs
-        for c in compilers
-        for o in opts
-        for pi in pies
-        for u in unwinds
-    ]
+    return [Variant(p, c, o, pi, u) for p in programs for c in compilers for o in opts for pi in pies for u in unwinds]
 
 
 def log(msg: str) -> None:
@@ -226,6 +219,11 @@ def fetch_sources(workdir: Path, programs: Iterable[str]) -> None:
             _run(["dpkg-source", "--no-check", "-x", dsc.name], cwd=src)
         if prog == "sqlite3":
             _prepare_sqlite(_tree(workdir, prog))
+        if prog == "lua5.4":
+            # Debian's path patch includes a header that debian/rules generates.
+            header = _tree(workdir, prog) / "src" / "lua5.4-deb-multiarch.h"
+            if not header.is_file():
+                header.write_text('#ifndef DEB_HOST_MULTIARCH\n#define DEB_HOST_MULTIARCH "x86_64-linux-gnu"\n#endif\n')
 
 
 def _tree(workdir: Path, prog: str, must: bool = True) -> Path | None:
@@ -307,7 +305,7 @@ def build_all(workdir: Path, variants: list[Variant], jobs: int = 2) -> list[Bin
     if missing:
         raise RuntimeError(f"compiler not found: {', '.join(missing)} (apt-get install {' '.join(missing)})")
     # Big programs first so the pool stays busy.
-    order = sorted(variants, key=lambda v: (PROGRAMS.index(v.program) if v.program in PROGRAMS else 0), reverse=True)
+    order = sorted(variants, key=lambda v: PROGRAMS.index(v.program) if v.program in PROGRAMS else 0, reverse=True)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         built = {b.variant: b for b in pool.map(lambda v: build(workdir, v), order)}
     return [built[v] for v in variants]

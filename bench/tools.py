@@ -157,7 +157,9 @@ def peers_python(workdir: Path) -> Path:
     env = os.environ.get("BINLENS_BENCH_PEERS")
     py = Path(env) / "bin" / "python" if env else workdir / "peers-venv" / "bin" / "python"
     if not py.exists():
-        raise Unavailable(f"peers venv missing: python3 -m venv {py.parent.parent} && pip install -r bench/requirements.txt")
+        raise Unavailable(
+            f"peers venv missing: python3 -m venv {py.parent.parent} && pip install -r bench/requirements.txt"
+        )
     return py
 
 

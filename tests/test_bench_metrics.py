@@ -43,6 +43,5 @@ def test_micro_average_sums_counts_not_ratios() -> None:
 
 def test_in_ranges_edges() -> None:
     ranges = [(0x10, 0x20), (0x30, 0x40)]
-    assert [metrics.in_ranges(a, ranges) for a in (0xF, 0x10, 0x1F, 0x20, 0x30, 0x3F, 0x40)] == [
-        False, True, True, False, True, True, False,
-    ]
+    inside = [a for a in (0xF, 0x10, 0x1F, 0x20, 0x30, 0x3F, 0x40) if metrics.in_ranges(a, ranges)]
+    assert inside == [0x10, 0x1F, 0x30, 0x3F]
