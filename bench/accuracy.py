@@ -89,7 +89,7 @@ def main() -> int:
             if tool != "binlens":
                 tools.check_peer(tool, workdir)
             else:
-                tools.binlens_command()
+                tools.binlens_mode()
             versions[tool] = tools.tool_version(tool, workdir)
         except tools.Unavailable as exc:
             unavailable[tool] = str(exc)

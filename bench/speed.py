@@ -89,7 +89,7 @@ def main() -> int:
     for tool in chosen:
         try:
             if tool == "binlens":
-                tools.binlens_command()
+                tools.binlens_mode()
             else:
                 tools.check_peer(tool, workdir)
             versions[tool] = tools.tool_version(tool, workdir)

@@ -102,20 +102,38 @@ def binlens_command() -> list[str]:
     found = str(exe) if exe.exists() else shutil.which("binlens")
     if not found:
         raise Unavailable("binlens CLI not installed (make .venv/.installed)")
-    probe = subprocess.run([found, "functions", "--help"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        raise Unavailable("this binlens has no `functions` command yet (analysis engine not merged)")
     return [found]
 
 
+_binlens_mode: list[str] = []
+
+
+def binlens_mode() -> str:
+    """`cli` when `binlens functions` exists, else `api` when the engine imports (binlens_driver.py)."""
+    if not _binlens_mode:
+        cmd = binlens_command()
+        if subprocess.run([*cmd, "functions", "--help"], capture_output=True).returncode == 0:
+            _binlens_mode.append("cli")
+        else:
+            py = Path(cmd[0]).with_name("python")
+            probe = subprocess.run([str(py), "-c", "import binlens.analysis.engine"], capture_output=True)
+            if probe.returncode != 0:
+                raise Unavailable("this binlens has neither a `functions` command nor the analysis engine")
+            _binlens_mode.append("api")
+    return _binlens_mode[0]
+
+
 def binlens_version() -> str:
-    """The repo commit binlens runs from (plus a hash of uncommitted source changes), for result caching."""
-    try:
-        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
-        diff = subprocess.run(["git", "-C", str(REPO), "diff", "HEAD", "--", "src"], capture_output=True).stdout
-    except OSError:
-        return "unknown"
-    return head.strip()[:12] + ("+" + hashlib.sha1(diff).hexdigest()[:8] if diff else "")
+    """Which binlens runs: a hash of the source files of the package the interpreter imports (so a
+    checkout or PYTHONPATH change is a new version for the result caches), plus the mode."""
+    py = Path(binlens_command()[0]).with_name("python")
+    code = "import binlens, pathlib; print(pathlib.Path(binlens.__file__).parent)"
+    pkg = Path(subprocess.run([str(py), "-c", code], capture_output=True, text=True).stdout.strip())
+    digest = hashlib.sha1()
+    for f in sorted(pkg.rglob("*.py")):
+        digest.update(str(f.relative_to(pkg)).encode() + b"\0" + f.read_bytes())
+    mode = "" if binlens_mode() == "cli" else " (API)"
+    return f"src {digest.hexdigest()[:10]}{mode}"
 
 
 def parse_binlens_functions(text: str) -> list[int]:
@@ -134,8 +152,18 @@ def parse_binlens_functions(text: str) -> list[int]:
 
 
 def run_binlens(path: Path, timeout: float) -> Run:
-    """Full analysis with a fresh program database; starts from `binlens functions --json`."""
+    """Full analysis with a fresh program database; starts from `binlens functions --json`
+    (or, before the CLI has that command, `analyze` in-process through binlens_driver.py)."""
     cmd = binlens_command()
+    if binlens_mode() == "api":
+        py = Path(cmd[0]).with_name("python")
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "starts.json"
+            run = measure([str(py), str(HERE / "binlens_driver.py"), str(path), "--out", str(out)], timeout)
+            run.tool = "binlens"
+            if not run.error:
+                run.starts = json.loads(out.read_text())["starts"]
+        return run
     with tempfile.TemporaryDirectory(prefix="binlens-bench-home-") as home, tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "functions.json"
         env = {**os.environ, "BINLENS_HOME": home}
