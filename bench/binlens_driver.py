@@ -20,7 +20,7 @@ def main() -> int:
     ap.add_argument("binary")
     ap.add_argument("--out")
     args = ap.parse_args()
-    from binlens.analysis import analyze
+    from binlens.analysis import analyze  # noqa: I001 - first-party once the engine is merged
     from binlens.loader.isolate import load_image
 
     t0 = time.monotonic()
