@@ -98,11 +98,12 @@ def main() -> int:
 
     header = ["file", "MiB", "objdump -d s"]
     for t in chosen:
-        header += [f"{t} s", f"{t} ×objdump", f"{t} peak MiB"]
+        header += [f"{t} s", f"{t} ×objdump", f"{t} CPU s", f"{t} peak MiB"]
         if t == "binlens":
             header.append("binlens RSS ×file")
     rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     totals: dict[str, float] = {}
+    cpu_totals: dict[str, float] = {}
     complete: dict[str, bool] = {}
     peer_times: list[str] = []
     for label, path in files:
@@ -113,7 +114,7 @@ def main() -> int:
             totals["objdump"] = totals.get("objdump", 0.0) + (base.wall or 0.0)
         for t in chosen:
             if t in unavailable:
-                cells += [f"n/a: {unavailable[t]}", "", ""] + ([""] if t == "binlens" else [])
+                cells += [f"n/a: {unavailable[t]}", "", "", ""] + ([""] if t == "binlens" else [])
                 continue
             run, when = measure_cached(t, path, label, workdir, versions[t], args.timeout, args.fresh)
             if t in tools.PEERS:
@@ -122,11 +123,12 @@ def main() -> int:
             if run.error:
                 wall += f" ({run.error})"
             ratio = f"{run.wall / base.wall:.1f}" if run.wall and base.wall else "?"
-            cells += [wall, ratio, mib(run.rss_kb)]
+            cells += [wall, ratio, f"{run.cpu:.1f}" if run.cpu is not None else "?", mib(run.rss_kb)]
             if t == "binlens":
                 cells.append(f"{run.rss_kb * 1024 / size:.1f}" if run.rss_kb else "?")
             if label != "libc.so.6":
                 totals[t] = totals.get(t, 0.0) + (run.wall or 0.0)
+                cpu_totals[t] = cpu_totals.get(t, 0.0) + (run.cpu or 0.0)
                 complete[t] = complete.get(t, True) and not run.error
         rows.append("| " + " | ".join(cells) + " |")
     corpus_files = [f for f in files if f[0] != "libc.so.6"]
@@ -135,11 +137,12 @@ def main() -> int:
         cells = [f"**corpus total ({len(corpus_files)} files)**", "", f"{totals.get('objdump', 0):.2f}"]
         for t in chosen:
             if t in unavailable:
-                cells += ["n/a", "", ""] + ([""] if t == "binlens" else [])
+                cells += ["n/a", "", "", ""] + ([""] if t == "binlens" else [])
                 continue
             tot = totals.get(t, 0.0)
             mark = "" if complete.get(t, True) else " (incl. failed runs)"
-            cells += [f"{tot:.2f}{mark}", f"{tot / totals['objdump']:.1f}" if totals.get("objdump") else "?", ""]
+            ratio = f"{tot / totals['objdump']:.1f}" if totals.get("objdump") else "?"
+            cells += [f"{tot:.2f}{mark}", ratio, f"{cpu_totals.get(t, 0.0):.1f}", ""]
             if t == "binlens":
                 cells.append("")
         rows.append("| " + " | ".join(cells) + " |")
