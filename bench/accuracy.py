@@ -22,12 +22,13 @@ import json
 import platform
 import sys
 import time
+from bisect import bisect_right
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import corpus
 import tools
-from metrics import Score, score
+from metrics import Score, in_ranges, score
 
 
 def sha256(path: Path) -> str:
@@ -59,6 +60,30 @@ def fmt(s: Score) -> str:
     return f"{s.precision:.3f} / {s.recall:.3f} / **{s.f1:.3f}**"
 
 
+def explain(binary: corpus.Binary, tool: str, starts: list[int], limit: int) -> str:
+    """The misses of one tool on one binary: false starts as `function+offset` inside the true function
+    that contains them, missed starts by name (how many of those are gcc `.cold` parts)."""
+    truth = binary.truth()
+    ordered = sorted(truth)
+    scope = sorted(binary.scope())
+    neutral = binary.neutral()
+    found = set(starts)
+    false = [a for a in sorted(found) if a not in truth and a not in neutral and in_ranges(a, scope)]
+    missed = [a for a in ordered if a not in found]
+
+    def where(addr: int) -> str:
+        i = bisect_right(ordered, addr) - 1
+        return f"{truth[ordered[i]]}+{addr - ordered[i]:#x}" if i >= 0 else f"{addr:#x}"
+
+    cold = sum(1 for a in missed if ".cold" in truth[a])
+    lines = [
+        f"{tool} on {binary.variant.name}: {len(false)} false starts, {len(missed)} missed ({cold} .cold parts)",
+        "  false: " + ", ".join(f"{a:#x} ({where(a)})" for a in false[:limit]),
+        "  missed: " + ", ".join(f"{a:#x} {truth[a]}" for a in missed[:limit]),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     """Build, run, score, print."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -71,6 +96,7 @@ def main() -> int:
     ap.add_argument("--tool-jobs", type=int, default=1, help="tool runs in parallel (accuracy only, not timing)")
     ap.add_argument("--fresh", action="store_true", help="ignore cached results")
     ap.add_argument("--out", type=Path, help="also write the Markdown here")
+    ap.add_argument("--explain", type=int, default=0, metavar="N", help="list up to N misses per binary and tool")
     args = ap.parse_args()
     if args.quick:
         args.opts, args.pie = "O2", "pie"
@@ -162,6 +188,10 @@ def main() -> int:
     if failed:
         notes.append("Failed runs (counted as finding nothing): " + ", ".join(failed) + ".")
     text = "\n".join(rows) + "\n\n" + "\n".join(notes) + "\n"
+    if args.explain:
+        for b in binaries:
+            for tool in runnable:
+                sys.stdout.write(explain(b, tool, runs[(tool, b.variant.name)].starts, args.explain))
     sys.stdout.write(text)
     if args.out:
         args.out.write_text(text)
