@@ -96,9 +96,9 @@ def main() -> int:
         except tools.Unavailable as exc:
             unavailable[tool] = str(exc)
 
-    header = ["file", "MiB", "objdump -d s"]
+    header = ["file", "MiB", "objdump -d s", "objdump CPU s"]
     for t in chosen:
-        header += [f"{t} s", f"{t} ×objdump", f"{t} CPU s", f"{t} peak MiB"]
+        header += [f"{t} s", f"{t} ×objdump", f"{t} CPU s", f"{t} CPU ×objdump", f"{t} peak MiB"]
         if t == "binlens":
             header.append("binlens RSS ×file")
     rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -109,12 +109,13 @@ def main() -> int:
     for label, path in files:
         size = path.stat().st_size
         base, _ = measure_cached("objdump", path, label, workdir, versions["objdump"], args.timeout, True)
-        cells = [f"`{label}`", f"{size / 2**20:.2f}", f"{base.wall:.2f}" if base.wall else "?"]
+        cells = [f"`{label}`", f"{size / 2**20:.2f}", f"{base.wall:.2f}" if base.wall else "?", f"{base.cpu:.2f}"]
         if label != "libc.so.6":
             totals["objdump"] = totals.get("objdump", 0.0) + (base.wall or 0.0)
+            cpu_totals["objdump"] = cpu_totals.get("objdump", 0.0) + (base.cpu or 0.0)
         for t in chosen:
             if t in unavailable:
-                cells += [f"n/a: {unavailable[t]}", "", "", ""] + ([""] if t == "binlens" else [])
+                cells += [f"n/a: {unavailable[t]}", "", "", "", ""] + ([""] if t == "binlens" else [])
                 continue
             run, when = measure_cached(t, path, label, workdir, versions[t], args.timeout, args.fresh)
             if t in tools.PEERS:
@@ -123,7 +124,9 @@ def main() -> int:
             if run.error:
                 wall += f" ({run.error})"
             ratio = f"{run.wall / base.wall:.1f}" if run.wall and base.wall else "?"
-            cells += [wall, ratio, f"{run.cpu:.1f}" if run.cpu is not None else "?", mib(run.rss_kb)]
+            cpu = f"{run.cpu:.1f}" if run.cpu is not None else "?"
+            cpu_ratio = f"{run.cpu / base.cpu:.1f}" if run.cpu is not None and base.cpu else "?"
+            cells += [wall, ratio, cpu, cpu_ratio, mib(run.rss_kb)]
             if t == "binlens":
                 cells.append(f"{run.rss_kb * 1024 / size:.1f}" if run.rss_kb else "?")
             if label != "libc.so.6":
@@ -134,25 +137,39 @@ def main() -> int:
     corpus_files = [f for f in files if f[0] != "libc.so.6"]
     notes = []
     if corpus_files:
-        cells = [f"**corpus total ({len(corpus_files)} files)**", "", f"{totals.get('objdump', 0):.2f}"]
+        cells = [
+            f"**corpus total ({len(corpus_files)} files)**",
+            "",
+            f"{totals.get('objdump', 0):.2f}",
+            f"{cpu_totals.get('objdump', 0):.2f}",
+        ]
         for t in chosen:
             if t in unavailable:
-                cells += ["n/a", "", "", ""] + ([""] if t == "binlens" else [])
+                cells += ["n/a", "", "", "", ""] + ([""] if t == "binlens" else [])
                 continue
             tot = totals.get(t, 0.0)
             mark = "" if complete.get(t, True) else " (incl. failed runs)"
             ratio = f"{tot / totals['objdump']:.1f}" if totals.get("objdump") else "?"
-            cells += [f"{tot:.2f}{mark}", ratio, f"{cpu_totals.get(t, 0.0):.1f}", ""]
+            ctot = cpu_totals.get(t, 0.0)
+            cratio = f"{ctot / cpu_totals['objdump']:.1f}" if cpu_totals.get("objdump") else "?"
+            cells += [f"{tot:.2f}{mark}", ratio, f"{ctot:.1f}", cratio, ""]
             if t == "binlens":
                 cells.append("")
         rows.append("| " + " | ".join(cells) + " |")
         if "binlens" in totals and totals["binlens"]:
             for t in tools.PEERS:
                 if t in totals and complete.get(t, True):
-                    notes.append(f"Corpus: {t} takes {totals[t] / totals['binlens']:.1f}× binlens's wall time.")
+                    notes.append(
+                        f"Corpus: {t} takes {totals[t] / totals['binlens']:.1f}× binlens's wall time "
+                        f"({cpu_totals[t] / max(cpu_totals['binlens'], 1e-9):.1f}× its CPU time)."
+                    )
+    subset = (
+        "no corpus binaries"
+        if args.no_corpus
+        else f"programs={args.programs} compilers={args.compilers} opts={args.opts} pie={args.pie} unwind={args.unwind}"
+    )
     notes += [
-        f"Subset: programs={args.programs} compilers={args.compilers} opts={args.opts} pie={args.pie} "
-        f"unwind={args.unwind}" + ("" if args.no_libc else f" + {LIBC}") + ".",
+        f"Subset: {subset}" + ("" if args.no_libc else f" + {LIBC}") + ".",
         "Tools: " + ", ".join(f"{t} {versions.get(t, 'n/a')}" for t in ["objdump", *chosen]) + ".",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores (shared), Python {platform.python_version()}; "
         f"run finished {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
