@@ -27,12 +27,13 @@ import tools
 LIBC = Path("/lib/x86_64-linux-gnu/libc.so.6")
 
 
-def in_process(path: Path, home: Path, repeats: int) -> tuple[float, float, int]:
-    """Median seconds of (open + function.list) and of function.list alone, and the listed count."""
+def in_process(path: Path, home: Path, repeats: int) -> tuple[float, float, int, float, int]:
+    """Medians, in seconds, of (open + first page of function.list), of that call alone, and of listing
+    every function (pages of 1000, following cursors); with the first page's and the total's counts."""
     from binlens.api import invoke
     from binlens.workspace import Config, Workspace
 
-    opened, listed, count = [], [], 0
+    opened, listed, walked, first, total = [], [], [], 0, 0
     for _ in range(repeats):
         ws = Workspace(Config(home=home))
         t0 = time.perf_counter()
@@ -40,11 +41,21 @@ def in_process(path: Path, home: Path, repeats: int) -> tuple[float, float, int]
         t1 = time.perf_counter()
         result = invoke(ws, "function.list", {"program": prog.handle})
         t2 = time.perf_counter()
+        first = len(result["items"])
+        total, cursor = 0, None
+        while True:
+            page = {"limit": 1000, **({"cursor": cursor} if cursor else {})}
+            data = invoke(ws, "function.list", {"program": prog.handle, "page": page}, max_response_bytes=1 << 30)
+            total += len(data["items"])
+            cursor = data.get("next_cursor")
+            if not cursor:
+                break
+        t3 = time.perf_counter()
         opened.append(t2 - t0)
         listed.append(t2 - t1)
-        count = len(result["items"]) if isinstance(result, dict) and "items" in result else len(result)
+        walked.append(t3 - t2)
         ws.close(prog.handle)
-    return statistics.median(opened), statistics.median(listed), count
+    return statistics.median(opened), statistics.median(listed), first, statistics.median(walked), total
 
 
 def one_shot(path: Path, home: Path, repeats: int) -> float:
@@ -74,7 +85,8 @@ def main() -> int:
         b = corpus.build_all(args.workdir.resolve(), corpus.matrix(["sqlite3"], ["gcc"], ["O2"], ["pie"], ["eh"]))[0]
         files = [b.stripped] + ([LIBC.resolve()] if LIBC.is_file() else [])
     rows = [
-        "| file | functions | first analysis s | open + function.list s | function.list s | one-shot CLI s |",
+        "| file | first analysis s | open + function.list s (first page) | function.list s | "
+        "all functions (pages of 1000) s | one-shot CLI s |",
         "|---|---|---|---|---|---|",
     ]
     for path in files:
@@ -85,10 +97,13 @@ def main() -> int:
             )
             if first.error:
                 raise SystemExit(f"analysis of {path} failed: {first.error}")
-            opened, listed, count = in_process(path, home, args.repeats)
+            opened, listed, first_page, walked, total = in_process(path, home, args.repeats)
             cli = one_shot(path, home, args.repeats)
         label = path.parent.name if path.name == "stripped" else path.name
-        rows.append(f"| `{label}` | {count} | {first.wall:.2f} | {opened:.3f} | {listed:.3f} | {cli:.2f} |")
+        rows.append(
+            f"| `{label}` | {first.wall:.2f} | {opened:.3f} ({first_page} functions) | {listed:.3f} | "
+            f"{walked:.3f} ({total} functions) | {cli:.2f} |"
+        )
     print("\n".join(rows))
     print(
         f"\nMedians of {args.repeats} runs; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
