@@ -88,7 +88,8 @@ def main() -> int:
     """Build, run, score, print."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     corpus.add_subset_args(ap)
-    ap.add_argument("--tools", default=",".join(tools.ALL_TOOLS), help="comma list of " + ",".join(tools.ALL_TOOLS))
+    every = (*tools.ALL_TOOLS, *tools.BASELINES)
+    ap.add_argument("--tools", default=",".join(every), help="comma list of " + ",".join(every))
     ap.add_argument(
         "--quick", action="store_true", help="only -O2 PIE builds (both compilers, with and without unwind)"
     )
@@ -101,7 +102,7 @@ def main() -> int:
     if args.quick:
         args.opts, args.pie = "O2", "pie"
     chosen = [t.strip() for t in args.tools.split(",") if t.strip()]
-    bad = [t for t in chosen if t not in tools.ALL_TOOLS]
+    bad = [t for t in chosen if t not in every]
     if bad:
         ap.error(f"unknown tool(s): {', '.join(bad)}")
     variants = corpus.variants_from_args(args)
@@ -112,10 +113,10 @@ def main() -> int:
     versions: dict[str, str] = {}
     for tool in chosen:
         try:
-            if tool != "binlens":
-                tools.check_peer(tool, workdir)
-            else:
+            if tool == "binlens":
                 tools.binlens_mode()
+            elif tool in tools.PEERS:
+                tools.check_peer(tool, workdir)
             versions[tool] = tools.tool_version(tool, workdir)
         except tools.Unavailable as exc:
             unavailable[tool] = str(exc)

@@ -21,6 +21,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 PEERS = ("angr", "smda", "ddisasm")
 ALL_TOOLS = ("binlens", *PEERS)
+BASELINES = ("eh_frame",)  # accuracy only: the FDE starts alone, read by binutils' readelf
 TIME = "/usr/bin/time"
 
 
@@ -237,8 +238,22 @@ def run_objdump(path: Path, timeout: float) -> Run:
     return run
 
 
+def run_eh_frame(path: Path, timeout: float) -> Run:
+    """Baseline: the start of every `.eh_frame` FDE (`readelf --debug-dump=frames`), nothing else."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "frames.txt"
+        run = measure(["readelf", "--debug-dump=frames", str(path)], timeout, stdout_path=out)
+        run.tool = "eh_frame"
+        starts = re.findall(r" FDE cie=[0-9a-f]+ pc=([0-9a-f]+)\.\.", out.read_text(errors="replace"))
+    run.starts = sorted({int(a, 16) for a in starts})
+    run.error = None  # no .eh_frame at all is an empty answer, not a failure
+    return run
+
+
 def run_tool(tool: str, path: Path, workdir: Path, timeout: float) -> Run:
     """Dispatch by tool name."""
+    if tool == "eh_frame":
+        return run_eh_frame(path, timeout)
     if tool == "binlens":
         return run_binlens(path, timeout)
     if tool == "objdump":
@@ -250,6 +265,8 @@ def tool_version(tool: str, workdir: Path) -> str:
     """Version string used in cache keys and table headers."""
     if tool == "binlens":
         return binlens_version()
+    if tool == "eh_frame":
+        return "readelf " + subprocess.run(["readelf", "--version"], capture_output=True, text=True).stdout.split("\n")[0].split()[-1]
     if tool == "objdump":
         return subprocess.run(["objdump", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
     return peer_version(tool, workdir)
