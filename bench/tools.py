@@ -266,7 +266,8 @@ def tool_version(tool: str, workdir: Path) -> str:
     if tool == "binlens":
         return binlens_version()
     if tool == "eh_frame":
-        return "readelf " + subprocess.run(["readelf", "--version"], capture_output=True, text=True).stdout.split("\n")[0].split()[-1]
+        first = subprocess.run(["readelf", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+        return "readelf " + first.split()[-1]
     if tool == "objdump":
         return subprocess.run(["objdump", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
     return peer_version(tool, workdir)
