@@ -21,8 +21,9 @@ $(SAMPLE): tests/fixtures/src/sample.c
 
 sample: $(SAMPLE)
 
+# Serve build/sample over HTTP on $(HOST):$(PORT) (/mcp, /sse, /ws, /healthz); prints the mcpServers entries.
 run: $(VENV)/.installed $(SAMPLE)
-	$(BIN) info $(SAMPLE)
+	$(BIN) serve $(SAMPLE) --host $(HOST) --port $(PORT) --print-mcp-config
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q

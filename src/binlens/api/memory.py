@@ -23,7 +23,7 @@ from binlens.api.models import (
     Selector,
 )
 from binlens.api.pages import scan_bounds
-from binlens.api.registry import READ_ONLY, method
+from binlens.api.registry import READ_ONLY, CallContext, method
 from binlens.errors import BinlensError
 
 
@@ -202,11 +202,11 @@ def compile_pattern(p: MemorySearchParams) -> re.Pattern[bytes]:
         raise BinlensError("invalid_argument", f"bad regex: {err}", target="/params/regex") from None
 
 
-CHUNK = 1 << 20
+CHUNK = 1 << 15  # the regex engine holds the GIL: small chunks keep the servers responsive
 
 
-@method("memory.search", effect=READ_ONLY)
-def memory_search(ws: Any, p: MemorySearchParams) -> Listing[SearchHit]:
+@method("memory.search", effect=READ_ONLY, long_running=True)
+def memory_search(ws: Any, p: MemorySearchParams, ctx: CallContext) -> Listing[SearchHit]:
     """Search file-backed bytes for a hex pattern (with ?? wildcards) or a bytes regex, in address order."""
     prog = ws.program(p.program)
     rx = compile_pattern(p)
@@ -220,6 +220,8 @@ def memory_search(ws: Any, p: MemorySearchParams) -> Listing[SearchHit]:
     img = prog.image
     stop: str = "range_end"
     resume: int | None = None
+    total = sum(max(0, min(end, r.va + r.fsize) - max(cur, r.va)) for r in img.regions)
+    done = 0
     for region in img.regions:
         r_end = min(end, region.va + region.fsize)
         r_start = max(cur, region.va)
@@ -230,7 +232,9 @@ def memory_search(ws: Any, p: MemorySearchParams) -> Listing[SearchHit]:
             if time.monotonic() > deadline:
                 stop, resume = "timeout", chunk_start
                 break
+            ctx.progress(done, total, f"searched {done} of {total} bytes")  # also honours cancellation
             chunk_end = min(r_end, chunk_start + CHUNK)
+            done += chunk_end - chunk_start
             off = region.offset + (chunk_start - region.va)
             # overlap so a match crossing the chunk boundary is found once
             window = img.data[off : off + (chunk_end - chunk_start) + 4096]

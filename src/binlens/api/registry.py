@@ -220,6 +220,27 @@ def invoke(
     return data
 
 
+def program_identity(ws: Any, name: str, params: Any, result: Any = None) -> dict[str, Any] | None:
+    """The identity of the program a call concerned (SPEC: carried by every such response), or None.
+
+    A method concerns a program when its params take `program` (named, or the only open one), or
+    when it returns one (program.open).
+    """
+    spec = REGISTRY.get(name)
+    if spec is None:
+        return None
+    if "program" in spec.params_model.model_fields:
+        ref = params.get("program") if isinstance(params, dict) else None
+        prog = ws.programs.get(ref) if isinstance(ref, str) else None
+        if prog is None and ref is None and len(ws.programs) == 1:
+            prog = next(iter(ws.programs.values()))
+        if prog is not None:
+            return prog.identity
+    if isinstance(result, dict) and isinstance(result.get("identity"), dict):
+        return result["identity"]
+    return None
+
+
 def _run(spec: MethodSpec, ws: Any, parsed: BaseModel, ctx: CallContext) -> Any:
     if spec.func.__code__.co_argcount >= 3:
         return spec.func(ws, parsed, ctx)

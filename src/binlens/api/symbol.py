@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from binlens.api.models import HexAddress, Listing, Page, Params, ProgramRef, Result, Selector
-from binlens.api.pages import page_by_offset
+from binlens.api.models import HexAddress, Listing, Page, Params, ProgramRef, Result, Scan, ScanReport, Selector
+from binlens.api.pages import page_by_offset, scan_bounds
 from binlens.api.registry import READ_ONLY, method
 from binlens.errors import BinlensError
 
@@ -24,6 +24,7 @@ class SymbolItem(Result):
     binding: str | None = None
     source: str
     library: str | None = None
+    user_name: str | None = Field(None, description="The user's name for this address (symbol.patch), if any.")
 
 
 class SymbolListParams(Params):
@@ -31,6 +32,7 @@ class SymbolListParams(Params):
     kind: SymbolKind | None = Field(None, description="Only symbols of this kind.")
     name: str | None = Field(None, max_length=1024, description="Glob on the (demangled or raw) name.")
     page: Page = Page()
+    scan: Scan = Scan()
 
 
 class SymbolGetParams(Params):
@@ -81,27 +83,52 @@ def all_symbols(prog: Any) -> list[SymbolItem]:
 def symbol_list(ws: Any, p: SymbolListParams) -> Listing[SymbolItem]:
     """List symbols, imports and exports in address order, filtered by kind and name glob."""
     prog = ws.program(p.program)
+    refresh_names(prog)
     items = all_symbols(prog)
     if p.kind:
         items = [s for s in items if s.kind == p.kind]
     if p.name:
         items = [s for s in items if fnmatch.fnmatchcase(s.name, p.name) or fnmatch.fnmatchcase(s.raw_name, p.name)]
+    start, end = scan_bounds(prog, p.scan)
+    if p.scan.range is not None:
+        items = [s for s in items if start <= int(s.address, 16) < end]
     out, cursor = page_by_offset(prog, p, items, p.page)
-    return Listing[SymbolItem](items=out, next_cursor=cursor)
+    report = ScanReport(
+        complete=cursor is None,
+        stop_reason="limit" if cursor else "range_end",
+        scanned_to=out[-1].address if cursor and out else None,
+    )
+    return Listing[SymbolItem](items=[with_user_name(prog, s) for s in out], next_cursor=cursor, scan=report)
+
+
+def refresh_names(prog: Any) -> None:
+    """Pick up renames made by other processes (the annotation layer's hook, when loaded)."""
+    refresh = prog.extensions.get("annotations.refresh")
+    if refresh is not None:
+        refresh()
+
+
+def with_user_name(prog: Any, item: SymbolItem) -> SymbolItem:
+    """The item with the user's name for its address (items are cached, so this copies)."""
+    user = prog.user_names.get(int(item.address, 16))
+    return item.model_copy(update={"user_name": user}) if user is not None else item
 
 
 @method("symbol.get", effect=READ_ONLY)
 def symbol_get(ws: Any, p: SymbolGetParams) -> SymbolItem:
     """One symbol by address or name."""
     prog = ws.program(p.program)
+    refresh_names(prog)
     items = all_symbols(prog)
     if p.selector.name is not None:
         hits = [s for s in items if p.selector.name in (s.name, s.raw_name)]
+        renamed = [va for va, n in prog.user_names.items() if n == p.selector.name]
+        hits = hits or [s for s in items if renamed and int(s.address, 16) == renamed[0]]
         if not hits:
             raise BinlensError("not_found", f"no symbol named {p.selector.name!r}", target="/params/selector/name")
-        return hits[0]
+        return with_user_name(prog, hits[0])
     va = prog.resolve(p.selector.address or "", "/params/selector/address")
     hits = [s for s in items if int(s.address, 16) == va]
     if not hits:
         raise BinlensError("not_found", f"no symbol at {hex(va)}", target="/params/selector/address")
-    return hits[0]
+    return with_user_name(prog, hits[0])

@@ -44,7 +44,7 @@ def make_workspace(args: argparse.Namespace, **kw):  # noqa: ANN201 - avoids imp
 def build_parser() -> argparse.ArgumentParser:
     from binlens.cli import commands  # noqa: F401 - registers the human and query commands
 
-    for mod in ("binlens.cli.serve_commands",):
+    for mod in ("binlens.cli.serve_command", "binlens.cli.mcp_command", "binlens.cli.analysis_commands"):
         try:
             __import__(mod)
         except ModuleNotFoundError as err:

@@ -8,6 +8,7 @@ from typing import Any
 
 from binlens import __version__
 from binlens.api import invoke
+from binlens.api.registry import program_identity
 from binlens.errors import BinlensError
 from binlens.workspace import Workspace
 
@@ -64,16 +65,12 @@ def run_query(ws: Workspace, text: str, files: list[str]) -> int:
     try:
         for f in files:
             ws.open(f, check_roots=False)
-        ref = params.get("program") if isinstance(params.get("program"), str) else None
-        if ref in ws.programs or (ref is None and len(ws.programs) == 1):
-            program = ws.program(ref).identity
+        program = program_identity(ws, method, params)
         result = invoke(ws, method, params)
     except BinlensError as err:
         _emit(envelope(method, program, error=err))
         return 2 if err.target == "/method" and err.code == "not_found" else 1
-    if program is None and len(ws.programs) == 1:
-        program = next(iter(ws.programs.values())).identity
-    _emit(envelope(method, program, result=result))
+    _emit(envelope(method, program or program_identity(ws, method, params, result), result=result))
     return 0
 
 

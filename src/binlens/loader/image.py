@@ -135,11 +135,15 @@ class Image:
     warnings: list[str] = field(default_factory=list)
     _regions: list[Region] = field(default_factory=list, repr=False)
     _starts: list[int] = field(default_factory=list, repr=False)
+    _sections_by_va: list[Section] = field(default_factory=list, repr=False)
+    _section_starts: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if not self._regions:
             self._regions = build_regions(self.segments, self.sections)
         self._starts = [r.va for r in self._regions]
+        self._sections_by_va = sorted((s for s in self.sections if s.size), key=lambda s: (s.va, s.size))
+        self._section_starts = [s.va for s in self._sections_by_va]
 
     # --- address mapping ---------------------------------------------------------------
     def region_at(self, va: int) -> Region | None:
@@ -193,10 +197,12 @@ class Image:
         return list(self._regions)
 
     def section_at(self, va: int) -> Section | None:
-        """The smallest section containing `va`."""
+        """The smallest section containing `va` (bisect, then a short walk back for overlaps)."""
+        i = bisect.bisect_right(self._section_starts, va) - 1
         best = None
-        for s in self.sections:
-            if s.size and s.va <= va < s.end and (best is None or s.size < best.size):
+        for j in range(i, max(-1, i - 8), -1):
+            s = self._sections_by_va[j]
+            if s.va <= va < s.end and (best is None or s.size < best.size):
                 best = s
         return best
 

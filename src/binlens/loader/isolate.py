@@ -1,100 +1,110 @@
-"""Run the native parser in a child process, under a time budget.
+"""Run the native parser out of process, under a time budget.
 
-LIEF is C++: a malformed file can crash or hang it. The parser runs in a long-lived worker
-process (spawned once, so LIEF is imported once); a crash or a timeout kills only that worker,
-which is replaced on the next call.
+LIEF is C++: a malformed file can crash or hang it. The parser lives in one long-lived worker
+process (`python -m binlens.loader.worker`, so LIEF is imported once and the server never
+imports it). For each file the worker forks a child that parses and sends back a pure-data
+Image; a crash or a timeout kills only that child. If the worker itself dies, the next call
+starts a new one.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import contextlib
-import multiprocessing
 import os
+import pickle
+import struct
+import subprocess
+import sys
 import threading
-from concurrent.futures.process import BrokenProcessPool
+from typing import Any
 
 from binlens.errors import BinlensError
 from binlens.loader.formats import sniff_format
 from binlens.loader.image import Image
 
 DEFAULT_PARSE_TIMEOUT = 8.0
+_HEADER = struct.Struct(">Q")
 
 
-def _parse_in_worker(data: bytes, file_name: str, slice_name: str | None) -> Image | BinlensError:
-    from binlens.loader.parse_lief import parse_image
-
-    try:
-        img = parse_image(data, file_name, slice_name)
-    except BinlensError as err:
-        return err
-    except Exception as err:  # noqa: BLE001 - parser exceptions become clean errors
-        return BinlensError("invalid_argument", f"malformed file: the parser rejected it ({type(err).__name__})")
-    img.data = b""  # the parent already holds the bytes; do not ship them back
-    return img
+def write_frame(stream: Any, obj: Any) -> None:
+    """Write one length-prefixed pickle frame."""
+    body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(body)))
+    stream.write(body)
+    stream.flush()
 
 
-def _warm() -> bool:
-    import binlens.loader.parse_lief  # noqa: F401
+def read_frame(stream: Any) -> Any:
+    """Read one frame; EOFError when the peer is gone."""
+    head = _read_exact(stream, _HEADER.size)
+    (size,) = _HEADER.unpack(head)
+    return pickle.loads(_read_exact(stream, size))  # noqa: S301 - frames come from our own worker
 
-    return True
+
+def _read_exact(stream: Any, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = stream.read(n - len(buf))
+        if not chunk:
+            raise EOFError("peer closed")
+        buf += chunk
+    return bytes(buf)
 
 
-class ParserPool:
-    """One isolated parser worker, restarted after a crash or timeout."""
+class ParserWorker:
+    """The parent's handle on the worker process; one request at a time."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pool: cf.ProcessPoolExecutor | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
 
-    def _get(self) -> cf.ProcessPoolExecutor:
-        if self._pool is None:
-            ctx = multiprocessing.get_context("spawn")
-            self._pool = cf.ProcessPoolExecutor(max_workers=1, mp_context=ctx)
-        return self._pool
+    def _start(self) -> subprocess.Popen[bytes]:
+        if self._proc is None or self._proc.poll() is not None:
+            env = dict(os.environ)
+            src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "binlens.loader.worker"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env=env,
+                close_fds=True,
+            )
+        return self._proc
 
-    def _kill(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        for proc in list(getattr(pool, "_processes", {}).values()):
-            with contextlib.suppress(Exception):  # already gone
-                proc.kill()
-        pool.shutdown(wait=False, cancel_futures=True)
+    def _stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.kill()
+            proc.wait()
 
-    def parse(
-        self, data: bytes, file_name: str, slice_name: str | None = None, timeout: float = DEFAULT_PARSE_TIMEOUT
-    ) -> Image:
+    def parse(self, data: bytes, file_name: str, slice_name: str | None, timeout: float) -> Image:
         """Parse in the worker; raise BinlensError on bad input, a parser crash, or a timeout."""
         sniff_format(data)  # refuse non-executables without waking the native parser
         with self._lock:
-            pool = self._get()
+            proc = self._start()
+            watchdog = threading.Timer(timeout + 10.0, self._stop)  # the worker itself hung
+            watchdog.start()
             try:
-                fut = pool.submit(_parse_in_worker, data, file_name, slice_name)
-                out = fut.result(timeout=timeout + 2.0)  # +2 s covers the first worker start
-            except cf.TimeoutError:
-                self._kill()
-                raise BinlensError(
-                    "invalid_argument",
-                    f"malformed file: parsing took longer than {timeout:.0f} s and was stopped",
-                    details={"timeout_s": timeout},
-                ) from None
-            except BrokenProcessPool:
-                self._kill()
-                raise BinlensError("invalid_argument", "malformed file: the format parser crashed on it") from None
-        if isinstance(out, BinlensError):
-            raise out
-        out.data = data
-        return out
+                write_frame(proc.stdin, (data, file_name, slice_name, timeout))
+                status, payload = read_frame(proc.stdout)
+            except (EOFError, BrokenPipeError, OSError):
+                self._stop()
+                raise BinlensError("internal", "the parser worker stopped unexpectedly; try again") from None
+            finally:
+                watchdog.cancel()
+        if status == "ok":
+            payload.data = data
+            return payload
+        code, message, target, details = payload
+        raise BinlensError(code, message, target=target, details=details)
 
     def close(self) -> None:
         with self._lock:
-            if self._pool is not None:
-                self._pool.shutdown(wait=False, cancel_futures=True)
-                self._pool = None
+            self._stop()
 
 
-_POOL = ParserPool()
+_WORKER = ParserWorker()
 
 
 def load_image(path: str, slice_name: str | None = None, timeout: float = DEFAULT_PARSE_TIMEOUT) -> Image:
@@ -110,10 +120,4 @@ def load_image(path: str, slice_name: str | None = None, timeout: float = DEFAUL
         raise BinlensError(
             "invalid_argument", f"cannot read {path}: permission denied", target="/params/path"
         ) from None
-    return _POOL.parse(data, os.path.basename(path), slice_name, timeout)
-
-
-def warm_parser() -> None:
-    """Start the parser worker ahead of the first open (servers call this at start-up)."""
-    with _POOL._lock:
-        _POOL._get().submit(_warm)
+    return _WORKER.parse(data, os.path.basename(path), slice_name, timeout)

@@ -62,6 +62,13 @@ MACHO_ARCH = {
 }
 
 
+def _text(value: Any) -> str:
+    """A name as text: LIEF hands back bytes for names that are not valid UTF-8."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    return value or ""
+
+
 def _enum_name(value: Any) -> str:
     return str(value).rsplit(".", 1)[-1]
 
@@ -120,7 +127,7 @@ def _parse_elf(data: bytes, sha: str, file_name: str) -> Image:
         )
     sections = []
     for s in b.sections:
-        if not s.name and s.size == 0:
+        if not _text(s.name) and s.size == 0:
             continue
         flags = int(s.flags)
         alloc = bool(flags & 0x2)
@@ -128,7 +135,7 @@ def _parse_elf(data: bytes, sha: str, file_name: str) -> Image:
         perms = _perms(alloc, bool(flags & 0x1), bool(flags & 0x4))
         sections.append(
             Section(
-                name=s.name,
+                name=_text(s.name),
                 va=s.virtual_address if alloc else 0,
                 size=s.size if alloc else 0,
                 offset=s.offset,
@@ -139,10 +146,14 @@ def _parse_elf(data: bytes, sha: str, file_name: str) -> Image:
         )
     symbols = _elf_symbols(b)
     imports = _elf_imports(b)
-    exports = [Export(name=demangle(s.name), raw_name=s.name, address=s.value) for s in b.exported_symbols if s.value]
+    exports = [
+        Export(name=demangle(_text(s.name)), raw_name=_text(s.name), address=s.value)
+        for s in b.exported_symbols
+        if s.value
+    ]
     relocations = []
     for r in b.relocations:
-        sym = r.symbol.name if r.has_symbol and r.symbol.name else None
+        sym = _text(r.symbol.name) if r.has_symbol and _text(r.symbol.name) else None
         relocations.append(Relocation(address=r.address, type=_enum_name(r.type), symbol=sym, addend=r.addend))
     hints: dict[str, list[int]] = {}
     hints["init_array"] = sorted({f.address for f in b.ctor_functions if f.address})
@@ -166,7 +177,7 @@ def _elf_symbols(b: Any) -> list[Symbol]:
     out: dict[tuple[str, int], Symbol] = {}
     for source, table in (("symtab", b.symtab_symbols), ("dynsym", b.dynamic_symbols)):
         for s in table:
-            if not s.name or s.value == 0 or _enum_name(s.type) in ("SECTION", "FILE"):
+            if not _text(s.name) or s.value == 0 or _enum_name(s.type) in ("SECTION", "FILE"):
                 continue
             if s.shndx == 0:  # undefined: an import, not a symbol of this image
                 continue
@@ -176,33 +187,48 @@ def _elf_symbols(b: Any) -> list[Symbol]:
             key = (s.name, s.value)
             if key in out:
                 continue
-            out[key] = Symbol(demangle(s.name), s.name, s.value, s.size, kind, binding, source)
-    return sorted(out.values(), key=lambda s: (s.address, s.name))
+            out[key] = Symbol(demangle(_text(s.name)), _text(s.name), s.value, s.size, kind, binding, source)
+    return sorted(out.values(), key=lambda s: (s.address, _text(s.name)))
+
+
+def _elf_library_of(b: Any) -> Any:
+    """A function symbol -> library file, from the version needs (vna_other index), else the only DT_NEEDED."""
+    libs = [_text(lib) for lib in b.libraries]
+    single = libs[0] if len(libs) == 1 else None
+    by_index: dict[int, str] = {}
+    for req in b.symbols_version_requirement:
+        for aux in req.get_auxiliary_symbols():
+            by_index[aux.other] = _text(req.name)
+
+    def library(sym: Any) -> str | None:
+        if sym.has_version:
+            hit = by_index.get(sym.symbol_version.value)
+            if hit is not None:
+                return hit
+        return single
+
+    return library
 
 
 def _elf_imports(b: Any) -> list[Import]:
+    library = _elf_library_of(b)
     out = []
-    libs = [lib for lib in b.libraries]
-    single = libs[0] if len(libs) == 1 else None
     seen = set()
     for r in b.pltgot_relocations:
-        if not r.has_symbol or not r.symbol.name:
+        if not r.has_symbol or not _text(r.symbol.name):
             continue
-        name = r.symbol.name
-        version_lib = None
-        if r.symbol.has_version and r.symbol.symbol_version.has_auxiliary_version:
-            version_lib = None  # the version names a symbol version, not a library file
-        out.append(Import(demangle(name), name, version_lib or single, slot=r.address))
+        name = _text(r.symbol.name)
+        out.append(Import(demangle(name), name, library(r.symbol), slot=r.address))
         seen.add(name)
     for r in b.dynamic_relocations:
-        if not r.has_symbol or not r.symbol.name or r.symbol.name in seen:
+        if not r.has_symbol or not _text(r.symbol.name) or _text(r.symbol.name) in seen:
             continue
         s = r.symbol
         if s.shndx != 0:
             continue
         kind = "function" if _enum_name(s.type) == "FUNC" else "object"
-        out.append(Import(demangle(s.name), s.name, single, slot=r.address, kind=kind))
-        seen.add(s.name)
+        out.append(Import(demangle(_text(s.name)), _text(s.name), library(s), slot=r.address, kind=kind))
+        seen.add(_text(s.name))
     return out
 
 
@@ -229,33 +255,28 @@ def _parse_pe(data: bytes, sha: str, file_name: str) -> Image:
         nobits = s.size == 0 or bool(ch & 0x80) and not ch & 0x40
         va = base + s.virtual_address
         fsize = min(s.size, vsize) if s.offset < len(data) else 0
-        sections.append(Section(s.name, va, vsize, s.offset, fsize, perms, _kind(perms, nobits), s.name))
+        sections.append(Section(s.name, va, vsize, s.offset, fsize, perms, _kind(perms, nobits), _text(s.name)))
         segments.append(Segment(s.name, va, vsize, s.offset, fsize, perms))
     symbols = []
     for s in b.symbols:
-        try:
-            name = s.name
-        except Exception:  # noqa: BLE001 - COFF names can be undecodable
+        name = _text(s.name)
+        if not name or s.section_idx <= 0 or s.section_idx > len(sections) or s.is_file_record:
             continue
-        if not name or s.section_number <= 0:
-            continue
-        sec = s.section_number - 1
-        if sec >= len(sections):
-            continue
-        addr = sections[sec].va + s.value
-        kind = "function" if (int(s.complex_type) == 2 if hasattr(s, "complex_type") else False) else "other"
-        symbols.append(Symbol(demangle(name), name, addr, 0, kind, "global", "coff"))
+        kind = "function" if s.is_function else "other"
+        binding = "global" if s.is_external else "local"
+        addr = sections[s.section_idx - 1].va + s.value
+        symbols.append(Symbol(demangle(name), name, addr, 0, kind, binding, "coff"))
     imports = []
     for lib in b.imports:
         for e in lib.entries:
-            name = e.name if not e.is_ordinal else f"{lib.name}#{e.ordinal}"
-            imports.append(Import(demangle(name), name, lib.name, slot=base + e.iat_address))
+            name = _text(e.name) if not e.is_ordinal else f"{_text(lib.name)}#{e.ordinal}"
+            imports.append(Import(demangle(name), name, _text(lib.name), slot=base + e.iat_address))
     exports = []
     if b.has_exports:
         for e in b.get_export().entries:
             if e.is_extern:
                 continue
-            exports.append(Export(demangle(e.name), e.name, base + e.address, e.ordinal))
+            exports.append(Export(demangle(_text(e.name)), _text(e.name), base + e.address, e.ordinal))
     relocations = []
     for rb in b.relocations:
         for e in rb.entries:
@@ -311,40 +332,41 @@ def _parse_macho(data: bytes, sha: str, file_name: str, slice_name: str | None) 
             nobits = t in ("ZEROFILL", "GB_ZEROFILL", "THREAD_LOCAL_ZEROFILL")
             sections.append(
                 Section(
-                    f"{s.name},{sec.name}",
+                    f"{_text(s.name)},{_text(sec.name)}",
                     sec.virtual_address,
                     sec.size,
                     sec.offset,
                     0 if nobits else sec.size,
                     perms,
                     _kind(perms, nobits),
-                    s.name,
+                    _text(s.name),
                 )
             )
+    fs = b.function_starts.functions if b.has_function_starts else []
+    starts = {b.imagebase + f for f in fs}
     symbols = []
     for s in b.symbols:
-        if not s.name or s.value == 0 or _enum_name(s.origin) == "LC_SYMTAB" and (s.type & 0xE0):
+        raw = _text(s.name)
+        t = s.raw_type
+        if not raw or s.value == 0 or t & 0xE0 or (t & 0x0E) != 0x0E:  # stabs; not N_SECT
             continue
-        if (s.raw_type & 0x0E) != 0x0E:  # N_SECT: defined in a section
-            continue
-        name = s.name[1:] if s.name.startswith("_") else s.name
-        binding = "global" if s.raw_type & 0x01 else "local"
-        symbols.append(Symbol(demangle(name), s.name, s.value, 0, "other", binding, "macho"))
+        name = raw[1:] if raw.startswith("_") else raw
+        binding = "global" if t & 0x01 else "local"
+        kind = "function" if s.value in starts else "other"
+        symbols.append(Symbol(demangle(name), raw, s.value, 0, kind, binding, "macho"))
     imports = []
     for bi in b.bindings:
         if not bi.has_symbol:
             continue
-        raw = bi.symbol.name
+        raw = _text(bi.symbol.name)
         name = raw[1:] if raw.startswith("_") else raw
-        lib = bi.library.name if bi.has_library else None
+        lib = _text(bi.library.name) if bi.has_library else None
         imports.append(Import(demangle(name), raw, lib, slot=bi.address))
     exports = []
     for s in b.exported_symbols:
-        name = s.name[1:] if s.name.startswith("_") else s.name
-        exports.append(Export(demangle(name), s.name, s.value))
-    fs = b.function_starts.functions if b.has_function_starts else []
-    text_base = b.imagebase
-    hints = {"function_starts": sorted({text_base + f for f in fs})}
+        name = _text(s.name)[1:] if _text(s.name).startswith("_") else _text(s.name)
+        exports.append(Export(demangle(name), _text(s.name), s.value))
+    hints = {"function_starts": sorted(starts)}
     entry = b.entrypoint if b.has_entrypoint or b.has_main_command or b.has_thread_command else 0
     ident = Identity(
         sha256=sha,

@@ -76,9 +76,29 @@ class ProgramDatabase:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """An IMMEDIATE transaction: all of it commits, or none of it does."""
+        """An IMMEDIATE transaction: all of it commits, or none of it does.
+
+        Reentrant per thread: inside an open transaction (a batch, say) it becomes a savepoint,
+        so a nested writer rolls back only its own part and commits with the outer transaction.
+        """
         with self.write_lock:
             conn = self.connect()
+            if conn.in_transaction:
+                depth = getattr(self._local, "depth", 0) + 1
+                self._local.depth = depth
+                name = f"nested_{depth}"
+                conn.execute(f"SAVEPOINT {name}")
+                try:
+                    yield conn
+                except BaseException:
+                    conn.execute(f"ROLLBACK TO {name}")
+                    conn.execute(f"RELEASE {name}")
+                    raise
+                else:
+                    conn.execute(f"RELEASE {name}")
+                finally:
+                    self._local.depth = depth - 1
+                return
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn

@@ -1,0 +1,77 @@
+"""Where code may be, and which bytes the engine has decoded: one byte of state per code byte.
+
+State values: 0 unexplored, 1 instruction start, 2 instruction body, 3 chunk (block) start.
+Keeping this as a `bytearray` per region lets splits and gap searches run in C (`rfind`,
+`find`, `count`) instead of Python loops.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from binlens.loader.image import Image
+
+UNEXPLORED, INSN, BODY, CHUNK = 0, 1, 2, 3
+
+
+@dataclass
+class CodeRegion:
+    """A contiguous run of executable bytes with its decode-state map."""
+
+    name: str
+    va: int
+    data: bytes
+    state: bytearray = field(repr=False, default_factory=bytearray)
+
+    end: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.state:
+            self.state = bytearray(len(self.data))
+        self.end = self.va + len(self.data)
+
+
+class CodeMap:
+    """All executable regions of an image, found by VA with bisect."""
+
+    def __init__(self, image: Image) -> None:
+        self.regions: list[CodeRegion] = []
+        secs = [s for s in image.sections if s.kind == "code" and s.size > 0 and s.fsize > 0 and s.va > 0]
+        if image.identity.format == "MachO":
+            from binlens.analysis.strings import MACHO_CODE
+
+            secs = [s for s in secs if s.name.rsplit(",", 1)[-1] in MACHO_CODE or "stub" in s.name]
+        if not secs:
+            for seg in image.segments:
+                if "x" in seg.perms and seg.fsize > 0:
+                    data = image.data[seg.offset : seg.offset + min(seg.fsize, seg.vsize)]
+                    self.regions.append(CodeRegion(seg.name, seg.va, bytes(data)))
+        else:
+            for s in sorted(secs, key=lambda s: s.va):
+                data = image.data[s.offset : s.offset + min(s.fsize, s.size)]
+                if self.regions and s.va < self.regions[-1].end:
+                    continue  # overlapping section headers: keep the first
+                self.regions.append(CodeRegion(s.name, s.va, bytes(data)))
+        self._starts = [r.va for r in self.regions]
+        self._last: CodeRegion | None = None
+
+    def region(self, va: int) -> CodeRegion | None:
+        """The region containing `va`, or None (the last hit is tried first: lookups cluster)."""
+        r = self._last
+        if r is not None and r.va <= va < r.end:
+            return r
+        i = bisect.bisect_right(self._starts, va) - 1
+        if i >= 0:
+            r = self.regions[i]
+            if va < r.end:
+                self._last = r
+                return r
+        return None
+
+    def contains(self, va: int) -> bool:
+        return self.region(va) is not None
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(len(r.data) for r in self.regions)

@@ -1,0 +1,431 @@
+"""Function discovery: trusted seeds, recursive descent, function bodies, non-returning calls.
+
+The explorer decodes "chunks" (straight-line code ending at a branch, call, return or a known
+chunk start) once and caches them; everything after that is graph work over the cache:
+
+1. seeds from metadata (entry, symbols, exports, .eh_frame FDEs in the entry state, .pdata,
+   LC_FUNCTION_STARTS, init/fini arrays, import thunks);
+2. `traverse`: reach every chunk from the seeds (calls, jumps, jump tables), skipping the
+   fall-through of calls to functions known not to return;
+3. `partition`: each function's body is what its entry reaches without entering another
+   function's entry; an unconditional jump that leaves the function's extent (its FDE range,
+   or past the next known entry) is a tail call and its target becomes a function;
+4. non-returning functions by a least fixpoint (a function returns if it has a reachable
+   return, an unresolved indirect jump, or a tail call to a function that returns); new ones
+   re-run 2-3 until nothing changes.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from binlens.analysis.codemap import CHUNK, INSN, CodeMap
+from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET
+
+Progress = Callable[[float, float | None, str | None], None]
+
+NORETURN_NAMES = frozenset(
+    [
+        "exit",
+        "_exit",
+        "_Exit",
+        "abort",
+        "__stack_chk_fail",
+        "__assert_fail",
+        "__assert_rtn",
+        "__assert_perror_fail",
+        "err",
+        "errx",
+        "verr",
+        "verrx",
+        "__fortify_fail",
+        "__chk_fail",
+        "longjmp",
+        "siglongjmp",
+        "_longjmp",
+        "__longjmp_chk",
+        "pthread_exit",
+        "quick_exit",
+        "__cxa_throw",
+        "__cxa_rethrow",
+        "__cxa_bad_cast",
+        "__cxa_bad_typeid",
+        "__cxa_throw_bad_array_new_length",
+        "_Unwind_Resume",
+        "std::terminate()",
+        "__libc_start_main",
+        "__libc_fatal",
+        "__malloc_assert",
+        "ExitProcess",
+        "ExitThread",
+        "FatalExit",
+        "FatalAppExitA",
+        "FatalAppExitW",
+        "RtlExitUserThread",
+        "RtlExitUserProcess",
+        "_exit_group",
+        "__report_gsfailure",
+        "_invalid_parameter_noinfo_noreturn",
+        "_CxxThrowException",
+        "__std_terminate",
+        "_amsg_exit",
+        "__fastfail",
+        "__ubsan_handle_builtin_unreachable",
+        "__builtin_unreachable",
+    ]
+)
+NORETURN_NAMES = NORETURN_NAMES | {"_" + n for n in NORETURN_NAMES}
+
+
+@dataclass
+class Body:
+    """What one function's entry reaches: chunk starts, edges, calls, tail calls."""
+
+    chunks: list[int] = field(default_factory=list)
+    edges: list[tuple[int, int, str]] = field(default_factory=list)
+    calls: list[tuple[int, int]] = field(default_factory=list)
+    tails: list[tuple[int, int]] = field(default_factory=list)
+    cond_tails: list[int] = field(default_factory=list)  # function starts reached by a conditional jump
+    has_ret: bool = False
+    open_end: bool = False  # an unresolved indirect jump or undecodable code: assume it returns
+
+
+class Explorer:
+    """Decoded chunks plus the graph passes over them."""
+
+    def __init__(
+        self,
+        codemap: CodeMap,
+        backend: object,
+        jump_tables: Callable[[int, int, list[tuple[int, int]]], tuple[list[int], bool]] | None,
+    ) -> None:
+        self.codemap = codemap
+        self.backend = backend
+        self.decode = backend.decode_chunk  # type: ignore[attr-defined]
+        self.chunks: dict[int, tuple[int, int, tuple[int, ...], int]] = {}
+        self.pred: dict[int, int] = {}
+        self.jpred: dict[int, int] = {}  # first chunk seen jumping to a chunk
+        self.jt: dict[int, list[int]] = {}  # indirect jump address -> case targets
+        self.unguarded: set[int] = set()  # jumps whose table has no bound check
+        self.unresolved: dict[int, int] = {}  # indirect jump -> its chunk, for a later retry
+        self._jump_tables = jump_tables
+        self.progress: Progress | None = None
+        self.covered = 0
+        self._cache: dict[int, tuple] = {}
+        self._cache_key: tuple[int, int] = (0, 0)
+        self._prev_starts: set[int] = set()
+        self._prev_noret: set[int] = set()
+        self._dirty: set[int] = set()
+        self._trav_noret: set[int] | None = None
+        self._reached: set[int] = set()
+        self._calls: set[int] = set()
+
+    # ------------------------------------------------------------------ chunks
+    def chunk(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
+        """The chunk starting at `va`, decoding it or splitting the chunk that contains it."""
+        c = self.chunks.get(va)
+        if c is not None:
+            return c
+        r = self.codemap.region(va)
+        if r is None:
+            return None
+        off = va - r.va
+        s = r.state[off]
+        if s == INSN:
+            h = r.state.rfind(CHUNK, 0, off)
+            head = self.chunks.get(r.va + h) if h >= 0 else None
+            if head is None:
+                return None
+            self.chunks[r.va + h] = (va, T_FALL, (va,), va)
+            self.pred[va] = r.va + h
+            self._dirty.add(r.va + h)
+            self.chunks[va] = head
+            r.state[off] = CHUNK
+            return head
+        if s != 0:
+            return None
+        c = self.decode(va)
+        if c is not None:
+            self.chunks[va] = c
+        return c
+
+    def case_targets(self, chunk_start: int, last: int) -> list[int]:
+        t = self.jt.get(last)
+        if t is None:
+            guarded = True
+            t = []
+            if self._jump_tables is not None:
+                t, guarded = self._jump_tables(
+                    self.pred.get(chunk_start, chunk_start), last, self._pred_chain(chunk_start)
+                )
+            self.jt[last] = t
+            if not t:
+                self.unresolved[last] = chunk_start  # retried once more predecessors are known
+            if not guarded:
+                self.unguarded.add(last)
+        return t
+
+    def retry_tables(self) -> list[int]:
+        """Resolve again the jump tables that failed; returns the new case targets to walk."""
+        out: list[int] = []
+        if self._jump_tables is None:
+            return out
+        for last, chunk_start in list(self.unresolved.items()):
+            t, guarded = self._jump_tables(self.pred.get(chunk_start, chunk_start), last, self._pred_chain(chunk_start))
+            if t:
+                del self.unresolved[last]
+                self.jt[last] = t
+                if not guarded:
+                    self.unguarded.add(last)
+                out.extend(t)
+        return out
+
+    def _pred_chain(self, chunk_start: int, hops: int = 32) -> list[tuple[int, int]]:
+        """(start, end) of the chunks before the slice, following one recorded predecessor each."""
+        out: list[tuple[int, int]] = []
+        seen = {chunk_start}
+        first = self.pred.get(chunk_start, chunk_start)
+        p = self.pred.get(first, self.jpred.get(first))
+        while p is not None and p not in seen and len(out) < hops:
+            seen.add(p)
+            c = self.chunks.get(p)
+            if c is None:
+                break
+            out.append((p, c[0]))
+            p = self.pred.get(p, self.jpred.get(p))
+        return out
+
+    # ------------------------------------------------------------------ passes
+    def traverse(self, starts: list[int], noret: set[int]) -> tuple[set[int], set[int]]:
+        """Reach chunks from `starts`; returns (reached chunk starts, direct call targets)."""
+        # Reachability only grows while the set of non-returning functions stays the same:
+        # then walk from the new starts only.
+        if self._trav_noret is not None and self._trav_noret == noret:
+            reached, calls = self._reached, self._calls
+            stack = [s for s in starts if s not in reached]
+        else:
+            reached, calls = set(), set()
+            stack = list(starts)
+        self._trav_noret = set(noret)
+        self._reached, self._calls = reached, calls
+        pred = self.pred
+        jpred = self.jpred
+        get = self.chunks.get
+        tick = 0
+        covered = 0
+        while stack:
+            a = stack.pop()
+            if a in reached:
+                continue
+            c = get(a) or self.chunk(a)
+            if c is None:
+                continue
+            reached.add(a)
+            end, term, t, last = c
+            covered += end - a
+            if term == T_FALL:
+                pred[t[0]] = a
+                stack.append(t[0])
+            elif term == T_COND:
+                pred[t[1]] = a
+                stack.append(t[1])
+                stack.append(t[0])
+            elif term == T_JUMP:
+                jpred.setdefault(t[0], a)
+                stack.append(t[0])
+            elif term == T_CALL:
+                calls.add(t[0])
+                stack.append(t[0])
+                if t[0] not in noret:
+                    pred[t[1]] = a
+                    stack.append(t[1])
+            elif term == T_ICALL:
+                if t[0] not in noret:
+                    stack.append(t[1])
+            elif term == T_IJUMP:
+                stack.extend(self.case_targets(a, last))
+            tick += 1
+            if self.progress is not None and tick % 4096 == 0:
+                self.progress(covered, None, None)
+        return reached, calls
+
+    def partition(
+        self,
+        starts: set[int],
+        extents: dict[int, int],
+        fragments: Callable[[int], bool],
+        noret: set[int],
+    ) -> tuple[dict[int, Body], set[int]]:
+        """Each function's body; also the new function starts found as tail-call targets."""
+        order = sorted(starts)
+        bodies: dict[int, Body] = {}
+        new: set[int] = set()
+        # A body is reused when nothing it depends on changed since the last call (starts it saw
+        # or hit, chunks split under it, callees whose returning status changed, its neighbour).
+        if self._cache_key != (id(fragments), id(extents)):
+            # new fragments (demoted cold parts) only change bodies that ran into them
+            for f in [f for f, hit in self._cache.items() if any(fragments(x) for x in hit[3] | hit[5])]:
+                del self._cache[f]
+            self._cache_key = (id(fragments), id(extents))
+        added = starts - self._prev_starts
+        removed = self._prev_starts - starts
+        noret_changed = noret ^ self._prev_noret
+        dirty = self._dirty | added
+        for idx, f in enumerate(order):
+            nxt = order[idx + 1] if idx + 1 < len(order) else 1 << 64
+            hit = self._cache.get(f)
+            if (
+                hit is not None
+                and hit[0] == nxt
+                and hit[2].isdisjoint(dirty)
+                and hit[3].isdisjoint(removed)
+                and hit[4].isdisjoint(noret_changed)
+            ):
+                bodies[f] = hit[1]
+                new.update(hit[5])
+                continue
+            b, seen, hits, found = self._body(f, nxt, extents.get(f), starts, fragments, noret)
+            bodies[f] = b
+            new.update(found)
+            self._cache[f] = (nxt, b, seen, hits, {c for _s, c in b.calls}, found)
+        self._prev_starts = set(starts)
+        self._prev_noret = set(noret)
+        self._dirty = set()
+        return bodies, new
+
+    def _body(
+        self,
+        f: int,
+        nxt: int,
+        ext: int | None,
+        starts: set[int],
+        fragments: Callable[[int], bool],
+        noret: set[int],
+    ) -> tuple[Body, set[int], set[int], set[int]]:
+        """Walk one function: (body, chunks seen, other starts it ran into, new tail-call starts)."""
+        get = self.chunks.get
+        new: set[int] = set()
+        hits: set[int] = set()
+        b = Body()
+        seen = {f}
+        stack = [f]
+        while stack:
+            a = stack.pop()
+            c = get(a)
+            if c is None:
+                b.open_end = True
+                continue
+            b.chunks.append(a)
+            end, term, t, last = c
+            if term == T_FALL:
+                succ: tuple[tuple[int, str], ...] = ((t[0], "fallthrough"),)
+            elif term == T_JUMP:
+                succ = ((t[0], "jump"),)
+            elif term == T_COND:
+                succ = ((t[0], "conditional_taken"), (t[1], "conditional_fallthrough"))
+            elif term == T_CALL:
+                b.calls.append((last, t[0]))
+                succ = () if t[0] in noret else ((t[1], "call_return"),)
+            elif term == T_ICALL:
+                if t[0] >= 0:
+                    b.calls.append((last, t[0]))
+                succ = () if t[0] in noret else ((t[1], "call_return"),)
+            elif term == T_RET:
+                b.has_ret = True
+                continue
+            elif term == T_IJUMP:
+                cases = self.jt.get(last)
+                if cases:
+                    # a table of function entries is a dispatch through pointers: tail calls;
+                    # so are entries of an unguarded table that lie below the function
+                    if last in self.unguarded and ext:
+                        # an unguarded table may be read past its end: keep entries inside the function
+                        cases = [x for x in cases if f <= x < f + ext or fragments(x) or x in starts]
+                    elif last in self.unguarded:
+                        cases = [x for x in cases if x < nxt or x in starts]
+                    if last in self.unguarded:
+                        below = [x for x in cases if x < f and x not in starts and not fragments(x)]
+                        new.update(below)
+                        b.tails.extend((last, x) for x in below)
+                        cases = [x for x in cases if x >= f or x in starts]
+                    entries = [x for x in cases if x in starts and x != f]
+                    hits.update(entries)
+                    b.tails.extend((last, x) for x in entries)
+                    succ = tuple((x, "jump_table") for x in cases if x not in starts or x == f)
+                else:
+                    if t[0] >= 0:
+                        b.tails.append((last, t[0]))
+                    else:
+                        b.open_end = True
+                    continue
+            else:
+                if term == T_BAD:
+                    b.open_end = True
+                continue
+            for s, kind in succ:
+                if s != f and s in starts:
+                    hits.add(s)
+                    if kind != "call_return" and kind != "jump_table":
+                        b.tails.append((last, s))
+                        if kind == "conditional_taken":
+                            b.cond_tails.append(s)
+                    continue
+                if kind == "jump" and s not in seen and _leaves(f, nxt, ext, s, fragments):
+                    b.tails.append((last, s))
+                    new.add(s)
+                    continue
+                b.edges.append((a, s, kind))
+                if s not in seen:
+                    seen.add(s)
+                    stack.append(s)
+        return b, seen, hits, new
+
+
+def _leaves(f: int, nxt: int, ext: int | None, s: int, fragments: Callable[[int], bool]) -> bool:
+    """Does an unconditional jump from function `f` to `s` leave it (a tail call)?"""
+    if ext:
+        return not (f <= s < f + ext) and not fragments(s)
+    if fragments(s):
+        return False
+    return s < f or s >= nxt
+
+
+def returning_functions(bodies: dict[int, Body], noret_slots: set[int]) -> set[int]:
+    """Least fixpoint: the functions that can return to their caller."""
+    returns: set[int] = set()
+    pending = dict(bodies)
+    changed = True
+    while changed:
+        changed = False
+        for f, b in list(pending.items()):
+            ok = b.has_ret or b.open_end
+            if not ok:
+                for _site, callee in b.tails:
+                    if callee in bodies:
+                        if callee in returns:
+                            ok = True
+                            break
+                    elif callee not in noret_slots:
+                        ok = True
+                        break
+            if ok:
+                returns.add(f)
+                del pending[f]
+                changed = True
+    return returns
+
+
+class FragmentIndex:
+    """Address ranges of FDEs that are not function entries (cold parts): membership by bisect."""
+
+    def __init__(self, ranges: list[tuple[int, int]]) -> None:
+        self.ranges = list(ranges)
+        ranges = sorted(ranges)
+        self.starts = [a for a, _ in ranges]
+        self.ends = [a + n for a, n in ranges]
+
+    def __call__(self, va: int) -> bool:
+        i = bisect.bisect_right(self.starts, va) - 1
+        return i >= 0 and va < self.ends[i]

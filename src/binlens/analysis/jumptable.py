@@ -1,0 +1,189 @@
+"""Jump tables behind x86/x86-64 indirect jumps (gcc, clang and MSVC shapes).
+
+The slice is the jump's chunk and the chunk that guards it (`cmp idx, N; ja default`). Table
+bases come from the slice's constants (RIP-relative `lea`, absolute displacements, MSVC's
+image-base-relative displacements); entries are tried as 32-bit offsets from the table
+(PIC gcc/clang), absolute pointers (non-PIC), and image-relative 32-bit values (MSVC x64).
+The bound is the guard's compare when found; reading always stops at the first entry that
+does not land on code next to the jump.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import iced_x86 as ix
+
+from binlens.analysis.codemap import BODY, CodeMap
+
+OK = ix.OpKind
+MN = ix.Mnemonic
+FC = ix.FlowControl
+_MAX_ENTRIES = 1024
+_WINDOW = 1 << 20  # case targets lie within 1 MiB of the jump
+
+
+def jump_table_targets(
+    backend: object,
+    codemap: CodeMap,
+    slice_start: int,
+    jump_va: int,
+    earlier: list[tuple[int, int]] = (),  # type: ignore[assignment]
+) -> tuple[list[int], int, bool]:
+    """Case targets of the indirect jump at `jump_va`, the table address (0 when none), and
+    whether a bound check guards it (unguarded: a computed goto or an array of function pointers)."""
+    b = backend
+    insns = [i for i in b.raw_instructions(slice_start, jump_va + 16) if i.ip <= jump_va]  # type: ignore[attr-defined]
+    if not insns or insns[-1].ip != jump_va:
+        return [], 0, True
+    jmp = insns[-1]
+    image = b.image  # type: ignore[attr-defined]
+    ptr = b.ptr_size  # type: ignore[attr-defined]
+    base = image.identity.image_base
+    bases: list[int] = []
+    gotrel: set[int] = set()
+    got = _got_base(image) if ptr == 4 and image.identity.format == "ELF" else None
+    scale = 0
+    if jmp.op0_kind == OK.MEMORY:
+        scale = jmp.memory_index_scale
+        if jmp.memory_index != ix.Register.NONE:
+            bases.append(jmp.memory_displacement)
+    for ins in reversed(insns[:-1]):
+        if ins.is_ip_rel_memory_operand:
+            bases.append(ins.ip_rel_memory_address)
+        elif ins.op_count >= 2 and OK.MEMORY in (ins.op0_kind, ins.op1_kind) and ins.memory_index != ix.Register.NONE:
+            d = ins.memory_displacement
+            if d:
+                bases.append(d & ((1 << (ptr * 8)) - 1))
+                if d < 0x80000000:
+                    bases.append(base + d)
+                if got is not None and ins.memory_base != ix.Register.NONE:
+                    gotrel.add((got + d) & 0xFFFFFFFF)  # i386 PIC: [ebx + idx*4 + disp], entries relative to GOT
+                    bases.append((got + d) & 0xFFFFFFFF)
+            scale = scale or ins.memory_index_scale
+    if not bases and earlier:
+        # the table sits in a register loaded long before (an interpreter's dispatch table)
+        reg = _table_register(insns)
+        if reg is not None:
+            found = _register_constant(b, earlier, reg)
+            if found is not None:
+                bases.append(found)
+    count = _bound(insns)
+    region = codemap.region(jump_va)
+    if region is None:
+        return [], 0, True
+    best: list[int] = []
+    best_base = 0
+    seen = set()
+    for t in bases:
+        if t in seen or not image.is_mapped(t) or _writable(image, t):
+            continue  # switch tables are read-only; a writable table is an array of function pointers
+        seen.add(t)
+        for fmt in ["gotrel32"] if t in gotrel else _formats(ptr, scale):
+            targets = _read(image, region, t, fmt, count, jump_va, got if fmt == "gotrel32" else base)
+            if len(targets) > len(best):
+                best, best_base = targets, t
+        if best and count is not None and len(best) >= count:
+            break
+    return best, best_base, count is not None
+
+
+def _table_register(insns: list[ix.Instruction]) -> int | None:
+    """The base register of the indexed load (or jump) that reads the table."""
+    for ins in reversed(insns):
+        if OK.MEMORY in (ins.op0_kind, ins.op1_kind) and ins.memory_index != ix.Register.NONE:
+            if ins.memory_base not in (ix.Register.NONE, ix.Register.RIP) and ins.memory_displacement == 0:
+                return ix.RegisterExt.full_register(ins.memory_base)
+            return None
+    return None
+
+
+def _register_constant(backend: object, earlier: list[tuple[int, int]], reg: int) -> int | None:
+    """Walk earlier chunks (most recent first) for `lea reg, [rip+X]` before anything else writes reg."""
+    full = ix.RegisterExt.full_register
+    for start, end in earlier:
+        for ins in reversed(backend.raw_instructions(start, end)):  # type: ignore[attr-defined]
+            if ins.op_count and ins.op0_kind == OK.REGISTER and full(ins.op0_register) == reg:
+                if ins.mnemonic == MN.LEA and ins.is_ip_rel_memory_operand:
+                    return ins.ip_rel_memory_address
+                if ins.mnemonic == MN.MOV and ins.op1_kind in (OK.IMMEDIATE32, OK.IMMEDIATE32TO64, OK.IMMEDIATE64):
+                    return ins.immediate(1)
+                if ins.mnemonic not in (MN.CMP, MN.TEST, MN.PUSH):
+                    return None
+    return None
+
+
+def _got_base(image: object) -> int | None:
+    """i386 PIC code addresses data from _GLOBAL_OFFSET_TABLE_: .got.plt, else .got."""
+    secs = {s.name: s.va for s in image.sections}  # type: ignore[attr-defined]
+    return secs.get(".got.plt", secs.get(".got"))
+
+
+def _writable(image: object, va: int) -> bool:
+    sec = image.section_at(va)  # type: ignore[attr-defined]
+    if sec is None or sec.name.startswith(".data.rel.ro"):  # read-only once relocated (RELRO)
+        return False
+    return sec.perms[1] == "w" and sec.kind != "code"
+
+
+def _formats(ptr: int, scale: int) -> list[str]:
+    if ptr == 8:
+        return ["rel32", "abs64", "rva32"] if scale != 8 else ["abs64", "rel32", "rva32"]
+    return ["abs32", "rel32"]
+
+
+def _bound(insns: list[ix.Instruction]) -> int | None:
+    """Number of entries from the guard `cmp r, N` + `ja/jae` closest to the jump."""
+    for k in range(len(insns) - 2, 0, -1):
+        j = insns[k]
+        if j.flow_control != FC.CONDITIONAL_BRANCH:
+            continue
+        c = insns[k - 1]
+        if c.mnemonic == MN.CMP and c.op1_kind in (
+            OK.IMMEDIATE8,
+            OK.IMMEDIATE8TO32,
+            OK.IMMEDIATE8TO64,
+            OK.IMMEDIATE32,
+            OK.IMMEDIATE32TO64,
+            OK.IMMEDIATE16,
+            OK.IMMEDIATE8TO16,
+        ):
+            n = c.immediate(1) & 0xFFFFFFFF
+            if j.mnemonic == MN.JA:
+                return n + 1 if n < _MAX_ENTRIES else None
+            if j.mnemonic == MN.JAE:
+                return n if n <= _MAX_ENTRIES else None
+            return None
+    return None
+
+
+def _read(image: object, region: object, table: int, fmt: str, count: int | None, jump_va: int, base: int) -> list[int]:
+    size = 8 if fmt == "abs64" else 4
+    limit = count if count is not None else _MAX_ENTRIES
+    raw = image.read(table, size * limit)  # type: ignore[attr-defined]
+    if raw is None:
+        # the table may end near the end of its section: read what is mapped
+        raw = b""
+        while len(raw) < size * limit:
+            chunk = image.read(table + len(raw), size)  # type: ignore[attr-defined]
+            if chunk is None:
+                break
+            raw += chunk
+    endian = "<" if image.identity.endian == "little" else ">"  # type: ignore[attr-defined]
+    code = {"rel32": "i", "abs64": "Q", "rva32": "I", "abs32": "I", "gotrel32": "i"}[fmt]
+    out: list[int] = []
+    r = region
+    for k in range(len(raw) // size):
+        (v,) = struct.unpack_from(endian + code, raw, k * size)
+        if fmt == "rel32":
+            t = (table + v) & 0xFFFFFFFFFFFFFFFF
+        elif fmt in ("rva32", "gotrel32"):
+            t = (base + v) & 0xFFFFFFFFFFFFFFFF
+        else:
+            t = v
+        if not (r.va <= t < r.end) or abs(t - jump_va) > _WINDOW:  # type: ignore[attr-defined]
+            break
+        if r.state[t - r.va] == BODY:  # type: ignore[attr-defined]
+            break
+        out.append(t)
+    return out

@@ -1,0 +1,169 @@
+"""The engine's facts: instructions, basic blocks, functions, references, strings.
+
+These are plain data (no I/O). One name for one thing: the api layer turns these same objects
+into its result models.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+# Flow kinds of one instruction (the issue's instruction model).
+FLOW_KINDS = ("fallthrough", "jump", "conditional", "call", "return", "indirect_jump", "indirect_call", "stop")
+
+# How a chunk of straight-line code ends (internal, compact).
+T_FALL, T_JUMP, T_COND, T_CALL, T_RET, T_IJUMP, T_ICALL, T_STOP, T_BAD = range(9)
+TERM_NAMES = (
+    "fallthrough",
+    "jump",
+    "conditional",
+    "call",
+    "return",
+    "indirect_jump",
+    "indirect_call",
+    "stop",
+    "invalid",
+)
+
+# Kinds of references, and of CFG edges.
+XREF_KINDS = ("call", "jump", "jump_table", "tail_call", "read", "write", "offset", "pointer", "string")
+EDGE_KINDS = ("fallthrough", "jump", "conditional_taken", "conditional_fallthrough", "jump_table", "call_return")
+
+# Sources of a function start (SPEC "Shapes").
+SOURCES = (
+    "entry",
+    "symbol",
+    "export",
+    "eh_frame",
+    "pdata",
+    "function_starts",
+    "thunk",
+    "call",
+    "tail_call",
+    "jump_table",
+    "pointer",
+    "prologue",
+    "user",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Instruction:
+    """One decoded instruction."""
+
+    address: int
+    size: int
+    bytes: bytes
+    mnemonic: str
+    operands: str
+    flow: str  # one of FLOW_KINDS
+    targets: tuple[int, ...] = ()  # direct branch/call targets
+    refs: tuple[int, ...] = ()  # memory references and immediates that may be addresses
+
+    @property
+    def text(self) -> str:
+        return f"{self.mnemonic} {self.operands}".strip()
+
+
+@dataclass(frozen=True, slots=True)
+class BasicBlock:
+    """A maximal run of instructions entered only at its start; calls that return do not end it."""
+
+    start: int
+    end: int  # exclusive
+    instruction_count: int
+    terminator: str  # a TERM_NAMES entry
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """A control-flow edge between two blocks of one function."""
+
+    src: int
+    dst: int
+    kind: str  # one of EDGE_KINDS
+
+
+@dataclass(frozen=True, slots=True)
+class Xref:
+    """A reference from an instruction or data address to an address."""
+
+    src: int
+    dst: int
+    kind: str  # one of XREF_KINDS
+
+
+@dataclass(frozen=True, slots=True)
+class StringItem:
+    """A string found in the image's data."""
+
+    address: int
+    size: int  # bytes, without the terminator
+    encoding: str  # "ascii" | "utf-8" | "utf-16le"
+    text: str
+    section: str | None
+
+
+@dataclass
+class Function:
+    """A function: its entry, extent, blocks, edges and what it calls."""
+
+    address: int
+    size: int
+    sources: tuple[str, ...]
+    blocks: list[BasicBlock] = field(default_factory=list)
+    edges: list[Edge] = field(default_factory=list)
+    symbol_name: str | None = None  # a symbol or export exactly at the entry
+    thunk_name: str | None = None  # the import a PLT/IAT/stub thunk jumps to
+    noreturn: bool = False
+    calls: list[tuple[int, int]] = field(default_factory=list)  # (call site, callee address)
+    mode: str | None = None  # "thumb" for ARM Thumb code; None otherwise
+
+    @property
+    def end(self) -> int:
+        return self.address + self.size
+
+    def display_name(self) -> str:
+        """The engine's own name: symbol, else thunk import name, else sub_<hex>."""
+        return self.symbol_name or self.thunk_name or f"sub_{self.address:x}"
+
+
+@dataclass
+class ProgramAnalysis:
+    """Everything the engine found in one image."""
+
+    engine_version: str
+    arch: str
+    functions: list[Function]  # sorted by address
+    xrefs: list[Xref]  # sorted by (src, dst)
+    strings: list[StringItem]  # sorted by address
+    code_bytes: int = 0
+    covered_bytes: int = 0
+    stats: dict[str, float] = field(default_factory=dict)
+    _starts: list[int] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        self._starts = [f.address for f in self.functions]
+
+    def function_at(self, va: int) -> Function | None:
+        """The function whose entry is `va`, else the one whose blocks contain `va`."""
+        i = bisect.bisect_right(self._starts, va) - 1
+        if i >= 0 and self.functions[i].address == va:
+            return self.functions[i]
+        for j in range(i, max(-1, i - 64), -1):
+            f = self.functions[j]
+            if any(b.start <= va < b.end for b in f.blocks):
+                return f
+        for f in self.functions:  # a far chunk (cold part) of an earlier function
+            if any(b.start <= va < b.end for b in f.blocks):
+                return f
+        return None
+
+    @property
+    def coverage(self) -> float:
+        return self.covered_bytes / self.code_bytes if self.code_bytes else 0.0

@@ -1,0 +1,272 @@
+"""x86 and x86-64 decoding with iced-x86: chunks for the explorer, full instructions for listings.
+
+Hot loop rules: one reused `Instruction`, integer comparisons, and per-instruction work only
+where an operand can hold an address.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import iced_x86 as ix
+
+from binlens.analysis.codemap import BODY, CHUNK, INSN, CodeMap, CodeRegion
+from binlens.analysis.model import (
+    T_BAD,
+    T_CALL,
+    T_COND,
+    T_FALL,
+    T_ICALL,
+    T_IJUMP,
+    T_JUMP,
+    T_RET,
+    T_STOP,
+    XREF_KINDS,
+    Instruction,
+)
+from binlens.loader.image import Image
+
+FC = ix.FlowControl
+OK = ix.OpKind
+MN = ix.Mnemonic
+REG_NONE = ix.Register.NONE
+_NEAR = {OK.NEAR_BRANCH16, OK.NEAR_BRANCH32, OK.NEAR_BRANCH64}
+_IMM_ADDR = {OK.IMMEDIATE32, OK.IMMEDIATE32TO64, OK.IMMEDIATE64}
+_NO_WRITE = {MN.CMP, MN.TEST, MN.PUSH, MN.BT, MN.UCOMISS, MN.UCOMISD, MN.COMISS, MN.COMISD, MN.PREFETCHNTA}
+_STOP_CODES = {ix.Code.HLT}
+_STOP_MNEMONICS = {MN.INT3, MN.UD2, MN.UD0, MN.UD1, MN.HLT}
+_BODY = [bytes([BODY]) * n for n in range(16)]
+_ZERO = [bytes(n) for n in range(16)]
+K_READ, K_WRITE, K_OFFSET = XREF_KINDS.index("read"), XREF_KINDS.index("write"), XREF_KINDS.index("offset")
+K_CALL, K_JUMP = XREF_KINDS.index("call"), XREF_KINDS.index("jump")
+_FLOW_NAME = {
+    FC.NEXT: "fallthrough",
+    FC.UNCONDITIONAL_BRANCH: "jump",
+    FC.CONDITIONAL_BRANCH: "conditional",
+    FC.CALL: "call",
+    FC.RETURN: "return",
+    FC.INDIRECT_BRANCH: "indirect_jump",
+    FC.INDIRECT_CALL: "indirect_call",
+    FC.INTERRUPT: "fallthrough",
+    FC.EXCEPTION: "stop",
+    FC.XBEGIN_XABORT_XEND: "conditional",
+}
+
+
+class X86Backend:
+    """Decodes chunks of x86/x86-64 code into the code map and collects data references."""
+
+    def __init__(self, image: Image, codemap: CodeMap) -> None:
+        self.image = image
+        self.codemap = codemap
+        self.bits = 64 if image.identity.bits == 64 else 32
+        self.ptr_size = self.bits // 8
+        self._decoders: dict[int, ix.Decoder] = {}
+        self._ins = ix.Instruction()
+        regions = image.regions
+        self.lo = min((r.va for r in regions), default=0)
+        # i386 position-independent ELF code keeps _GLOBAL_OFFSET_TABLE_ in ebx (the PLT ABI)
+        secs = {s.name: s.va for s in image.sections}
+        got_va = secs.get(".got.plt", secs.get(".got"))
+        pic = image.identity.format == "ELF" and self.bits == 32 and image.identity.image_base == 0
+        self.got = got_va if pic and got_va else 0
+        self.gotreg = ix.Register.EBX if self.got else -1
+        self.hi = max((r.va + r.vsize for r in regions), default=0)
+        # data references: parallel arrays (src, dst, kind)
+        self.x_src = array("Q")
+        self.x_dst = array("Q")
+        self.x_kind = bytearray()
+        self._fmt: ix.Formatter | None = None
+
+    def _decoder(self, r: CodeRegion) -> ix.Decoder:
+        d = self._decoders.get(r.va)
+        if d is None:
+            d = ix.Decoder(self.bits, r.data, ip=r.va)
+            self._decoders[r.va] = d
+        return d
+
+    def decode_chunk(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
+        """Decode straight-line code from `va`: (end, terminator, targets, address of last insn)."""
+        r = self.codemap.region(va)
+        if r is None:
+            return None
+        state = r.state
+        base = r.va
+        off = va - base
+        n = len(r.data)
+        if state[off] == BODY:
+            return None
+        dec = self._decoder(r)
+        dec.position = off
+        dec.ip = va
+        ins = self._ins
+        lo, hi = self.lo, self.hi
+        got, gotreg = self.got, self.gotreg
+        x_src, x_dst, x_kind = self.x_src, self.x_dst, self.x_kind
+        is_mapped = self.image.is_mapped
+        state[off] = CHUNK
+        cur = va
+        last = va
+        first = True
+        while True:
+            if off >= n:
+                return cur, T_BAD, (), last
+            if not first:
+                s = state[off]
+                if s in (CHUNK, INSN):
+                    return cur, T_FALL, (cur,), last
+                if s == BODY:
+                    return cur, T_BAD, (), last
+            dec.decode_out(ins)
+            ln = ins.len
+            if ins.code == 0 or off + ln > n:
+                return cur, T_BAD, (), last
+            if ln > 1:
+                if state[off + 1 : off + ln] != _ZERO[ln - 1]:
+                    return cur, T_BAD, (), last
+                state[off + 1 : off + ln] = _BODY[ln - 1]
+            if not first:
+                state[off] = INSN
+            first = False
+            last = cur
+            nxt = cur + ln
+            fc = ins.flow_control
+            if fc == FC.NEXT:
+                t = 0
+                if ins.is_ip_rel_memory_operand:
+                    t = ins.ip_rel_memory_address
+                else:
+                    mb = ins.memory_base
+                    if mb == REG_NONE:
+                        d = ins.memory_displacement
+                        if lo <= d < hi:
+                            t = d
+                    elif mb == gotreg and ins.memory_index == REG_NONE:
+                        t = (got + ins.memory_displacement) & 0xFFFFFFFF  # i386 PIC: [ebx + x] is GOT-relative
+                if t:
+                    if is_mapped(t):
+                        m = ins.mnemonic
+                        x_src.append(cur)
+                        x_dst.append(t)
+                        if m == MN.LEA:
+                            x_kind.append(K_OFFSET)
+                        elif ins.op0_kind == OK.MEMORY and m not in _NO_WRITE:
+                            x_kind.append(K_WRITE)
+                        else:
+                            x_kind.append(K_READ)
+                else:
+                    k1 = ins.op1_kind
+                    if k1 in _IMM_ADDR:
+                        v = ins.immediate(1)
+                        if lo <= v < hi and is_mapped(v):
+                            x_src.append(cur)
+                            x_dst.append(v)
+                            x_kind.append(K_OFFSET)
+                    elif ins.op0_kind in _IMM_ADDR:
+                        v = ins.immediate(0)
+                        if lo <= v < hi and is_mapped(v):
+                            x_src.append(cur)
+                            x_dst.append(v)
+                            x_kind.append(K_OFFSET)
+                if ins.code in _STOP_CODES:
+                    return nxt, T_STOP, (), last
+            elif fc == FC.CONDITIONAL_BRANCH:
+                return nxt, T_COND, (ins.near_branch_target, nxt), last
+            elif fc == FC.UNCONDITIONAL_BRANCH:
+                if ins.op0_kind in _NEAR:
+                    return nxt, T_JUMP, (ins.near_branch_target,), last
+                return nxt, T_STOP, (), last
+            elif fc == FC.CALL:
+                if ins.op0_kind in _NEAR:
+                    return nxt, T_CALL, (ins.near_branch_target, nxt), last
+            elif fc == FC.RETURN:
+                return nxt, T_RET, (), last
+            elif fc == FC.INDIRECT_BRANCH:
+                slot = self._slot(ins)
+                if slot >= 0:
+                    x_src.append(cur)
+                    x_dst.append(slot)
+                    x_kind.append(K_JUMP)
+                return nxt, T_IJUMP, (slot,), last
+            elif fc == FC.INDIRECT_CALL:
+                slot = self._slot(ins)
+                if slot >= 0:
+                    x_src.append(cur)
+                    x_dst.append(slot)
+                    x_kind.append(K_CALL)
+                return nxt, T_ICALL, (slot, nxt), last
+            elif fc == FC.EXCEPTION or fc == FC.INTERRUPT and ins.mnemonic in _STOP_MNEMONICS:
+                return nxt, T_STOP, (), last
+            elif fc == FC.XBEGIN_XABORT_XEND and ins.op0_kind in _NEAR:
+                return nxt, T_COND, (ins.near_branch_target, nxt), last
+            cur = nxt
+            off += ln
+
+    def _slot(self, ins: ix.Instruction) -> int:
+        """The constant memory address an indirect jump/call reads its target from, else -1."""
+        if ins.op0_kind != OK.MEMORY:
+            return -1
+        if ins.is_ip_rel_memory_operand:
+            return ins.ip_rel_memory_address
+        if ins.memory_base == REG_NONE and ins.memory_index == REG_NONE:
+            return ins.memory_displacement
+        return -1
+
+    # ---------------------------------------------------------------- full instructions
+    def raw_instructions(self, start: int, end: int) -> list[ix.Instruction]:
+        """iced instructions in [start, end) decoded linearly (for jump tables and listings)."""
+        r = self.codemap.region(start)
+        if r is None:
+            data = self.image.read(start, max(0, end - start)) or b""
+            base = start
+        else:
+            data, base = r.data, r.va
+        stop = min(end, base + len(data))
+        dec = ix.Decoder(self.bits, data[start - base : stop - base], ip=start)
+        return list(dec)
+
+    def instructions(self, start: int, end: int) -> list[Instruction]:
+        """The instruction model for [start, end)."""
+        if self._fmt is None:
+            self._fmt = ix.Formatter(ix.FormatterSyntax.INTEL)
+            self._fmt.rip_relative_addresses = False
+            self._fmt.hex_prefix = "0x"
+            self._fmt.hex_suffix = ""
+            self._fmt.space_after_operand_separator = True
+            self._fmt.uppercase_hex = False
+            self._fmt.branch_leading_zeros = False
+            self._fmt.show_branch_size = False
+        fmt = self._fmt
+        out = []
+        for ins in self.raw_instructions(start, end):
+            if ins.code == 0:
+                break
+            fc = ins.flow_control
+            flow = _FLOW_NAME.get(fc, "fallthrough")
+            targets: tuple[int, ...] = ()
+            if fc in (FC.CONDITIONAL_BRANCH, FC.UNCONDITIONAL_BRANCH, FC.CALL) and ins.op0_kind in _NEAR:
+                targets = (ins.near_branch_target,)
+            elif fc in (FC.UNCONDITIONAL_BRANCH, FC.CALL):
+                flow = "indirect_jump" if fc == FC.UNCONDITIONAL_BRANCH else "fallthrough"
+            if ins.mnemonic in _STOP_MNEMONICS:
+                flow = "stop"
+            refs = []
+            if ins.is_ip_rel_memory_operand:
+                refs.append(ins.ip_rel_memory_address)
+            elif (
+                fc == FC.NEXT
+                and ins.memory_base == REG_NONE
+                and OK.MEMORY in (ins.op0_kind, ins.op1_kind)
+                and self.lo <= ins.memory_displacement < self.hi
+            ):
+                refs.append(ins.memory_displacement)
+            for i in range(ins.op_count):
+                if ins.op_kind(i) in _IMM_ADDR:
+                    v = ins.immediate(i)
+                    if self.lo <= v < self.hi and self.image.is_mapped(v):
+                        refs.append(v)
+            mnem = fmt.format_mnemonic(ins)
+            ops = fmt.format_all_operands(ins)
+            raw = self.image.read(ins.ip, ins.len) or b""
+            out.append(Instruction(ins.ip, ins.len, raw, mnem, ops, flow, targets, tuple(refs)))
+        return out

@@ -1,0 +1,84 @@
+"""Cross-references: code flow, data reads/writes/address-taking, data pointers, strings."""
+
+from __future__ import annotations
+
+import bisect
+import struct
+
+from binlens.analysis.codemap import CodeMap
+from binlens.analysis.discovery import Body, Explorer
+from binlens.analysis.model import XREF_KINDS, StringItem, Xref
+from binlens.analysis.strings import is_data_section
+from binlens.loader.image import Image
+
+_RETAG = {"read", "offset", "pointer"}
+
+
+def collect_xrefs(
+    image: Image,
+    codemap: CodeMap,
+    backend: object,
+    explorer: Explorer,
+    bodies: dict[int, Body],
+    strings: list[StringItem] | set[int],
+    jt_tables: dict[int, int],
+    data: bool = True,
+) -> list[Xref]:
+    """Every reference from reached code (and from data unless `data` is false), sorted by (src, dst)."""
+    chunks = explorer.chunks
+    reached = sorted({a for b in bodies.values() for a in b.chunks})
+    ends = [chunks[a][0] for a in reached]
+    out: set[tuple[int, int, str]] = set()
+    b = backend
+    for src, dst, k in zip(b.x_src, b.x_dst, b.x_kind, strict=False):  # type: ignore[attr-defined]
+        i = bisect.bisect_right(reached, src) - 1
+        if i >= 0 and src < ends[i]:
+            out.add((src, dst, XREF_KINDS[k]))
+    for body in bodies.values():
+        for site, callee in body.calls:
+            out.add((site, callee, "call"))
+        for site, callee in body.tails:
+            out.add((site, callee, "tail_call"))
+        for s, d, kind in body.edges:
+            if kind in ("jump", "conditional_taken"):
+                out.add((chunks[s][3], d, "jump"))
+            elif kind == "jump_table":
+                out.add((chunks[s][3], d, "jump_table"))
+    for jump, table in jt_tables.items():
+        i = bisect.bisect_right(reached, jump) - 1
+        if i >= 0 and jump < ends[i]:
+            out.add((jump, table, "read"))
+    str_starts = strings if isinstance(strings, set) else {s.address for s in strings}
+    if data:
+        for src, dst in pointers_in_data(image, codemap, str_starts):
+            out.add((src, dst, "pointer"))
+    res = []
+    for src, dst, kind in out:
+        if kind in _RETAG and dst in str_starts:
+            kind = "string"
+        res.append(Xref(src, dst, kind))
+    res.sort(key=lambda x: (x.src, x.dst, x.kind))
+    return res
+
+
+def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int]) -> list[tuple[int, int]]:
+    """(data address, target) for aligned words and relative relocations naming code or a string."""
+    ptr = 8 if image.identity.bits == 64 else 4
+    endian = "<" if image.identity.endian == "little" else ">"
+    code = "Q" if ptr == 8 else "I"
+    out: dict[int, int] = {}
+    for s in image.sections:
+        if not is_data_section(image, s):
+            continue
+        data = bytes(image.data[s.offset : s.offset + min(s.fsize, s.size)])
+        pad = (-s.va) % ptr
+        n = (len(data) - pad) // ptr
+        if n <= 0:
+            continue
+        for k, v in enumerate(struct.unpack_from(f"{endian}{n}{code}", data, pad)):
+            if v and (v in targets or codemap.contains(v)):
+                out[s.va + pad + k * ptr] = v
+    for r in image.relocations:
+        if "RELATIVE" in r.type and r.addend and (r.addend in targets or codemap.contains(r.addend)):
+            out[r.address] = r.addend
+    return sorted(out.items())

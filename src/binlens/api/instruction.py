@@ -1,0 +1,286 @@
+"""instruction.* and listing.*: decoded instructions and the rendered disassembly people read."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import Field
+
+from binlens.analysis import Instruction, make_backend
+from binlens.analysis.codemap import CodeMap
+from binlens.api.analysis import NeedsAnalysis, need_view, select_address, select_function
+from binlens.api.cursor import decode_cursor, encode_cursor, query_key
+from binlens.api.models import AddressRange, HexAddress, Listing, Page, Result, Scan, ScanReport, Selector
+from binlens.api.pages import scan_bounds
+from binlens.api.registry import READ_ONLY, CallContext, method
+from binlens.errors import BinlensError
+from binlens.program_analysis import function_name, name_for_address
+from binlens.store.analysis import AnalysisView
+from binlens.workspace import Program
+
+
+class InstructionItem(Result):
+    address: HexAddress
+    size: int
+    bytes: str = Field(description="Hex bytes.")
+    mnemonic: str
+    operands: str
+    flow: str = Field(description="fallthrough, jump, conditional, call, return, indirect_jump, indirect_call, stop")
+    targets: list[HexAddress] = Field(description="Direct branch or call targets.")
+    refs: list[HexAddress] = Field(description="Memory references and immediates that may be addresses.")
+    function: HexAddress | None = None
+
+
+class InstructionGetParams(NeedsAnalysis):
+    selector: Selector
+
+
+class InstructionListParams(NeedsAnalysis):
+    mode: Literal["analysed", "linear"] = Field(
+        "analysed", description="analysed: instructions of the engine's blocks; linear: decode the range as code."
+    )
+    page: Page = Page()
+    scan: Scan = Scan()
+
+
+def decoder(prog: Program) -> Any:
+    """The program's decoder for listings (created once per program)."""
+    d = prog.extensions.get("analysis.decoder")
+    if d is None:
+        d = make_backend(prog.image, CodeMap(prog.image))
+        prog.extensions["analysis.decoder"] = d
+    return d
+
+
+def thumb_spans(dec: Any, view: AnalysisView, spans: list[tuple[int, int]]) -> None:
+    """Tell an ARM decoder which spans are Thumb code (from the functions that own them)."""
+    thumb = getattr(dec, "thumb", None)
+    if thumb is None:
+        return
+    for s, _e in spans:
+        f = view.function_at(s)
+        if f is not None and f.mode == "thumb":
+            thumb.add(s)
+
+
+def instruction_item(ins: Instruction, fn: int | None) -> InstructionItem:
+    return InstructionItem(
+        address=hex(ins.address),
+        size=ins.size,
+        bytes=ins.bytes.hex(),
+        mnemonic=ins.mnemonic,
+        operands=ins.operands,
+        flow=ins.flow,
+        targets=[hex(t) for t in ins.targets],
+        refs=[hex(r) for r in ins.refs],
+        function=hex(fn) if fn is not None else None,
+    )
+
+
+@method("instruction.get", effect=READ_ONLY)
+def instruction_get(ws: Any, p: InstructionGetParams, ctx: CallContext) -> InstructionItem:
+    """The instruction at an address: bytes, text, flow kind, targets and address-like operands."""
+    prog, view = need_view(ws, p, ctx)
+    va, target = select_address(prog, p.selector)
+    dec = decoder(prog)
+    thumb_spans(dec, view, [(va, va + 16)])
+    insns = dec.instructions(va, va + 16)
+    if not insns or insns[0].address != va:
+        raise BinlensError("not_found", f"no decodable instruction at {hex(va)}", target=target)
+    f = view.function_at(va)
+    return instruction_item(insns[0], f.address if f else None)
+
+
+@method("instruction.list", effect=READ_ONLY, long_running=True)
+def instruction_list(ws: Any, p: InstructionListParams, ctx: CallContext) -> Listing[InstructionItem]:
+    """Instructions in address order over a range (the analysed blocks, or a linear decode), with a cursor."""
+    prog, view = need_view(ws, p, ctx)
+    start, end = scan_bounds(prog, p.scan)
+    qkey = query_key(p)
+    pos = decode_cursor(p.page.cursor, prog.image.identity.sha256, qkey)
+    cur = max(start, int(pos, 16)) if isinstance(pos, str) else start
+    deadline = time.monotonic() + p.scan.timeout_ms / 1000
+    dec = decoder(prog)
+    out: list[InstructionItem] = []
+    stop = "range_end"
+    nxt: int | None = None
+    if p.mode == "linear":
+        if p.scan.range is None:
+            raise BinlensError("invalid_argument", "a linear decode needs scan.range", target="/params/scan/range")
+        spans = [(cur, end)]
+    else:
+        spans = _merged(view.blocks_in(_block_floor(view, cur), end))
+    thumb_spans(dec, view, spans)
+    for s, e in spans:
+        if e <= cur:
+            continue
+        if s < cur and getattr(dec, "thumb", None) is not None and s in dec.thumb:
+            dec.thumb.add(cur)
+        for ins in dec.instructions(s, min(e, end)):
+            if ins.address < cur:
+                continue
+            if len(out) >= p.page.limit:
+                stop, nxt = "limit", ins.address
+                break
+            if time.monotonic() > deadline:
+                stop, nxt = "timeout", ins.address
+                break
+            f = view.function_at(ins.address) if p.mode == "linear" else None
+            out.append(instruction_item(ins, f.address if f else _fn_of(view, ins.address)))
+            cur = ins.address + ins.size
+        if nxt is not None:
+            break
+        ctx.check_cancelled()
+    cursor = encode_cursor(prog.image.identity.sha256, qkey, hex(nxt)) if nxt is not None else None
+    report = ScanReport(complete=nxt is None, stop_reason=stop, scanned_to=hex(nxt) if nxt is not None else None)
+    return Listing[InstructionItem](items=out, next_cursor=cursor, scan=report)
+
+
+def _block_floor(view: AnalysisView, va: int) -> int:
+    b = view.block_at(va)
+    return b[1] if b else va
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for s, e in sorted(spans):
+        if out and s < out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+def _fn_of(view: AnalysisView, va: int) -> int | None:
+    f = view.function_at(va)
+    return f.address if f else None
+
+
+# ---------------------------------------------------------------------------- listing.get
+class ListingParams(NeedsAnalysis):
+    selector: Selector | None = Field(None, description="A function (by entry, inner address or name).")
+    range: AddressRange | None = Field(None, description="Or an address range, decoded linearly.")
+    max_instructions: int = Field(2000, ge=1, le=20000)
+
+
+class ListingLine(Result):
+    address: HexAddress
+    kind: Literal["label", "instruction"]
+    text: str
+    bytes: str | None = None
+    comment: str | None = None
+
+
+class ListingResult(Result):
+    start: HexAddress
+    end: HexAddress
+    function: HexAddress | None = None
+    function_name: str | None = None
+    lines: list[ListingLine]
+    truncated: bool
+    text: str = Field(description="The listing rendered as text.")
+
+
+def _strings(prog: Program, view: AnalysisView) -> dict[int, str]:
+    key = "analysis.string_index"
+    cached = prog.extensions.get(key)
+    if cached is None or cached[0] is not view:
+        cached = (view, {a: t for a, _n, _e, t, _s, _r in view.strings()})
+        prog.extensions[key] = cached
+    return cached[1]
+
+
+def _quote(text: str, limit: int = 60) -> str:
+    t = text.encode("unicode_escape").decode("ascii")
+    return '"' + (t if len(t) <= limit else t[:limit] + "...") + '"'
+
+
+@method("listing.get", effect=READ_ONLY)
+def listing_get(ws: Any, p: ListingParams, ctx: CallContext) -> ListingResult:
+    """Disassembly of a function or range with labels, call-target names and string/xref comments."""
+    prog, view = need_view(ws, p, ctx)
+    if (p.selector is None) == (p.range is None):
+        raise BinlensError("invalid_argument", "give exactly one of 'selector' or 'range'", target="/params/selector")
+    fn = None
+    if p.selector is not None:
+        fn = select_function(prog, view, p.selector)
+        spans = [(s, e) for s, e, _n, _t in view.blocks(fn.address)]
+        labels = {s for s, _e in spans}
+    else:
+        assert p.range is not None
+        s0 = prog.resolve(p.range.start, "/params/range/start")
+        e0 = prog.resolve(p.range.end, "/params/range/end")
+        if e0 <= s0:
+            raise BinlensError("invalid_argument", "range.end must be above range.start", target="/params/range/end")
+        spans = [(s0, e0)]
+        labels = {s for s, _e in view.blocks_in(s0, e0)}
+    strings = _strings(prog, view)
+    lines: list[ListingLine] = []
+    count = 0
+    truncated = False
+    dec = decoder(prog)
+    thumb_spans(dec, view, _merged(spans))
+    for s, e in _merged(spans):
+        for ins in dec.instructions(s, e):
+            if count >= p.max_instructions:
+                truncated = True
+                break
+            if ins.address in labels or ins.address in view.by_address:
+                f = view.by_address.get(ins.address)
+                label = function_name(prog, f) if f else f"loc_{ins.address:x}"
+                lines.append(ListingLine(address=hex(ins.address), kind="label", text=label + ":"))
+            text, comment = _render(prog, view, ins, strings)
+            lines.append(
+                ListingLine(
+                    address=hex(ins.address), kind="instruction", text=text, bytes=ins.bytes.hex(), comment=comment
+                )
+            )
+            count += 1
+        if truncated:
+            break
+    start = spans[0][0] if spans else 0
+    end = max((e for _s, e in spans), default=start)
+    return ListingResult(
+        start=hex(start),
+        end=hex(end),
+        function=hex(fn.address) if fn else None,
+        function_name=function_name(prog, fn) if fn else None,
+        lines=lines,
+        truncated=truncated,
+        text=render_text(lines),
+    )
+
+
+def _render(prog: Program, view: AnalysisView, ins: Instruction, strings: dict[int, str]) -> tuple[str, str | None]:
+    text = f"{ins.mnemonic} {ins.operands}".strip()
+    notes = []
+    for t in ins.targets:
+        name = name_for_address(prog, t)
+        if name is None and view.block_at(t) is not None:
+            name = f"loc_{t:x}"
+        if name:
+            text += f" <{name}>"
+    for r in ins.refs:
+        if r in strings:
+            notes.append(_quote(strings[r]))
+        else:
+            name = name_for_address(prog, r)
+            if name:
+                notes.append(name)
+    return text, "; ".join(notes) if notes else None
+
+
+def render_text(lines: list[ListingLine]) -> str:
+    """Listing lines as text: labels flush left, instructions with address and bytes."""
+    out = []
+    for ln in lines:
+        if ln.kind == "label":
+            out.append(f"{ln.text}")
+            continue
+        b = (ln.bytes or "")[:20]
+        row = f"  {ln.address:>12}  {b:<20}  {ln.text}"
+        if ln.comment:
+            row = f"{row:<72} ; {ln.comment}"
+        out.append(row)
+    return "\n".join(out) + "\n"

@@ -1,0 +1,72 @@
+"""symbol.patch: rename (or un-rename) the symbol at an address; the name shows everywhere."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from binlens.api.edits import EditResult, edit, name_change, original_name, refresh
+from binlens.api.models import HexAddress, Params, ProgramRef, Selector
+from binlens.api.registry import MUTATION, CallContext, method
+from binlens.errors import BinlensError
+
+NameText = Annotated[str, Field(min_length=1, max_length=1024)]
+
+
+class SymbolPatchParams(Params):
+    """Rename the address a selector names."""
+
+    program: ProgramRef | None = None
+    selector: Selector = Field(description="The address (or current name) to rename.")
+    name: NameText | None = Field(description="The new name; null removes the user name (the original shows again).")
+
+
+class SymbolPatched(EditResult):
+    """The name at an address after a rename."""
+
+    address: HexAddress
+    name: str | None = Field(description="The name shown at the address now.")
+    previous_name: str | None
+    original_name: str | None = Field(description="The name from the file or the analysis, without user renames.")
+
+
+def selected_address(prog: Any, selector: Selector) -> int:
+    """The address a selector names (by address, or by a name that resolves)."""
+    if selector.name is not None:
+        va, target = prog.resolve(selector.name, "/params/selector/name"), "/params/selector/name"
+    else:
+        va, target = prog.resolve(selector.address or "", "/params/selector/address"), "/params/selector/address"
+    return storable(va, target)
+
+
+def storable(va: int, target: str) -> int:
+    """`va`, if the database can key annotations by it (SQLite integers are signed 64-bit)."""
+    if not 0 <= va < 1 << 63:
+        raise BinlensError(
+            "invalid_argument", f"{hex(va)} is above 0x7fffffffffffffff and cannot carry annotations", target=target
+        )
+    return va
+
+
+@method("symbol.patch", effect=MUTATION)
+def symbol_patch(ws: Any, p: SymbolPatchParams, ctx: CallContext) -> SymbolPatched:
+    """Rename the symbol at an address (any address may get a name); a name used elsewhere is a conflict."""
+    prog = ws.program(p.program)
+    refresh(prog)
+    va = selected_address(prog, p.selector)
+    previous = prog.name_at(va)
+    entry = edit(
+        prog,
+        ctx,
+        "symbol.patch",
+        f"rename {hex(va)} to {p.name}" if p.name else f"remove the user name at {hex(va)}",
+        lambda conn: [name_change(prog, conn, va, p.name, "/params/name")],
+    )
+    return SymbolPatched(
+        journal_id=entry,
+        address=hex(va),
+        name=prog.name_at(va),
+        previous_name=previous,
+        original_name=original_name(prog, va),
+    )

@@ -1,0 +1,298 @@
+"""Human commands over the analysis: functions, disasm, strings, xrefs, cfg."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any
+
+from binlens.cli.main import command, make_workspace
+
+
+def _fail(message: str, code: int = 1) -> int:
+    sys.stderr.write(f"binlens: error: {message}\n")
+    return code
+
+
+def _open_and_analyse(args: argparse.Namespace) -> tuple[Any, Any]:
+    """Open the file and run (or load) its analysis, with a progress bar on stderr."""
+    from binlens.api import CallContext, invoke
+
+    ws = make_workspace(args)
+    prog = ws.open(args.file, getattr(args, "slice", None), check_roots=False)
+    status = invoke(ws, "analysis.get", {"program": prog.handle})
+    if status["status"] == "done":
+        return ws, prog
+    t0 = time.monotonic()
+    tty = sys.stderr.isatty()
+    if tty:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(
+            TextColumn("analysing"),
+            BarColumn(),
+            TextColumn("{task.percentage:>3.0f}%"),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        with bar:
+            task = bar.add_task("", total=100)
+
+            def report(done: float, total: float | None, message: str | None) -> None:
+                bar.update(task, completed=done if total else 0, description=message or "")
+
+            invoke(ws, "analysis.start", {"program": prog.handle, "wait": True}, CallContext(progress=report))
+    else:
+        last = [-1]
+
+        def report(done: float, total: float | None, message: str | None) -> None:
+            step = int(done // 25) if total else 0
+            if step != last[0]:
+                last[0] = step
+                sys.stderr.write(f"analysing: {done:.0f}% {message or ''}\n")
+
+        invoke(ws, "analysis.start", {"program": prog.handle, "wait": True}, CallContext(progress=report))
+    status = invoke(ws, "analysis.get", {"program": prog.handle})
+    counts = status.get("counts") or {}
+    sys.stderr.write(
+        f"analysed {args.file}: {counts.get('functions', 0)} functions, {counts.get('xrefs', 0)} references, "
+        f"{counts.get('strings', 0)} strings in {time.monotonic() - t0:.2f} s\n"
+    )
+    return ws, prog
+
+
+def _all_pages(ws: Any, method: str, params: dict[str, Any], limit: int | None = None) -> list[dict[str, Any]]:
+    from binlens.api import invoke
+
+    items: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        page: dict[str, Any] = {"limit": 1000}
+        if cursor:
+            page["cursor"] = cursor
+        data = invoke(ws, method, {**params, "page": page}, max_response_bytes=1 << 30)
+        items += data["items"]
+        cursor = data.get("next_cursor")
+        if not cursor or limit is not None and len(items) >= limit:
+            return items[:limit] if limit is not None else items
+
+
+def _common_file(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file")
+    p.add_argument("--slice", default=None, help="slice of a universal Mach-O")
+
+
+def _run(fn: Any, args: argparse.Namespace) -> int:
+    from binlens.errors import BinlensError
+
+    try:
+        return fn(args)
+    except BinlensError as err:
+        return _fail(err.message)
+
+
+# ----------------------------------------------------------------------------- functions
+def _functions_args(p: argparse.ArgumentParser) -> None:
+    """List the functions the engine finds (entry, size, name, how found)."""
+    _common_file(p)
+    p.add_argument("--name", help="glob on the name")
+    p.add_argument("--source", help="only functions found this way (symbol, eh_frame, call, ...)")
+    p.add_argument("--min-size", type=int)
+    p.add_argument("--max-size", type=int)
+    p.add_argument("--limit", type=int, default=None, help="at most this many")
+    p.add_argument("--json", action="store_true", help="all matching functions as JSON")
+
+
+@command("functions", _functions_args)
+def cmd_functions(args: argparse.Namespace) -> int:
+    return _run(_functions, args)
+
+
+def _functions(args: argparse.Namespace) -> int:
+    from binlens.cli.render import print_table
+
+    ws, prog = _open_and_analyse(args)
+    params: dict[str, Any] = {"program": prog.handle}
+    for key in ("name", "source", "min_size", "max_size"):
+        if getattr(args, key) is not None:
+            params[key] = getattr(args, key)
+    items = _all_pages(ws, "function.list", params, args.limit)
+    if args.json:
+        print(json.dumps({"program": prog.identity, "functions": items}, indent=1))
+        return 0
+    print_table(
+        ["address", "size", "name", "sources"],
+        [[f["address"], str(f["size"]), f["name"], ",".join(f["sources"])] for f in items],
+    )
+    return 0
+
+
+# -------------------------------------------------------------------------------- disasm
+def _disasm_args(p: argparse.ArgumentParser) -> None:
+    """Disassemble a function (by name or address) with labels, names and string comments."""
+    _common_file(p)
+    p.add_argument("target", help="function name or address (0x...)")
+    p.add_argument("--max", type=int, default=20000, help="at most this many instructions")
+    p.add_argument("--json", action="store_true")
+
+
+@command("disasm", _disasm_args)
+def cmd_disasm(args: argparse.Namespace) -> int:
+    return _run(_disasm, args)
+
+
+def _selector(text: str) -> dict[str, str]:
+    return {"address": text} if text.lower().startswith("0x") else {"name": text}
+
+
+def _disasm(args: argparse.Namespace) -> int:
+    from binlens.api import invoke
+
+    ws, prog = _open_and_analyse(args)
+    data = invoke(
+        ws,
+        "listing.get",
+        {"program": prog.handle, "selector": _selector(args.target), "max_instructions": max(1, min(args.max, 20000))},
+        max_response_bytes=1 << 30,
+    )
+    if args.json:
+        print(json.dumps(data, indent=1))
+    else:
+        sys.stdout.write(data["text"])
+        if data["truncated"]:
+            sys.stderr.write("... truncated; raise --max\n")
+    return 0
+
+
+# ------------------------------------------------------------------------------- strings
+def _strings_args(p: argparse.ArgumentParser) -> None:
+    """List strings (ASCII/UTF-8, UTF-16LE) with their section and reference counts."""
+    _common_file(p)
+    p.add_argument("--min-length", type=int, default=4)
+    p.add_argument("--text", help="only strings containing this")
+    p.add_argument("--regex", help="only strings matching this regex")
+    p.add_argument("--encoding", choices=["ascii", "utf-8", "utf-16le"])
+    p.add_argument("--section")
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--json", action="store_true")
+
+
+@command("strings", _strings_args)
+def cmd_strings(args: argparse.Namespace) -> int:
+    return _run(_strings, args)
+
+
+def _strings(args: argparse.Namespace) -> int:
+    from binlens.cli.render import print_table
+
+    ws, prog = _open_and_analyse(args)
+    params: dict[str, Any] = {"program": prog.handle, "min_length": max(1, args.min_length)}
+    for key in ("text", "regex", "encoding", "section"):
+        if getattr(args, key) is not None:
+            params[key] = getattr(args, key)
+    items = _all_pages(ws, "string.list", params, args.limit)
+    if args.json:
+        print(json.dumps({"program": prog.identity, "strings": items}, indent=1))
+        return 0
+    print_table(
+        ["address", "refs", "encoding", "section", "text"],
+        [[s["address"], str(s["references"]), s["encoding"], s["section"] or "", repr(s["text"])[1:-1]] for s in items],
+    )
+    return 0
+
+
+# -------------------------------------------------------------------------------- xrefs
+def _xrefs_args(p: argparse.ArgumentParser) -> None:
+    """Cross-references to (or, with --from, from) an address or name."""
+    _common_file(p)
+    p.add_argument("address", help="address (0x...) or name")
+    p.add_argument("--from", dest="from_", action="store_true", help="references made from the address")
+    p.add_argument("--function", action="store_true", help="with --from: everything the function references")
+    p.add_argument("--kind", action="append", help="only this kind (repeatable)")
+    p.add_argument("--json", action="store_true")
+
+
+@command("xrefs", _xrefs_args)
+def cmd_xrefs(args: argparse.Namespace) -> int:
+    return _run(_xrefs, args)
+
+
+def _xrefs(args: argparse.Namespace) -> int:
+    from binlens.cli.render import print_table
+
+    ws, prog = _open_and_analyse(args)
+    params: dict[str, Any] = {
+        "program": prog.handle,
+        "address": args.address,
+        "direction": "from" if args.from_ else "to",
+        "scope": "function" if args.function else "address",
+    }
+    if args.kind:
+        params["kind"] = args.kind
+    items = _all_pages(ws, "reference.list", params)
+    if args.json:
+        print(json.dumps({"program": prog.identity, "references": items}, indent=1))
+        return 0
+    print_table(
+        ["from", "function", "kind", "to", "to name"],
+        [[x["from_address"], x["function_name"] or "", x["kind"], x["to_address"], x["to_name"] or ""] for x in items],
+    )
+    return 0
+
+
+# ---------------------------------------------------------------------------------- cfg
+def _cfg_args(p: argparse.ArgumentParser) -> None:
+    """Control-flow graph of a function as DOT, Mermaid, or SVG/PNG through graphviz."""
+    _common_file(p)
+    p.add_argument("target", help="function name or address (0x...)")
+    p.add_argument("--format", choices=["dot", "mermaid", "svg", "png", "json"], default="dot")
+    p.add_argument("-o", "--output", help="write here instead of stdout")
+
+
+@command("cfg", _cfg_args)
+def cmd_cfg(args: argparse.Namespace) -> int:
+    return _run(_cfg, args)
+
+
+def _cfg(args: argparse.Namespace) -> int:
+    from binlens.api import invoke
+
+    if args.format in ("svg", "png") and shutil.which("dot") is None:
+        return _fail(
+            f"--format {args.format} needs graphviz's 'dot' program, which is not installed "
+            "(apt-get install graphviz); --format dot or mermaid work without it"
+        )
+    if args.format == "png" and not args.output and sys.stdout.isatty():
+        return _fail("refusing to write PNG bytes to a terminal; use -o FILE", 2)
+    ws, prog = _open_and_analyse(args)
+    fmt = "dot" if args.format in ("svg", "png") else args.format
+    data = invoke(
+        ws,
+        "function.cfg",
+        {"program": prog.handle, "selector": _selector(args.target), "format": fmt},
+        max_response_bytes=1 << 30,
+    )
+    if args.format == "json":
+        out: bytes = json.dumps(data, indent=1).encode() + b"\n"
+    elif args.format in ("dot", "mermaid"):
+        out = data["text"].encode()
+    else:
+        proc = subprocess.run(
+            ["dot", f"-T{args.format}"], input=data["text"].encode(), capture_output=True, timeout=120
+        )
+        if proc.returncode != 0:
+            return _fail(f"graphviz failed: {proc.stderr.decode(errors='replace').strip()}")
+        out = proc.stdout
+    if args.output:
+        with open(args.output, "wb") as fh:
+            fh.write(out)
+    else:
+        sys.stdout.buffer.write(out)
+    return 0

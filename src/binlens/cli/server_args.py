@@ -1,0 +1,59 @@
+"""Options shared by `binlens mcp` and `binlens serve`, defined once."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+
+# Kept in step with binlens.server.mcp_tools.validate_prefix (that module imports the MCP SDK,
+# which the CLI does not need just to parse arguments).
+_PREFIX_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+SEPARATOR_ENV = "BINLENS_TOOL_SEPARATOR"
+
+
+def tool_prefix(value: str) -> str:
+    """argparse type of `--tool-prefix`: 1-64 letters, digits, `_` or `-`, starting with a letter."""
+    if not _PREFIX_RE.match(value):
+        raise argparse.ArgumentTypeError(
+            f"tool prefix {value!r} must be 1-64 letters, digits, '_' or '-', starting with a letter"
+        )
+    return value
+
+
+def positive(value: str) -> int:
+    """argparse type of a count that must be at least 1."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return n
+
+
+def separator(value: str) -> str:
+    """argparse type of `--tool-separator` (also applied to the $BINLENS_TOOL_SEPARATOR default)."""
+    if value not in (".", "_"):
+        raise argparse.ArgumentTypeError(f"{value!r} is not '.' or '_' (check ${SEPARATOR_ENV})")
+    return value
+
+
+def add_mcp_options(p: argparse.ArgumentParser, *, root_help: str, frame_help: str) -> None:
+    """FILEs, tool naming, read-only, roots, concurrency and frame limit."""
+    p.add_argument("files", nargs="*", metavar="FILE", help="programs to open at start")
+    p.add_argument("--tool-prefix", metavar="PREFIX", type=tool_prefix, default="binlens", help="MCP tool name prefix")
+    p.add_argument(
+        "--tool-separator",
+        type=separator,
+        default=os.environ.get(SEPARATOR_ENV, "."),
+        help=f"between prefix and domain in tool names (default '.': binlens.help; '_' for clients that "
+        f"accept only [A-Za-z0-9_-] such as Claude Desktop; ${SEPARATOR_ENV} sets the default)",
+    )
+    p.add_argument("--read-only", action="store_true", help="hide and refuse every mutation")
+    p.add_argument("--root", metavar="DIR", action="append", type=Path, default=[], help=root_help)
+    p.add_argument(
+        "--max-concurrent", metavar="N", type=positive, default=4, help="calls running at once; more get busy"
+    )
+    p.add_argument("--max-frame-bytes", metavar="N", type=positive, default=1 << 20, help=frame_help)

@@ -1,0 +1,321 @@
+"""Per-program analysis state: run the engine in the background once, cache it in the database.
+
+Attached to every program when it opens (`workspace.OPEN_HOOKS`, `Program.extensions["analysis"]`).
+Methods that need the analysis call `require()`: it starts the analysis on first need, relays
+its progress to the waiting call's `CallContext.progress`, honours cancellation, and either
+returns the stored view, fails with `timeout` past the caller's bound, or with `unavailable`
+(plus progress) when the caller asked not to wait.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from typing import Any
+
+from binlens.analysis import ENGINE_VERSION, analyze
+from binlens.analysis.engine import analyze_functions
+from binlens.errors import BinlensError
+from binlens.store.analysis import (
+    AnalysisView,
+    FunctionRow,
+    load_run,
+    replace_functions,
+    save_analysis,
+    set_user_function,
+    user_functions,
+)
+from binlens.workspace import OPEN_HOOKS, Program, Workspace
+
+log = logging.getLogger("binlens.analysis")
+_SUB_RE = re.compile(r"^sub_([0-9a-fA-F]+)$")
+
+
+class _Cancelled(Exception):
+    pass
+
+
+class ProgramAnalysisState:
+    """The analysis of one program: status, progress, and the stored view once done."""
+
+    def __init__(self, prog: Program) -> None:
+        self.prog = prog
+        self.status = "not_started"  # not_started | running | done | failed | cancelled
+        self.fraction = 0.0
+        self.message = ""
+        self.error: str | None = None
+        self.view: AnalysisView | None = None
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._cancel = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._waiters = 0
+        self.started_at: float | None = None
+        run = load_run(prog.db)
+        if run is not None and run.engine == ENGINE_VERSION and run.status == "done":
+            self.view = AnalysisView(prog.db)
+            self.status = "done"
+            self.fraction = 1.0
+            self.message = f"loaded from the program database ({len(self.view.functions)} functions)"
+            self._done.set()
+
+    # ------------------------------------------------------------------ running
+    def start(self) -> None:
+        """Start the analysis in a background thread unless it runs or is done."""
+        with self._lock:
+            if self.status in ("running", "done"):
+                return
+            self.status = "running"
+            self.error = None
+            self.fraction = 0.0
+            self.message = "starting"
+            self._done.clear()
+            self._cancel.clear()
+            self.started_at = time.monotonic()
+            self._thread = threading.Thread(target=self._run, name=f"analysis-{self.prog.handle}", daemon=True)
+            self._thread.start()
+
+    def _progress(self, done: float, total: float | None, message: str | None) -> None:
+        if self._cancel.is_set():
+            raise _Cancelled
+        if total:  # passes re-walk the code: keep the reported share monotonic
+            self.fraction = max(self.fraction, min(1.0, done / total))
+        if message:
+            self.message = message
+
+    def _run(self) -> None:
+        try:
+            image = self.prog.image
+            result = analyze(image, progress=self._progress, **self._user_starts())
+            self.message = "saving to the program database"
+            save_analysis(self.prog.db, result)
+            view = AnalysisView(self.prog.db)
+            with self._lock:
+                self.view = view
+                self.status = "done"
+                self.fraction = 1.0
+                self.message = f"{len(view.functions)} functions"
+        except _Cancelled:
+            with self._lock:
+                self.status = "cancelled"
+                self.message = "cancelled"
+        except BinlensError as err:
+            with self._lock:
+                self.status = "failed"
+                self.error = err.message
+        except Exception as err:  # noqa: BLE001 - reported through analysis.get, logged here
+            log.exception("analysis of %s failed", self.prog.path)
+            with self._lock:
+                self.status = "failed"
+                self.error = f"internal error: {type(err).__name__}"
+        finally:
+            self._done.set()
+
+    def _user_starts(self) -> dict[str, Any]:
+        user = user_functions(self.prog.db)
+        if not user:
+            return {}
+        return {
+            "extra_starts": sorted(a for a, d in user.items() if d),
+            "excluded_starts": sorted(a for a, d in user.items() if not d),
+        }
+
+    def cancel(self) -> None:
+        """Ask a running analysis to stop."""
+        self._cancel.set()
+
+    # ------------------------------------------------------------------ waiting
+    def require(self, ctx: Any = None, *, wait: bool = True, timeout_s: float = 60.0) -> AnalysisView:
+        """The analysis view, starting and waiting for the analysis as needed."""
+        if self.view is not None and self.status == "done":
+            return self.view
+        if self.status == "failed":
+            raise BinlensError("unavailable", f"the analysis failed: {self.error}", details=self.snapshot())
+        self.start()
+        if not wait:
+            raise BinlensError(
+                "unavailable", "the analysis is still running; retry later or wait", details=self.snapshot()
+            )
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            self._waiters += 1
+        try:
+            while not self._done.wait(0.1):
+                if ctx is not None:
+                    try:
+                        ctx.progress(round(self.fraction * 100, 1), 100, self.message)
+                    except BinlensError:
+                        with self._lock:
+                            if self._waiters == 1:
+                                self.cancel()
+                        raise
+                if time.monotonic() > deadline:
+                    raise BinlensError(
+                        "timeout",
+                        f"the analysis did not finish within {timeout_s:g} s; it keeps running in the background",
+                        details=self.snapshot(),
+                    )
+        finally:
+            with self._lock:
+                self._waiters -= 1
+        if self.status != "done" or self.view is None:
+            raise BinlensError(
+                "unavailable", f"the analysis {self.status}: {self.error or self.message}", details=self.snapshot()
+            )
+        if ctx is not None:
+            ctx.progress(100, 100, self.message)
+        return self.view
+
+    def snapshot(self) -> dict[str, Any]:
+        """Status and progress as plain data."""
+        return {"status": self.status, "progress": round(self.fraction, 4), "message": self.message}
+
+    # ------------------------------------------------------------------ for other layers
+    def _ready(self) -> AnalysisView | None:
+        """The view, running the analysis first if needed; None when it cannot run (unsupported code)."""
+        try:
+            return self.require(None, wait=True, timeout_s=3600)
+        except BinlensError:
+            return None
+
+    @property
+    def functions(self) -> list[FunctionRow]:
+        """All functions in address order (runs the analysis first if needed)."""
+        view = self._ready()
+        return view.functions if view is not None else self._metadata_functions()
+
+    def function_at(self, va: int) -> FunctionRow | None:
+        """The function that starts at `va`, or None (runs the analysis first if needed)."""
+        view = self._ready()
+        if view is None:
+            return next((f for f in self._metadata_functions() if f.address == va), None)
+        return view.by_address.get(va)
+
+    def function_containing(self, va: int) -> FunctionRow | None:
+        """The function starting at `va`, else the one with a block containing it (runs the analysis if needed)."""
+        view = self._ready()
+        return view.function_at(va) if view is not None else self.function_at(va)
+
+    def _metadata_functions(self) -> list[FunctionRow]:
+        """When the engine cannot analyse the code: entry, function symbols and exports in code."""
+        img = self.prog.image
+        rows: dict[int, FunctionRow] = {}
+        code = [s for s in img.sections if s.kind == "code" and s.size]
+
+        def in_code(va: int) -> bool:
+            return any(s.va <= va < s.end for s in code)
+
+        for s in img.symbols:
+            if s.kind == "function" and in_code(s.address):
+                rows.setdefault(
+                    s.address, FunctionRow(s.address, s.size, _text(s.name), None, ("symbol",), False, 0, 0)
+                )
+        for e in img.exports:
+            if in_code(e.address):
+                rows.setdefault(e.address, FunctionRow(e.address, 0, _text(e.name), None, ("export",), False, 0, 0))
+        if img.identity.entry and in_code(img.identity.entry):
+            rows.setdefault(img.identity.entry, FunctionRow(img.identity.entry, 0, None, None, ("entry",), False, 0, 0))
+        return sorted(rows.values(), key=lambda f: f.address)
+
+    def define_function(self, va: int, ctx: Any = None, timeout_s: float = 600.0) -> FunctionRow | None:
+        """Make `va` a function start: re-analyse it and the function it was part of, update the database.
+
+        The choice is kept (`user_function`), so a later full analysis honours it too.
+        """
+        view = self.require(ctx, timeout_s=timeout_s)
+        set_user_function(self.prog.db, va, True)
+        current = view.by_address.get(va)
+        container = view.function_at(va) if current is None else current
+        entries = [va] + ([container.address] if container is not None and container.address != va else [])
+        sources = {va: tuple(dict.fromkeys((*current.sources, "user"))) if current else ("user",)}
+        if container is not None and container.address != va:
+            sources[container.address] = container.sources
+        self._reanalyse(view, entries, set(view.starts) | {va}, {va} | set(entries), sources)
+        return self.function_at(va)
+
+    def undefine_function(self, va: int, ctx: Any = None, timeout_s: float = 600.0) -> None:
+        """Stop treating `va` as a function start: re-analyse the functions that ran into it, update the database."""
+        view = self.require(ctx, timeout_s=timeout_s)
+        set_user_function(self.prog.db, va, False)
+        if va not in view.by_address:
+            return
+        affected = {fn for _s, _d, _k, fn in view.xrefs_to(va, ("jump", "tail_call")) if fn is not None}
+        before = view.function_at(va - 1) if va else None
+        if before is not None:
+            affected.add(before.address)
+        affected.discard(va)
+        sources = {fn: view.by_address[fn].sources for fn in affected if fn in view.by_address}
+        self._reanalyse(view, sorted(affected), set(view.starts) - {va}, {va} | affected, sources)
+
+    def _reanalyse(
+        self,
+        view: AnalysisView,
+        entries: list[int],
+        starts: set[int],
+        remove: set[int],
+        sources: dict[int, tuple[str, ...]],
+    ) -> None:
+        noret = {f.address for f in view.functions if f.noreturn}
+        strings = {a for a, *_rest in view.strings()}
+        functions, xrefs = analyze_functions(self.prog.image, entries, starts, noret, strings)
+        replace_functions(self.prog.db, remove, functions, xrefs, sources)
+        with self._lock:
+            self.view = AnalysisView(self.prog.db)
+
+    def resolve_name(self, name: str) -> int | None:
+        """`sub_<hex>` and import-thunk names of analysed functions."""
+        view = self.view
+        m = _SUB_RE.match(name)
+        if m:
+            va = int(m.group(1), 16)
+            if view is None:  # before the analysis: any address in code
+                sec = self.prog.image.section_at(va)
+                return va if sec is not None and sec.kind == "code" else None
+            return va if va in view.by_address else None
+        return view.thunks.get(name) if view is not None else None
+
+
+def analysis_of(prog: Program) -> ProgramAnalysisState:
+    """The program's analysis state (created on first use)."""
+    st = prog.extensions.get("analysis")
+    if st is None:
+        st = ProgramAnalysisState(prog)
+        prog.extensions["analysis"] = st
+        prog.name_resolvers.append(st.resolve_name)
+    return st
+
+
+def function_name(prog: Program, f: FunctionRow) -> str:
+    """The one displayed name of a function: user name or symbol, else import thunk, else sub_<hex>."""
+    return _text(prog.name_at(f.address)) or f.thunk or f.symbol or f"sub_{f.address:x}"
+
+
+def _text(name: object) -> str | None:
+    if name is None or isinstance(name, str):
+        return name
+    return bytes(name).decode("latin-1")  # type: ignore[call-overload]
+
+
+def name_for_address(prog: Program, va: int) -> str | None:
+    """A display name for any address: a function's name, else a symbol, else None."""
+    st = prog.extensions.get("analysis")
+    if st is not None and st.view is not None:
+        f = st.view.by_address.get(va)
+        if f is not None:
+            return function_name(prog, f)
+    name = _text(prog.name_at(va))
+    if name:
+        return name
+    for imp in prog.image.imports:
+        if imp.slot == va:
+            return _text(imp.name)
+    return None
+
+
+def _on_open(_ws: Workspace, prog: Program) -> None:
+    analysis_of(prog)
+
+
+OPEN_HOOKS.append(_on_open)

@@ -1,0 +1,500 @@
+"""MCP over HTTP: Streamable HTTP at /mcp (stateless in every era) and legacy HTTP+SSE at /sse + /messages.
+
+`/mcp`: every POST stands alone (no Mcp-Session-Id, no standalone GET stream). A request answers
+with JSON, or with an SSE stream scoped to that request when it carries a progress token and the
+client accepts `text/event-stream`; closing the response cancels the call. GET and other methods
+get 405 with `Allow: POST, OPTIONS`; OPTIONS is a CORS preflight (204); a body that is not
+`application/json` gets 415; a notification or response gets 202 with no body.
+
+`/sse` (2024-11-05 transport): one session per GET stream, announced by an `endpoint` event;
+`POST /messages?sessionId=...` answers 202 and the response arrives as a `message` event.
+Auth and Origin checks are the app's middleware (binlens.server.app), not repeated here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from typing import Any
+from urllib.parse import parse_qs
+
+from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER, find_duplicated_routing_header
+from mcp_types import HEADER_MISMATCH, INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from binlens.server.mcp_protocol import MODERN, McpCore, RpcError, Session, classify, error_response, modern_meta
+
+log = logging.getLogger("binlens.mcp")
+
+ALLOW = "POST, OPTIONS"
+CORS_HEADERS = "Content-Type, Accept, Authorization, MCP-Protocol-Version, Mcp-Method, Mcp-Name, Last-Event-ID"
+MAX_BODY = 4 << 20
+SSE_KEEPALIVE_S = 15.0
+MAX_SSE_SESSIONS = 64
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+
+
+def _raw_headers(scope: Scope) -> list[tuple[str, str]]:
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", [])]
+
+
+def _cors(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    origin = headers.get("origin")
+    out = [(b"access-control-allow-origin", (origin or "*").encode("latin-1"))]
+    if origin:
+        out.append((b"vary", b"Origin"))
+    out.append((b"access-control-expose-headers", b"MCP-Protocol-Version"))
+    return out
+
+
+async def _respond(
+    send: Send,
+    status: int,
+    body: bytes = b"",
+    content_type: str | None = None,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    headers = list(extra or [])
+    if content_type:
+        headers.append((b"content-type", content_type.encode()))
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _dump(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The request body, or None when it exceeds `limit`."""
+    chunks = bytearray()
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise ConnectionResetError
+        chunks += msg.get("body", b"")
+        if len(chunks) > limit:
+            return None
+        if not msg.get("more_body"):
+            return bytes(chunks)
+
+
+def _is_json(content_type: str | None) -> bool:
+    if not content_type:
+        return False
+    return content_type.split(";", 1)[0].strip().lower() == "application/json"
+
+
+class McpEndpoint:
+    """ASGI endpoint of /mcp."""
+
+    def __init__(self, core: McpCore) -> None:
+        self.core = core
+        # In-flight requests for `notifications/cancelled` (handshake eras): keyed by who asks
+        # (client address, Authorization) and the request id. /mcp has no sessions, so a cancel
+        # acts only when exactly one request matches; an ambiguous one is ignored.
+        self.inflight: dict[tuple[str, str, str], list[Session]] = {}
+
+    @staticmethod
+    def _caller(scope: Scope, headers: dict[str, str], request_id: Any) -> tuple[str, str, str]:
+        client = scope.get("client") or ("", 0)
+        return str(client[0]), headers.get("authorization", ""), json.dumps(request_id)
+
+    def _cancel(self, scope: Scope, headers: dict[str, str], params: Any) -> None:
+        rid = params.get("requestId") if isinstance(params, dict) else None
+        matches = self.inflight.get(self._caller(scope, headers, rid), [])
+        if len(matches) == 1 and matches[0].cancel(rid):
+            log.info("cancelled /mcp request %r", rid)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = _headers(scope)
+        cors = _cors(headers)
+        method = scope["method"]
+        if method == "OPTIONS":
+            extra = [
+                *cors,
+                (b"access-control-allow-methods", ALLOW.encode()),
+                (b"access-control-allow-headers", CORS_HEADERS.encode()),
+                (b"access-control-max-age", b"600"),
+                (b"allow", ALLOW.encode()),
+            ]
+            await _respond(send, 204, extra=extra)
+            return
+        if method != "POST":
+            body = _dump({"error": f"{method} is not served on /mcp: POST JSON-RPC messages (no standalone stream)"})
+            await _respond(send, 405, body, "application/json", [*cors, (b"allow", ALLOW.encode())])
+            return
+        if not _is_json(headers.get("content-type")):
+            body = _dump({"error": "POST /mcp needs Content-Type: application/json"})
+            await _respond(send, 415, body, "application/json", cors)
+            return
+        try:
+            await self._post(scope, receive, send, headers, cors)
+        except ConnectionResetError:
+            log.info("client went away before its request was read")
+
+    async def _post(
+        self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str], cors: list[tuple[bytes, bytes]]
+    ) -> None:
+        header_version = headers.get(MCP_PROTOCOL_VERSION_HEADER)
+
+        async def fail(status: int, err: RpcError, msg_id: Any = None, identifiable: bool = False) -> None:
+            body = _dump(error_response(err, msg_id, header_version, identifiable=identifiable))
+            await _respond(send, status, body, "application/json", cors)
+
+        raw = await _read_body(receive, MAX_BODY)
+        if raw is None:
+            await fail(413, RpcError(INVALID_REQUEST, f"request body over {MAX_BODY} bytes"))
+            return
+        try:
+            msg = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            await fail(400, RpcError(PARSE_ERROR, "Parse error"))
+            return
+        try:
+            inbound = classify(msg, header_version)
+        except RpcError as err:
+            rid = msg.get("id") if isinstance(msg, dict) else None
+            ok = isinstance(rid, (str, int)) and not isinstance(rid, bool)
+            await fail(400, err, rid, ok)
+            return
+        dup = find_duplicated_routing_header(_raw_headers(scope))
+        if dup is not None:
+            await fail(
+                400,
+                RpcError(HEADER_MISMATCH, f"{dup} header given more than once"),
+                inbound.id,
+                inbound.kind == "request",
+            )
+            return
+        if inbound.kind != "request":
+            # Notifications and responses: accepted with no body; only a cancellation acts.
+            if inbound.method == "notifications/cancelled" and not modern_meta(inbound.params):
+                self._cancel(scope, headers, inbound.params)
+            await _respond(send, 202, extra=cors)
+            return
+        await self._request(scope, inbound, headers, receive, send, cors)
+
+    async def _request(
+        self,
+        scope: Scope,
+        inbound: Any,
+        headers: dict[str, str],
+        receive: Receive,
+        send: Send,
+        cors: list[tuple[bytes, bytes]],
+    ) -> None:
+        """Serve one request: its era, then a JSON answer or a progress stream; track it for cancels."""
+        header_version = headers.get(MCP_PROTOCOL_VERSION_HEADER)
+        try:
+            version = self.core.request_version(inbound, None, headers)
+        except RpcError as err:
+            body = _dump(error_response(err, inbound.id, header_version))
+            await _respond(send, err.http_status if err.http_status != 200 else 400, body, "application/json", cors)
+            return
+        accept = headers.get("accept", "")
+        meta = (inbound.params or {}).get("_meta")
+        wants_progress = (
+            inbound.method == "tools/call" and isinstance(meta, dict) and meta.get("progressToken") is not None
+        )
+        key = self._caller(scope, headers, inbound.id)
+        session = Session()
+        self.inflight.setdefault(key, []).append(session)
+        try:
+            if wants_progress and "text/event-stream" in accept:
+                await self._stream(inbound, version, session, receive, send, cors)
+            else:
+                await self._json(inbound, version, session, receive, send, cors)
+        finally:
+            entries = self.inflight.get(key, [])
+            if session in entries:
+                entries.remove(session)
+            if not entries:
+                self.inflight.pop(key, None)
+
+    async def _json(
+        self,
+        inbound: Any,
+        version: str,
+        session: Session,
+        receive: Receive,
+        send: Send,
+        cors: list[tuple[bytes, bytes]],
+    ) -> None:
+        """Answer one request with a JSON body."""
+        task = asyncio.ensure_future(self.core.handle_request(inbound, version, session=session))
+        response = await _until_disconnect(task, receive)
+        if response is _GONE:
+            log.info("client closed /mcp request %r (or the server is stopping): cancelled", inbound.id)
+            await _abandoned(send, inbound.id, version, cors)
+            return
+        if response is _CANCELLED:  # by notifications/cancelled: no JSON-RPC response, as MCP asks
+            await _respond(send, 204, extra=cors)
+            return
+        status = 200
+        if "error" in response and version == MODERN:
+            status = RpcError(response["error"]["code"], "").http_status
+        await _respond(send, status, _dump(response), "application/json", cors)
+
+    async def _stream(
+        self,
+        inbound: Any,
+        version: str,
+        session: Session,
+        receive: Receive,
+        send: Send,
+        cors: list[tuple[bytes, bytes]],
+    ) -> None:
+        """Answer one request as an SSE stream: progress notifications, then the response."""
+        started = False
+        lock = asyncio.Lock()
+
+        async def emit(message: dict[str, Any]) -> None:
+            nonlocal started
+            async with lock:
+                if not started:
+                    started = True
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": 200,
+                            "headers": [
+                                *cors,
+                                (b"content-type", b"text/event-stream"),
+                                (b"cache-control", b"no-cache, no-transform"),
+                                (b"x-accel-buffering", b"no"),
+                            ],
+                        }
+                    )
+                chunk = b"event: message\ndata: " + _dump(message) + b"\n\n"
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+        task = asyncio.ensure_future(self.core.handle_request(inbound, version, session=session, notify=emit))
+        response = await _until_disconnect(task, receive)
+        if response is _GONE:
+            log.info("client closed the /mcp stream of request %r (or the server is stopping): cancelled", inbound.id)
+            if not started:
+                await _abandoned(send, inbound.id, version, cors)
+            return
+        if response is _CANCELLED:
+            if not started:
+                await _respond(send, 204, extra=cors)
+            else:  # end the stream without a response
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        await emit(response)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _abandoned(send: Send, request_id: Any, version: str, cors: list[tuple[bytes, bytes]]) -> None:
+    """Answer a request whose connection reported a disconnect: nobody reads it if the client left,
+    and when the server is stopping (the app drains open requests that way) the client gets 503."""
+    err = RpcError(INTERNAL_ERROR, "the request was abandoned: the client went away or the server is stopping")
+    await _respond(send, 503, _dump(error_response(err, request_id, version)), "application/json", cors)
+
+
+_GONE = object()  # the client disconnected
+_CANCELLED = object()  # cancelled by notifications/cancelled
+
+
+async def _until_disconnect(task: asyncio.Future[Any], receive: Receive) -> Any:
+    """Await `task`; if the client disconnects first, cancel it and return _GONE (_CANCELLED if cancelled)."""
+
+    async def watch() -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return _CANCELLED if task.cancelled() else task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return _GONE
+    finally:
+        watcher.cancel()
+
+
+class SseSession:
+    """One legacy HTTP+SSE connection."""
+
+    def __init__(self) -> None:
+        self.id = uuid.uuid4().hex
+        self.session = Session()
+        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+
+class LegacySse:
+    """`GET /sse` and `POST /messages?sessionId=` (the 2024-11-05 HTTP+SSE transport)."""
+
+    def __init__(self, core: McpCore, keepalive_s: float = SSE_KEEPALIVE_S, max_sessions: int = MAX_SSE_SESSIONS):
+        self.core = core
+        self.keepalive_s = keepalive_s
+        self.max_sessions = max_sessions
+        self.sessions: dict[str, SseSession] = {}
+
+    async def sse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The event stream: `endpoint` first, then `message` events and keep-alive comments."""
+        headers = _headers(scope)
+        cors = _cors(headers)
+        if scope["method"] != "GET":
+            await _respond(send, 405, b"", None, [*cors, (b"allow", b"GET")])
+            return
+        if len(self.sessions) >= self.max_sessions:
+            body = _dump({"error": f"{self.max_sessions} SSE sessions are open; retry later"})
+            await _respond(send, 503, body, "application/json", [*cors, (b"retry-after", b"5")])
+            return
+        sess = SseSession()
+        self.sessions[sess.id] = sess
+        root = scope.get("root_path", "")
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    *cors,
+                    (b"content-type", b"text/event-stream"),
+                    (b"cache-control", b"no-cache, no-transform"),
+                    (b"x-accel-buffering", b"no"),
+                ],
+            }
+        )
+        endpoint = f"{root}/messages?sessionId={sess.id}"
+        await send(
+            {"type": "http.response.body", "body": f"event: endpoint\ndata: {endpoint}\n\n".encode(), "more_body": True}
+        )
+
+        async def pump() -> None:
+            while True:
+                try:
+                    message = await asyncio.wait_for(sess.queue.get(), self.keepalive_s)
+                except TimeoutError:
+                    await send({"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True})
+                    continue
+                chunk = b"event: message\ndata: " + _dump(message) + b"\n\n"
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+        pumper = asyncio.ensure_future(pump())
+        try:
+            while True:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    break
+        finally:
+            pumper.cancel()
+            self.sessions.pop(sess.id, None)
+            sess.session.cancel_all()
+            log.info("SSE session %s closed", sess.id)
+
+    async def messages(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """`POST /messages?sessionId=...`: 202, the answer goes to that session's stream."""
+        headers = _headers(scope)
+        cors = _cors(headers)
+        if scope["method"] != "POST":
+            await _respond(send, 405, b"", None, [*cors, (b"allow", b"POST")])
+            return
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        sid = (query.get("sessionId") or [None])[0]
+        if not sid:
+            await _respond(send, 400, _dump({"error": "sessionId is required"}), "application/json", cors)
+            return
+        sess = self.sessions.get(sid)
+        if sess is None:
+            await _respond(send, 404, _dump({"error": "no such session"}), "application/json", cors)
+            return
+        if not _is_json(headers.get("content-type")):
+            body = _dump({"error": "POST /messages needs Content-Type: application/json"})
+            await _respond(send, 415, body, "application/json", cors)
+            return
+        try:
+            raw = await _read_body(receive, MAX_BODY)
+        except ConnectionResetError:
+            return
+        version = sess.session.negotiated
+        if raw is None:
+            err = RpcError(INVALID_REQUEST, f"request body over {MAX_BODY} bytes")
+            await _respond(
+                send, 413, _dump(error_response(err, None, version, identifiable=False)), "application/json", cors
+            )
+            return
+        try:
+            msg = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            body = _dump(error_response(RpcError(PARSE_ERROR, "Parse error"), None, version, identifiable=False))
+            await _respond(send, 400, body, "application/json", cors)
+            return
+        try:
+            inbound = classify(msg, version)
+        except RpcError as err:
+            rid = msg.get("id") if isinstance(msg, dict) else None
+            ok = isinstance(rid, (str, int)) and not isinstance(rid, bool)
+            await _respond(
+                send, 400, _dump(error_response(err, rid, version, identifiable=ok)), "application/json", cors
+            )
+            return
+        await _respond(send, 202, b"Accepted", "text/plain", cors)
+        if inbound.kind == "notification":
+            self.core.handle_notification(inbound, sess.session)
+        elif inbound.kind == "request":
+            task = asyncio.ensure_future(self._request(sess, inbound))
+            sess.tasks.add(task)
+            task.add_done_callback(sess.tasks.discard)
+
+    async def _request(self, sess: SseSession, inbound: Any) -> None:
+        async def notify(message: dict[str, Any]) -> None:
+            await sess.queue.put(message)
+
+        try:
+            version = self.core.request_version(inbound, sess.session, None)
+        except RpcError as err:
+            await sess.queue.put(error_response(err, inbound.id, sess.session.negotiated))
+            return
+        try:
+            response = await self.core.handle_request(inbound, version, session=sess.session, notify=notify)
+        except asyncio.CancelledError:
+            return
+        await sess.queue.put(response)
+
+
+class _Asgi:
+    """Wrap a bound coroutine so Starlette routes to it as a raw ASGI app."""
+
+    def __init__(self, handler: Any) -> None:
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.handler(scope, receive, send)
+
+
+def mcp_routes(ws: Any, opts: Any) -> list[Route]:
+    """The MCP routes of `binlens serve`: /mcp, /sse and /messages over one McpCore."""
+    core = McpCore(
+        ws,
+        getattr(opts, "tool_prefix", "binlens"),
+        max_concurrent=getattr(opts, "max_concurrent", None) or ws.limits.max_concurrent,
+        separator=getattr(opts, "tool_separator", "."),
+    )
+    legacy = LegacySse(
+        core,
+        keepalive_s=getattr(opts, "sse_keepalive_s", SSE_KEEPALIVE_S),
+        max_sessions=getattr(opts, "max_sse_sessions", MAX_SSE_SESSIONS),
+    )
+    methods = ["GET", "POST", "OPTIONS", "DELETE", "PUT", "PATCH", "HEAD"]
+    return [
+        Route("/mcp", McpEndpoint(core), methods=methods),
+        Route("/sse", _Asgi(legacy.sse), methods=None),
+        Route("/messages", _Asgi(legacy.messages), methods=None),
+    ]

@@ -1,0 +1,162 @@
+"""MCP over stdio: newline-delimited JSON-RPC on stdin/stdout; logs go to stderr only.
+
+A reader thread cuts stdin into frames (refusing any over the limit and draining it to the next
+newline); every request runs as its own task so `notifications/cancelled` can stop it; EOF cancels
+whatever is still running and ends the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any, BinaryIO
+
+from mcp_types import INVALID_REQUEST, PARSE_ERROR
+
+from binlens.server.mcp_protocol import McpCore, RpcError, Session, classify, error_response
+
+log = logging.getLogger("binlens.mcp")
+
+# Requests that run in worker threads: served concurrently (and cancellable); the rest inline, in order.
+_CONCURRENT = frozenset({"tools/call", "resources/read"})
+_EOF = object()
+_OVERSIZE = object()
+
+
+def _reader(fd: int, limit: int, put: Callable[[Any], None]) -> None:
+    """Read `fd` until EOF, handing complete lines (bytes) or _OVERSIZE markers to `put`."""
+    buf = bytearray()
+    dropping = False
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            if buf and not dropping:
+                put(bytes(buf))
+            put(_EOF)
+            return
+        start = 0
+        while True:
+            nl = chunk.find(b"\n", start)
+            if nl < 0:
+                if not dropping:
+                    buf += chunk[start:]
+                    if len(buf) > limit:
+                        buf.clear()
+                        dropping = True
+                        put(_OVERSIZE)
+                break
+            if dropping:
+                dropping = False
+            else:
+                buf += chunk[start:nl]
+                if len(buf) > limit:
+                    put(_OVERSIZE)
+                elif buf.strip():
+                    put(bytes(buf))
+                buf.clear()
+            start = nl + 1
+
+
+class StdioServer:
+    """One stdio connection: a Session plus the frame loop."""
+
+    def __init__(self, core: McpCore, *, max_frame_bytes: int = 1 << 20, out: BinaryIO | None = None) -> None:
+        self.core = core
+        self.limit = max_frame_bytes
+        self.session = Session()
+        self.out = out
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def _write(self, message: dict[str, Any]) -> None:
+        data = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+        assert self.out is not None
+        try:
+            self.out.write(data)
+            self.out.flush()
+        except (BrokenPipeError, ValueError):
+            log.info("stdout closed; dropping a message")
+
+    async def _notify(self, message: dict[str, Any]) -> None:
+        self._write(message)
+
+    async def run(self, fd: int = 0) -> None:
+        """Serve until EOF on `fd`; outstanding calls are cancelled at EOF."""
+        if self.out is None:
+            import sys
+
+            self.out = sys.stdout.buffer
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        thread = threading.Thread(
+            target=_reader,
+            args=(fd, self.limit, lambda item: loop.call_soon_threadsafe(queue.put_nowait, item)),
+            name="binlens-stdin",
+            daemon=True,
+        )
+        thread.start()
+        while True:
+            item = await queue.get()
+            if item is _EOF:
+                break
+            if item is _OVERSIZE:
+                err = RpcError(INVALID_REQUEST, f"frame over the {self.limit}-byte limit; dropped up to the newline")
+                self._write(error_response(err, None, self.session.negotiated, identifiable=False))
+                continue
+            await self._frame(item)
+        self.session.cancel_all()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _frame(self, data: bytes) -> None:
+        version = self.session.negotiated
+        try:
+            msg = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            self._write(error_response(RpcError(PARSE_ERROR, "Parse error"), None, version, identifiable=False))
+            return
+        try:
+            inbound = classify(msg, version)
+        except RpcError as err:
+            rid = msg.get("id") if isinstance(msg, dict) else None
+            ok = isinstance(rid, (str, int)) and not isinstance(rid, bool)
+            self._write(error_response(err, rid, version, identifiable=ok))
+            return
+        if inbound.kind == "response":
+            return  # this server sends no requests, so there is nothing to match
+        if inbound.kind == "notification":
+            if inbound.method == "notifications/initialized":
+                return
+            self.core.handle_notification(inbound, self.session)
+            return
+        if inbound.method not in _CONCURRENT:
+            await self._request(inbound)  # cheap and in order: initialize settles the era before the next frame
+            return
+        task = asyncio.ensure_future(self._request(inbound))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _request(self, inbound: Any) -> None:
+        try:
+            version = self.core.request_version(inbound, self.session, None)
+        except RpcError as err:
+            self._write(error_response(err, inbound.id, self.session.negotiated))
+            return
+        try:
+            response = await self.core.handle_request(inbound, version, session=self.session, notify=self._notify)
+        except asyncio.CancelledError:
+            return  # cancelled by the client (or EOF): no response, as MCP asks
+        self._write(response)
+
+
+def serve_stdio(core: McpCore, *, max_frame_bytes: int = 1 << 20) -> int:
+    """Run the stdio server until EOF; returns the exit status (0)."""
+    server = StdioServer(core, max_frame_bytes=max_frame_bytes)
+    asyncio.run(server.run())
+    return 0

@@ -1,0 +1,32 @@
+"""How a server was started: the options every transport reads."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass
+class ServerOptions:
+    """Command-line options of `binlens serve` / `binlens mcp`."""
+
+    host: str = "127.0.0.1"
+    port: int = 8765
+    token: str | None = None  # bearer token; required when host is not loopback
+    tool_prefix: str = "binlens"
+    ws_clients: int = 1  # concurrent /ws clients; 1 = exclusive (409 for a second one)
+    max_frame_bytes: int = 1 << 20  # stdio and WebSocket input frame limit
+    allowed_origins: list[str] = field(default_factory=list)  # beyond loopback and the configured host
+    # MCP (binlens.server.mcp_*): None = the workspace's Limits.max_concurrent
+    max_concurrent: int | None = None
+    sse_keepalive_s: float = field(default_factory=lambda: float(os.environ.get("BINLENS_SSE_KEEPALIVE_S", "15")))
+    max_sse_sessions: int = 64  # legacy /sse sessions at once; a client that goes away frees its slot
+    # MCP tool names are {prefix}{sep}{domain}: "." per SPEC §3; "_" for clients (Claude Desktop,
+    # claude.ai) that accept only ^[a-zA-Z0-9_-]{1,64}$
+    tool_separator: str = field(default_factory=lambda: os.environ.get("BINLENS_TOOL_SEPARATOR", "."))
+
+    @property
+    def loopback(self) -> bool:
+        return self.host in LOOPBACK_HOSTS or self.host.startswith("127.")

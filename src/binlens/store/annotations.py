@@ -1,0 +1,360 @@
+"""The user's annotations and their journal: names, comments, bookmarks, types, globals, patches.
+
+Every annotation is a row keyed by a small tuple (an address, an address and a kind, a type
+name). A mutation is a list of *changes* `(kind, key, before, after)` where `before`/`after` are
+the row's JSON value or None (absent). Applying `after` for every change is the edit; applying
+`before` in reverse order is its undo, so undo restores exactly what was there. Each edit is one
+SQLite transaction that writes the rows and its journal entry together: a crash at any moment
+leaves either the whole edit (rows and journal) or none of it.
+
+Byte patches are kept per byte (`ann_patch`), and a patch change is keyed by the written range
+`(start, length)` with the patched bytes in it as its value (runs of `[address, hex]`).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from binlens.store.database import ProgramDatabase, register_migrations
+
+MIGRATIONS = [
+    """
+    CREATE TABLE IF NOT EXISTS ann_name (address INTEGER PRIMARY KEY, name TEXT NOT NULL);
+    CREATE INDEX IF NOT EXISTS ann_name_by_name ON ann_name(name);
+    CREATE TABLE IF NOT EXISTS ann_comment (
+        address INTEGER NOT NULL, kind TEXT NOT NULL, text TEXT NOT NULL, PRIMARY KEY (address, kind));
+    CREATE TABLE IF NOT EXISTS ann_bookmark (
+        address INTEGER NOT NULL, category TEXT NOT NULL, note TEXT NOT NULL, PRIMARY KEY (address, category));
+    CREATE TABLE IF NOT EXISTS ann_data_type (
+        name TEXT PRIMARY KEY, kind TEXT NOT NULL, category TEXT NOT NULL, declaration TEXT NOT NULL,
+        position INTEGER NOT NULL);
+    CREATE TABLE IF NOT EXISTS ann_global (address INTEGER PRIMARY KEY, type TEXT NOT NULL);
+    CREATE TABLE IF NOT EXISTS ann_function_prototype (address INTEGER PRIMARY KEY, prototype TEXT NOT NULL);
+    CREATE TABLE IF NOT EXISTS ann_function (address INTEGER PRIMARY KEY, state TEXT NOT NULL);
+    CREATE TABLE IF NOT EXISTS ann_patch (address INTEGER PRIMARY KEY, value INTEGER NOT NULL);
+    CREATE TABLE IF NOT EXISTS ann_journal (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        time TEXT NOT NULL,
+        client TEXT NOT NULL,
+        method TEXT NOT NULL,
+        summary TEXT NOT NULL,
+        batch TEXT,
+        state TEXT NOT NULL DEFAULT 'done',
+        changes TEXT NOT NULL,
+        undone_time TEXT,
+        undone_by TEXT
+    );
+    CREATE INDEX IF NOT EXISTS ann_journal_state ON ann_journal(state, id);
+    """,
+]
+register_migrations("annotations", MIGRATIONS)
+
+
+@dataclass(frozen=True)
+class Table:
+    """How one annotation kind is stored: its table, key columns and value columns."""
+
+    table: str
+    keys: tuple[str, ...]
+    values: tuple[str, ...]
+
+
+TABLES: dict[str, Table] = {
+    "name": Table("ann_name", ("address",), ("name",)),
+    "comment": Table("ann_comment", ("address", "kind"), ("text",)),
+    "bookmark": Table("ann_bookmark", ("address", "category"), ("note",)),
+    "data_type": Table("ann_data_type", ("name",), ("kind", "category", "declaration", "position")),
+    "global": Table("ann_global", ("address",), ("type",)),
+    "prototype": Table("ann_function_prototype", ("address",), ("prototype",)),
+    "function": Table("ann_function", ("address",), ("state",)),
+}
+KINDS = (*TABLES, "patch")
+
+Key = tuple[Any, ...]
+Value = dict[str, Any] | None
+Change = tuple[str, Key, Value]  # (kind, key, after)
+
+
+def now() -> str:
+    """UTC time as ISO 8601 with milliseconds."""
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
+
+
+class EditRejected(Exception):
+    """Raised by an edit plan to abort without writing (wraps the method's own error)."""
+
+
+class AnnotationStore:
+    """Reads and journaled writes of one program's annotations."""
+
+    def __init__(self, db: ProgramDatabase) -> None:
+        self.db = db
+        self._local = threading.local()  # .conn: the open batch transaction of this thread, .batch: its id
+        if db.schema_versions().get("annotations", 0) < len(MIGRATIONS):
+            with db.write_lock:  # the database was opened before this module registered its tables
+                db._migrate()
+
+    # --- rows ---------------------------------------------------------------------------------
+    def get(self, conn: sqlite3.Connection, kind: str, key: Key) -> Value:
+        """The current value of one row, or None."""
+        if kind == "patch":
+            start, length = key
+            rows = conn.execute(
+                "SELECT address, value FROM ann_patch WHERE address >= ? AND address < ? ORDER BY address",
+                (start, start + length),
+            ).fetchall()
+            return {"runs": _runs(rows)} if rows else None
+        t = TABLES[kind]
+        where = " AND ".join(f"{k}=?" for k in t.keys)
+        row = conn.execute(f"SELECT {', '.join(t.values)} FROM {t.table} WHERE {where}", key).fetchone()
+        return dict(zip(t.values, row, strict=True)) if row else None
+
+    def put(self, conn: sqlite3.Connection, kind: str, key: Key, value: Value) -> None:
+        """Set one row to `value` (None deletes it)."""
+        if kind == "patch":
+            start, length = key
+            conn.execute("DELETE FROM ann_patch WHERE address >= ? AND address < ?", (start, start + length))
+            if value:
+                rows = []
+                for addr, hexbytes in value["runs"]:
+                    rows += [(addr + i, b) for i, b in enumerate(bytes.fromhex(hexbytes))]
+                conn.executemany("INSERT INTO ann_patch(address, value) VALUES(?, ?)", rows)
+            return
+        t = TABLES[kind]
+        where = " AND ".join(f"{k}=?" for k in t.keys)
+        if value is None:
+            conn.execute(f"DELETE FROM {t.table} WHERE {where}", key)
+            return
+        cols = (*t.keys, *t.values)
+        updates = ", ".join(f"{c}=excluded.{c}" for c in t.values)
+        conn.execute(
+            f"INSERT INTO {t.table}({', '.join(cols)}) VALUES({', '.join('?' * len(cols))}) "
+            f"ON CONFLICT({', '.join(t.keys)}) DO UPDATE SET {updates}",
+            (*key, *(value[c] for c in t.values)),
+        )
+
+    def rows(self, kind: str, conn: sqlite3.Connection | None = None) -> list[tuple[Key, dict[str, Any]]]:
+        """Every row of a kind as (key, value), in key order."""
+        conn = conn or self.db.connect()
+        if kind == "patch":
+            rows = conn.execute("SELECT address, value FROM ann_patch ORDER BY address").fetchall()
+            return [((addr, len(bytes.fromhex(h))), {"runs": [[addr, h]]}) for addr, h in _runs(rows)]
+        t = TABLES[kind]
+        cols = (*t.keys, *t.values)
+        out = []
+        for row in conn.execute(f"SELECT {', '.join(cols)} FROM {t.table} ORDER BY {', '.join(t.keys)}"):
+            out.append((tuple(row[: len(t.keys)]), dict(zip(t.values, row[len(t.keys) :], strict=True))))
+        return out
+
+    # --- transactions --------------------------------------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """A transaction for one edit: its own, or a savepoint inside this thread's open batch."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            with self.db.transaction() as conn:
+                yield conn
+            return
+        conn.execute("SAVEPOINT ann_edit")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK TO ann_edit")
+            conn.execute("RELEASE ann_edit")
+            raise
+        conn.execute("RELEASE ann_edit")
+
+    @contextmanager
+    def atomic_batch(self, batch_id: str) -> Iterator[None]:
+        """Run every edit of this thread inside one transaction: all of them commit, or none."""
+        if getattr(self._local, "conn", None) is not None:
+            raise RuntimeError("a batch is already open on this thread")
+        with self.db.transaction() as conn:
+            self._local.conn = conn
+            self._local.batch = batch_id
+            try:
+                yield
+            finally:
+                self._local.conn = None
+                self._local.batch = None
+
+    @contextmanager
+    def tagged_batch(self, batch_id: str) -> Iterator[None]:
+        """Tag this thread's edits with `batch_id` (each still commits on its own)."""
+        self._local.batch = batch_id
+        try:
+            yield
+        finally:
+            self._local.batch = None
+
+    @property
+    def in_atomic_batch(self) -> bool:
+        """Whether this thread is inside an all_or_none batch."""
+        return getattr(self._local, "conn", None) is not None
+
+    # --- journaled edits -----------------------------------------------------------------------
+    def edit(
+        self,
+        client: str,
+        method: str,
+        summary: str,
+        plan: Callable[[sqlite3.Connection], list[Change]],
+    ) -> int | None:
+        """Run `plan` inside a transaction, apply its changes and journal them as one entry.
+
+        `plan` reads the current state (inside the transaction, so checks and writes cannot race
+        another writer) and returns the changes to make, or raises to abort. Returns the journal
+        entry id, or None when nothing actually changed.
+        """
+        with self.transaction() as conn:
+            changes = []
+            for kind, key, after in plan(conn):
+                before = self.get(conn, kind, key)
+                if before == after:
+                    continue
+                self.put(conn, kind, key, after)
+                changes.append({"kind": kind, "key": list(key), "before": before, "after": after})
+            if not changes:
+                return None
+            conn.execute("UPDATE ann_journal SET state='abandoned' WHERE state='undone'")
+            cur = conn.execute(
+                "INSERT INTO ann_journal(time, client, method, summary, batch, changes) VALUES(?,?,?,?,?,?)",
+                (now(), client, method, summary, getattr(self._local, "batch", None), _dumps(changes)),
+            )
+            self._local.last_edit = (self._bump(conn, {c["kind"] for c in changes}), changes)
+            return int(cur.lastrowid or 0)
+
+    def last_edit(self) -> tuple[str, list[dict[str, Any]]]:
+        """(generation token, changes) of this thread's last edit that changed something."""
+        return self._local.last_edit
+
+    def undo(self, client: str, count: int) -> list[int]:
+        """Undo the latest `count` live entries (newest first); returns their ids."""
+        return self._step(client, count, undo=True)
+
+    def redo(self, client: str, count: int) -> list[int]:
+        """Redo the earliest `count` undone entries (oldest first); returns their ids."""
+        return self._step(client, count, undo=False)
+
+    def _step(self, client: str, count: int, *, undo: bool) -> list[int]:
+        done: list[int] = []
+        kinds: set[str] = set()
+        with self.transaction() as conn:
+            for _ in range(count):
+                if undo:
+                    row = conn.execute(
+                        "SELECT id, changes FROM ann_journal WHERE state='done' ORDER BY id DESC LIMIT 1"
+                    ).fetchone()
+                else:
+                    row = conn.execute(
+                        "SELECT id, changes FROM ann_journal WHERE state='undone' ORDER BY id LIMIT 1"
+                    ).fetchone()
+                if row is None:
+                    break
+                changes = json.loads(row[1])
+                seq = reversed(changes) if undo else changes
+                for ch in seq:
+                    self.put(conn, ch["kind"], tuple(ch["key"]), ch["before"] if undo else ch["after"])
+                if undo:
+                    conn.execute(
+                        "UPDATE ann_journal SET state='undone', undone_time=?, undone_by=? WHERE id=?",
+                        (now(), client, row[0]),
+                    )
+                else:
+                    conn.execute(
+                        "UPDATE ann_journal SET state='done', undone_time=NULL, undone_by=NULL WHERE id=?", (row[0],)
+                    )
+                done.append(int(row[0]))
+                kinds.update(ch["kind"] for ch in changes)
+            if done:
+                self._bump(conn, kinds)
+        return done
+
+    def journal(
+        self,
+        position: int | None,
+        limit: int,
+        state: str | None = None,
+        newest_first: bool = False,
+        filters: dict[str, str] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Journal entries after `position` (an id; None: from the start) in id order or newest first.
+
+        `filters` match columns exactly (state, client, method, batch).
+        """
+        cols = ("id", "time", "client", "method", "summary", "batch", "state", "changes", "undone_time", "undone_by")
+        where = ["id < ?" if newest_first else "id > ?"]
+        args: list[Any] = [position if position is not None else (1 << 62 if newest_first else 0)]
+        conds = dict(filters or {})
+        if state:
+            conds["state"] = state
+        for col in ("state", "client", "method", "batch"):
+            if conds.get(col) is not None:
+                where.append(f"{col} = ?")
+                args.append(conds[col])
+        sql = f"SELECT {', '.join(cols)} FROM ann_journal WHERE {' AND '.join(where)}"
+        sql += f" ORDER BY id {'DESC' if newest_first else 'ASC'} LIMIT ?"
+        args.append(limit)
+        out = []
+        for row in self.db.connect().execute(sql, args):
+            entry = dict(zip(cols, row, strict=True))
+            entry["changes"] = json.loads(entry["changes"])
+            out.append(entry)
+        return out
+
+    # --- change tracking for in-memory caches ---------------------------------------------------
+    def generation(self, kind: str = "") -> str:
+        """A token that changes whenever any annotation (or, given `kind`, one of that kind) changes, in any process."""
+        key = f"annotations.generation.{kind}" if kind else "annotations.generation"
+        row = self.db.connect().execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row else ""
+
+    def _bump(self, conn: sqlite3.Connection, kinds: set[str]) -> str:
+        token = uuid.uuid4().hex
+        self.db.set_meta("annotations.generation", token, conn)
+        for kind in kinds:
+            self.db.set_meta(f"annotations.generation.{kind}", token, conn)
+        return token
+
+    # --- byte patches ---------------------------------------------------------------------------
+    def patched_bytes(self, start: int, length: int) -> list[tuple[int, int]]:
+        """(address, byte) of every patched byte in [start, start+length)."""
+        return (
+            self.db.connect()
+            .execute(
+                "SELECT address, value FROM ann_patch WHERE address >= ? AND address < ? ORDER BY address",
+                (start, start + length),
+            )
+            .fetchall()
+        )
+
+
+def _runs(rows: list[tuple[int, int]]) -> list[list[Any]]:
+    """Group (address, byte) rows into [[start, hex], ...] runs of consecutive addresses."""
+    out: list[list[Any]] = []
+    start = prev = None
+    buf = bytearray()
+    for addr, value in rows:
+        if prev is not None and addr == prev + 1:
+            buf.append(value)
+        else:
+            if start is not None:
+                out.append([start, buf.hex()])
+            start, buf = addr, bytearray([value])
+        prev = addr
+    if start is not None:
+        out.append([start, buf.hex()])
+    return out
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True)

@@ -1,0 +1,257 @@
+"""SPEC §5 over raw HTTP against real `binlens serve` processes: tokens, Origin/Host, logs, read-only, roots."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from serve_support import TOKEN, ServerProcess, env_for
+
+pytestmark = pytest.mark.timeout(120)
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(scope="module")
+def sample(compile_c) -> Path:  # noqa: ANN001
+    return compile_c("sample.c")
+
+
+@pytest.fixture(scope="module")
+def token_server(tmp_path_factory: pytest.TempPathFactory, sample: Path) -> Iterator[ServerProcess]:
+    srv = ServerProcess(
+        tmp_path_factory.mktemp("sec-home"),
+        str(sample),
+        "--token",
+        TOKEN,
+        "--allow-origin",
+        "https://app.example.org",
+    )
+    yield srv
+    srv.stop()
+
+
+def ws_call(url: str, method: str, params: dict[str, Any], headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """One JSON-RPC request over a fresh /ws connection."""
+
+    async def go() -> dict[str, Any]:
+        async with connect(url, open_timeout=10, additional_headers=headers or {}) as c:
+            json.loads(await c.recv())  # ready
+            await c.send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+            return json.loads(await asyncio.wait_for(c.recv(), 30))
+
+    return asyncio.run(go())
+
+
+# --- /healthz and bearer tokens -----------------------------------------------------------------
+def test_healthz_reports_status_and_programs(token_server: ServerProcess) -> None:
+    r = httpx.get(token_server.base + "/healthz", headers=AUTH, timeout=10)
+    assert r.status_code == 200
+    body = r.json()
+    assert body["status"] == "ok" and body["programs"] == 1 and body["version"]
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer " + TOKEN[:-1]},
+        {"Authorization": "Bearer " + TOKEN + "x"},
+        {"Authorization": "Bearer"},
+        {"Authorization": f"Basic {TOKEN}"},
+        {"Authorization": TOKEN},
+    ],
+)
+def test_missing_or_wrong_bearer_token_is_401(token_server: ServerProcess, headers: dict[str, str]) -> None:
+    for path in ("/healthz", "/mcp", "/sse", "/nonexistent"):
+        r = httpx.get(token_server.base + path, headers=headers, timeout=10)
+        assert r.status_code == 401, path
+        assert r.headers["www-authenticate"].startswith("Bearer")
+    r = httpx.post(
+        token_server.base + "/mcp",
+        headers={**headers, "Content-Type": "application/json"},
+        content=b'{"jsonrpc":"2.0","id":1,"method":"ping"}',
+        timeout=10,
+    )
+    assert r.status_code == 401
+
+
+def test_bearer_scheme_is_case_insensitive(token_server: ServerProcess) -> None:
+    r = httpx.get(token_server.base + "/healthz", headers={"Authorization": f"bearer {TOKEN}"}, timeout=10)
+    assert r.status_code == 200
+
+
+@pytest.mark.parametrize("query", [f"token={TOKEN}", f"access_token={TOKEN}", "api_key=whatever", f"q={TOKEN}"])
+def test_token_in_query_string_is_400(token_server: ServerProcess, query: str) -> None:
+    for path in ("/healthz", "/mcp", "/messages"):
+        r = httpx.get(f"{token_server.base}{path}?{query}", headers=AUTH, timeout=10)
+        assert r.status_code == 400, path
+        assert "query string" in r.json()["error"]["message"]
+    # refused before auth: without a header it is still 400, not 401
+    assert httpx.get(f"{token_server.base}/healthz?{query}", timeout=10).status_code == 400
+
+
+def test_options_preflight_needs_no_token(token_server: ServerProcess) -> None:
+    r = httpx.request(
+        "OPTIONS",
+        token_server.base + "/mcp",
+        headers={"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"},
+        timeout=10,
+    )
+    assert r.status_code == 204
+
+
+# --- Origin and Host ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "origin", ["http://evil.example", "https://127.0.0.1.evil.example", "null", "file://", "http://app.example.org"]
+)
+def test_foreign_origin_is_403(token_server: ServerProcess, origin: str) -> None:
+    for path in ("/healthz", "/mcp", "/sse"):
+        r = httpx.get(token_server.base + path, headers={**AUTH, "Origin": origin}, timeout=10)
+        assert r.status_code == 403, (path, origin)
+
+
+@pytest.mark.parametrize(
+    "origin", ["http://localhost:5173", "http://127.0.0.1", "http://[::1]:8080", "https://app.example.org"]
+)
+def test_loopback_and_allowed_origins_pass(token_server: ServerProcess, origin: str) -> None:
+    r = httpx.get(token_server.base + "/healthz", headers={**AUTH, "Origin": origin}, timeout=10)
+    assert r.status_code == 200
+
+
+def test_foreign_origin_on_websocket_handshake_is_403(token_server: ServerProcess) -> None:
+    async def go() -> int:
+        try:
+            async with connect(token_server.ws_url, additional_headers=AUTH, origin="http://evil.example"):  # type: ignore[arg-type]
+                return 101
+        except InvalidStatus as err:
+            return err.response.status_code
+
+    assert asyncio.run(go()) == 403
+
+
+def test_dns_rebinding_host_is_403(token_server: ServerProcess) -> None:
+    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+    for host in ("evil.example.com", f"evil.example.com:{token_server.port}"):
+        r = httpx.post(
+            token_server.base + "/mcp",
+            headers={**AUTH, "Host": host, "Content-Type": "application/json"},
+            json=body,
+            timeout=10,
+        )
+        assert r.status_code == 403
+    r = httpx.get(
+        token_server.base + "/healthz", headers={**AUTH, "Host": f"localhost:{token_server.port}"}, timeout=10
+    )
+    assert r.status_code == 200
+
+
+# --- start-up rules -----------------------------------------------------------------------------
+def test_non_loopback_host_without_token_refuses_to_start(tmp_path: Path, sample: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "binlens", "serve", str(sample), "--host", "0.0.0.0", "--port", "0"],
+        env=env_for(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "token" in proc.stderr and "0.0.0.0" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_short_token_refuses_to_start(tmp_path: Path, sample: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "binlens", "serve", str(sample), "--token", "short", "--port", "0"],
+        env=env_for(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "at least 16" in proc.stderr
+
+
+def test_non_loopback_host_with_env_token_starts_and_requires_it(tmp_path: Path, sample: Path) -> None:
+    env = env_for(tmp_path, BINLENS_TOKEN=TOKEN)
+    with ServerProcess(tmp_path, str(sample), "--host", "0.0.0.0", env=env) as srv:
+        assert httpx.get(srv.base + "/healthz", timeout=10).status_code == 401
+        assert httpx.get(srv.base + "/healthz", headers=AUTH, timeout=10).status_code == 200
+
+
+def test_tokens_never_appear_in_logs(tmp_path: Path, sample: Path) -> None:
+    srv = ServerProcess(tmp_path, str(sample), "--token", TOKEN, "-v")
+    try:
+        assert httpx.get(srv.base + "/healthz", headers=AUTH, timeout=10).status_code == 200
+        assert httpx.get(f"{srv.base}/healthz?token={TOKEN}", timeout=10).status_code == 400
+        assert httpx.get(f"{srv.base}/mcp?x={TOKEN}&sessionId=1", timeout=10).status_code == 400
+        assert (
+            httpx.get(srv.base + "/healthz", headers={"Authorization": f"Bearer {TOKEN}x"}, timeout=10).status_code
+            == 401
+        )
+
+        async def ws() -> None:
+            for url in (f"{srv.ws_url}?access_token={TOKEN}", srv.ws_url):
+                try:
+                    async with connect(url, open_timeout=10, additional_headers=AUTH) as c:
+                        await c.recv()
+                except InvalidStatus:
+                    pass
+
+        asyncio.run(ws())
+    finally:
+        srv.stop()
+    logs = srv.stderr + srv.stdout
+    assert '"GET /healthz' in logs and "WebSocket /ws" in logs  # the access log was on
+    assert TOKEN not in logs
+    assert TOKEN[:12] not in logs
+
+
+# --- read-only and roots ------------------------------------------------------------------------
+def test_program_open_only_under_roots_and_read_only(tmp_path: Path, sample: Path, compile_c) -> None:  # noqa: ANN001
+    inside = tmp_path / "inside"
+    outside = tmp_path / "outside"
+    inside.mkdir()
+    outside.mkdir()
+    served = shutil.copy(sample, inside / "served")
+    shutil.copy(compile_c("sample.c", opt="-O0"), inside / "neighbour")  # other bytes: another program
+    foreign = shutil.copy(compile_c("sample.c", opt="-O1"), outside / "foreign")
+    (inside / "link").symlink_to(foreign)
+    with ServerProcess(tmp_path / "home", str(served), "--ws-clients", "4") as srv:
+        ok = ws_call(srv.ws_url, "program.open", {"path": str(inside / "neighbour")})
+        assert ok["result"]["identity"]["file_name"] == "neighbour"
+        for path in (foreign, inside / "link", str(inside / ".." / "outside" / "foreign")):
+            reply = ws_call(srv.ws_url, "program.open", {"path": str(path)})
+            assert reply["error"]["code"] == -32000, path
+            assert reply["error"]["data"]["target"] == "/params/path"
+            assert "outside the allowed roots" in reply["error"]["data"]["message"]
+    with ServerProcess(tmp_path / "home", str(served), "--root", str(outside), "--read-only") as srv:
+        ok = ws_call(srv.ws_url, "program.open", {"path": str(foreign)})
+        assert "result" in ok
+        reply = ws_call(srv.ws_url, "program.open", {"path": str(inside / "neighbour")})
+        assert reply["error"]["data"]["target"] == "/params/path"
+        check_read_only(srv)
+
+
+def check_read_only(srv: ServerProcess) -> None:
+    """`--read-only`: session.get says so, interface.get hides every mutation, calling one is refused."""
+    from binlens.api import REGISTRY
+
+    info = ws_call(srv.ws_url, "session.get", {})
+    assert info["result"]["read_only"] is True
+    listed = ws_call(srv.ws_url, "interface.get", {"schemas": False})["result"]["methods"]
+    assert listed and all(m["effect"] not in ("mutation", "destructive mutation") for m in listed)
+    assert {m["name"] for m in listed} == {n for n, s in REGISTRY.items() if not s.mutates}
+    mutations = sorted(name for name, spec in REGISTRY.items() if spec.mutates)
+    for name in mutations:
+        reply = ws_call(srv.ws_url, name, {})
+        assert reply["error"]["code"] == -32000 and reply["error"]["data"]["code"] == "read_only", name

@@ -1,0 +1,268 @@
+"""Raw tests of `binlens mcp` over stdio: framing, the frame limit, EOF, error ids, tool prefix, read-only."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcp_support import ROOT, env_for
+
+INIT = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}
+
+
+def run_stdio(home: Path, lines: list[bytes], *args: str, timeout: float = 60) -> tuple[list[dict[str, Any]], str, int]:
+    """Feed `lines` to `binlens mcp ARGS`, close stdin, return (stdout frames, stderr, exit status)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "binlens", "mcp", *args],
+        input=b"".join(lines),
+        capture_output=True,
+        env=env_for(home),
+        cwd=ROOT,
+        timeout=timeout,
+    )
+    frames = [json.loads(line) for line in proc.stdout.splitlines()]  # every stdout line is one JSON frame
+    return frames, proc.stderr.decode(), proc.returncode
+
+
+def msg(obj: Any) -> bytes:
+    return json.dumps(obj).encode() + b"\n"
+
+
+def by_id(frames: list[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
+    return {f.get("id"): f for f in frames if "id" in f}
+
+
+def test_stdout_has_only_frames_and_logs_go_to_stderr(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
+    sample = compile_c("sample.c")
+    lines = [
+        msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}),
+        msg({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        msg(
+            {
+                "jsonrpc": "2.0",
+                "id": 2,
+                "method": "tools/call",
+                "params": {"name": "binlens.symbol", "arguments": {"operation": "list"}},
+            }
+        ),
+    ]
+    frames, err, code = run_stdio(tmp_path, lines, str(sample), "-v")
+    assert code == 0
+    assert all(f["jsonrpc"] == "2.0" for f in frames)
+    got = by_id(frames)
+    assert got[1]["result"]["protocolVersion"] == "2025-11-25"
+    assert got[2]["result"]["isError"] is False
+    assert "INFO" in err or err == ""  # -v logs, if any, are on stderr
+
+
+def test_oversized_frame_is_refused_and_drained(tmp_path: Path) -> None:
+    big = b'{"jsonrpc":"2.0","id":99,"method":"ping","params":{"x":"' + b"a" * (1 << 20) + b'"}}\n'
+    lines = [
+        msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}),
+        big,
+        msg({"jsonrpc": "2.0", "id": 2, "method": "ping"}),
+    ]
+    frames, _, code = run_stdio(tmp_path, lines)
+    assert code == 0
+    assert len(frames) == 3
+    refusal = frames[1]
+    assert refusal["error"]["code"] == -32600 and "limit" in refusal["error"]["message"]
+    assert "id" not in refusal  # 2025-11-25: no identifiable id, so none
+    assert 99 not in by_id(frames)  # the oversized request never ran
+    assert by_id(frames)[2]["result"] == {}
+
+
+def test_frame_limit_is_configurable(tmp_path: Path) -> None:
+    lines = [
+        msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {**INIT, "protocolVersion": "2025-06-18"}}),
+        msg({"jsonrpc": "2.0", "id": 5, "method": "ping", "params": {"pad": "b" * 2000}}),
+        msg({"jsonrpc": "2.0", "id": 6, "method": "ping"}),
+    ]
+    frames, _, _ = run_stdio(tmp_path, lines, "--max-frame-bytes", "1000")
+    assert frames[1]["error"]["code"] == -32600 and frames[1]["id"] is None  # 2025-06-18: id null
+    assert by_id(frames)[6]["result"] == {}
+
+
+@pytest.mark.parametrize(("version", "has_null_id"), [("2025-06-18", True), ("2025-11-25", False)])
+def test_parse_error_id_rules(tmp_path: Path, version: str, has_null_id: bool) -> None:
+    lines = [
+        msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {**INIT, "protocolVersion": version}}),
+        b"{this is not json\n",
+    ]
+    frames, _, _ = run_stdio(tmp_path, lines)
+    err = frames[1]
+    assert err["error"]["code"] == -32700
+    assert ("id" in err) is has_null_id
+    if has_null_id:
+        assert err["id"] is None
+
+
+def test_modern_requests_over_stdio(tmp_path: Path) -> None:
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
+    lines = [
+        msg({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": meta}}),
+        msg({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"_meta": meta}}),
+        msg({"jsonrpc": "2.0", "id": 3, "method": "ping", "params": {"_meta": meta}}),
+        msg(
+            {
+                "jsonrpc": "2.0",
+                "id": 4,
+                "method": "tools/list",
+                "params": {"_meta": {**meta, "io.modelcontextprotocol/protocolVersion": "2030-01-01"}},
+            }
+        ),
+        msg({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}),
+    ]
+    frames, _, code = run_stdio(tmp_path, lines)
+    assert code == 0
+    got = by_id(frames)
+    assert got[1]["result"]["resultType"] == "complete" and "2026-07-28" in got[1]["result"]["supportedVersions"]
+    assert got[2]["result"]["ttlMs"] >= 0
+    assert got[3]["error"]["code"] == -32601
+    assert got[4]["error"]["code"] == -32022 and got[4]["error"]["data"]["requested"] == "2030-01-01"
+    assert got[5]["error"]["code"] == -32600  # neither initialized nor a 2026-07-28 envelope
+
+
+def test_eof_cancels_outstanding_work_and_exits_zero(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
+    big = compile_c("mcp_big.c")
+    call = {
+        "name": "binlens.memory",
+        "arguments": {
+            "operation": "search",
+            "params": {"regex": "(?:.{1,10})(?:.{1,3})\xfe\xfd\xfc", "scan": {"timeout_ms": 60000}},
+        },
+    }
+    lines = [
+        msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}),
+        msg({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call}),
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "binlens", "mcp", str(big)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env_for(tmp_path),
+        cwd=ROOT,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    for line in lines:
+        proc.stdin.write(line)
+    proc.stdin.flush()
+    assert json.loads(proc.stdout.readline())["id"] == 1
+    time.sleep(0.5)  # the search is running now (~9 s uncancelled)
+    started = time.monotonic()
+    proc.stdin.close()
+    assert proc.wait(timeout=20) == 0
+    assert time.monotonic() - started < 8
+    assert proc.stdout.read() == b""  # a cancelled request gets no response
+
+
+def test_tool_prefix(tmp_path: Path) -> None:
+    lines = [
+        msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}),
+        msg({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+        msg({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "binlens.help"}}),
+    ]
+    frames, _, _ = run_stdio(tmp_path, lines, "--tool-prefix", "re-2")
+    names = {t["name"] for t in by_id(frames)[2]["result"]["tools"]}
+    assert "re-2.help" in names and "re-2.symbol" in names and not any(n.startswith("binlens.") for n in names)
+    assert by_id(frames)[3]["error"]["code"] == -32602
+
+
+@pytest.mark.parametrize("prefix", ["", "1abc", "a" * 65, "has space", "dot.ted"])
+def test_bad_tool_prefix_is_a_usage_error(tmp_path: Path, prefix: str) -> None:
+    _, err, code = run_stdio(tmp_path, [], "--tool-prefix", prefix)
+    assert code == 2 and "tool prefix" in err
+
+
+def test_read_only_hides_mutations(tmp_path: Path) -> None:
+    from binlens.api import REGISTRY
+
+    mutating = {s.domain for s in REGISTRY.values() if s.mutates}
+    lines = [
+        msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}),
+        msg({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "binlens.help", "arguments": {}}}),
+    ]
+    frames, _, _ = run_stdio(tmp_path, lines, "--read-only")
+    listed = by_id(frames)[2]["result"]["structuredContent"]["tools"]
+    for d in listed:
+        specs = [s for s in REGISTRY.values() if s.domain == d["domain"]]
+        visible = {s.operation for s in specs if not s.mutates}
+        assert set(d["operations"]) == visible
+    only_mutations = {d for d in mutating if all(s.mutates for s in REGISTRY.values() if s.domain == d)}
+    assert not only_mutations & {d["domain"] for d in listed}
+
+
+def test_program_open_only_under_roots(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
+    sample = compile_c("sample.c")
+    root = tmp_path / "root"
+    root.mkdir()
+    inside = root / "inside"
+    inside.write_bytes(sample.read_bytes())
+
+    def open_call(rid: int, path: Path) -> bytes:
+        args = {"operation": "open", "params": {"path": str(path)}}
+        return msg(
+            {
+                "jsonrpc": "2.0",
+                "id": rid,
+                "method": "tools/call",
+                "params": {"name": "binlens.program", "arguments": args},
+            }
+        )
+
+    lines = [
+        msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}),
+        open_call(2, sample),
+        open_call(3, inside),
+    ]
+    frames, _, code = run_stdio(tmp_path, lines, "--root", str(root))
+    assert code == 0
+    refused = by_id(frames)[2]["result"]
+    assert refused["isError"] is True
+    assert refused["structuredContent"]["error"]["target"] == "/params/path"
+    opened = by_id(frames)[3]["result"]
+    assert opened["isError"] is False and opened["structuredContent"]["identity"]["file_name"] == "inside"
+
+
+def test_underscore_tool_separator_for_strict_clients(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
+    import re
+
+    lines = [
+        msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}),
+        msg({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+        msg(
+            {
+                "jsonrpc": "2.0",
+                "id": 3,
+                "method": "tools/call",
+                "params": {"name": "binlens_symbol", "arguments": {"operation": "list"}},
+            }
+        ),
+        msg(
+            {
+                "jsonrpc": "2.0",
+                "id": 4,
+                "method": "tools/call",
+                "params": {"name": "binlens_help", "arguments": {"domain": "memory_block"}},
+            }
+        ),
+        msg({"jsonrpc": "2.0", "id": 5, "method": "prompts/list"}),
+    ]
+    frames, _, code = run_stdio(tmp_path, lines, str(compile_c("sample.c")), "--tool-separator", "_")
+    assert code == 0
+    got = by_id(frames)
+    names = [t["name"] for t in got[2]["result"]["tools"]]
+    assert "binlens_help" in names and "binlens_memory_block" in names
+    assert all(re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", n) for n in names)  # Claude Desktop's rule
+    assert got[3]["result"]["isError"] is False
+    assert got[4]["result"]["structuredContent"]["tool"] == "binlens_memory_block"
+    assert got[5]["result"]["prompts"][0]["name"] == "binlens_triage"
+    _, err, code = run_stdio(tmp_path, [], "--tool-separator", "/")
+    assert code == 2 and "tool-separator" in err
