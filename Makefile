@@ -33,3 +33,9 @@ lint: $(VENV)/.installed
 
 clean:
 	rm -rf build .pytest_cache
+
+# Benchmarks (bench/README.md): builds the corpus on first use (Debian source packages, gcc, clang).
+# Peers (angr, smda, ddisasm) join when bench/work/peers-venv exists: add --tools to choose.
+bench: $(VENV)/.installed
+	$(PY) bench/accuracy.py --quick --tools binlens,eh_frame
+	$(PY) bench/speed.py --quick --compilers gcc --tools binlens
