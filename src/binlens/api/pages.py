@@ -40,7 +40,7 @@ def page_by_address(
     qkey = query_key(params)
     start, end = scan_bounds(prog, scan)
     pos = decode_cursor(page.cursor, prog.image.identity.sha256, qkey)
-    keys = [address_of(x) for x in items] if not isinstance(items, _Keyed) else items.keys
+    keys = [address_of(x) for x in items]
     i = bisect.bisect_left(keys, max(start, int(pos, 16) if pos else start))
     out: list[T] = []
     while i < len(items) and keys[i] < end and len(out) < page.limit:
@@ -66,14 +66,3 @@ def page_by_offset(prog: Program, params: BaseModel, items: Sequence[T], page: P
     nxt = pos + len(out)
     cursor = encode_cursor(prog.image.identity.sha256, qkey, nxt) if nxt < len(items) else None
     return out, cursor
-
-
-class _Keyed(list):  # a list that carries its precomputed sort keys
-    keys: list[int]
-
-
-def keyed(items: list[T], address_of: Callable[[T], int]) -> Sequence[T]:
-    """Wrap a sorted list with its address keys so repeated paging does not recompute them."""
-    out = _Keyed(items)
-    out.keys = [address_of(x) for x in items]
-    return out
