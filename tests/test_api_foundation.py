@@ -209,6 +209,10 @@ def test_cli_info_symbols_methods_query(home, compile_c):
     assert ok.stdout.count("\n") == 1
     usage = run_cli("query", "-b", str(path), "{not json", home=home)
     assert usage.returncode == 2 and json.loads(usage.stdout)["error"]["code"] == "invalid_argument"
+    limit = run_cli("query", "-b", str(path), '{"method":"symbol.list","params":{"page":{"limit":5000}}}', home=home)
+    out = json.loads(limit.stdout)
+    assert limit.returncode == 1 and out["error"]["target"] == "/params/page/limit"
+    assert out["schema_version"] == 1 and out["program"]["file_name"] == path.name  # identity even on failure
     unknown = run_cli("query", "-b", str(path), '{"method":"nope.nope"}', home=home)
     assert unknown.returncode == 2 and json.loads(unknown.stdout)["error"]["target"] == "/method"
     stdin = run_cli("query", "-b", str(path), "-", stdin='{"method":"session.get","params":{}}', home=home)

@@ -39,18 +39,10 @@ def _uleb(b: bytes, i: int) -> tuple[int, int]:
 
 
 def _sleb(b: bytes, i: int) -> tuple[int, int]:
-    v = shift = 0
-    c = 0
-    while i < len(b):
-        c = b[i]
-        i += 1
-        v |= (c & 0x7F) << shift
-        shift += 7
-        if c < 0x80:
-            break
-    if c & 0x40:
-        v -= 1 << shift
-    return v, i
+    v, j = _uleb(b, i)
+    if j > i and b[j - 1] & 0x40:  # sign bit of the last byte read
+        v -= 1 << (7 * (j - i))
+    return v, j
 
 
 class _Reader:

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from binlens.api.cursor import decode_cursor, encode_cursor, query_key
 from binlens.api.models import Page, Scan, ScanReport
+from binlens.errors import BinlensError
 from binlens.workspace import Program
 
 T = TypeVar("T")
@@ -22,8 +23,6 @@ def scan_bounds(prog: Program, scan: Scan | None) -> tuple[int, int]:
     start = prog.resolve(scan.range.start, "/params/scan/range/start")
     end = prog.resolve(scan.range.end, "/params/scan/range/end")
     if end <= start:
-        from binlens.errors import BinlensError
-
         raise BinlensError("invalid_argument", "scan.range.end must be above start", target="/params/scan/range/end")
     return start, end
 
