@@ -39,10 +39,14 @@ class Run:
     cpu: float | None = None  # user + system seconds, children included
     rss_kb: int | None = None  # peak resident set size of the largest process, KiB
     error: str | None = None  # the run failed (timeout, crash); starts is then empty
+    inner: float | None = None  # seconds the tool reports for the analysis itself (binlens: start to stored)
+    stderr: str = field(default="", repr=False)  # what the process wrote to stderr (not cached)
 
     def to_json(self) -> dict:
         """Plain dict for the result cache."""
-        return self.__dict__.copy()
+        data = self.__dict__.copy()
+        data.pop("stderr", None)
+        return data
 
 
 def _parse_time_v(text: str) -> tuple[float | None, float | None, int | None]:
@@ -66,6 +70,7 @@ def measure(cmd: list[str], timeout: float, env: dict | None = None, stdout_path
         raise Unavailable("/usr/bin/time missing (apt-get install time)")
     with tempfile.NamedTemporaryFile("w+", suffix=".time") as tf:
         out = open(stdout_path, "w") if stdout_path else subprocess.DEVNULL  # noqa: SIM115
+        stderr = ""
         try:
             proc = subprocess.run(
                 [TIME, "-v", "-o", tf.name, *cmd],
@@ -76,14 +81,15 @@ def measure(cmd: list[str], timeout: float, env: dict | None = None, stdout_path
                 env=env,
                 start_new_session=True,
             )
-            err = None if proc.returncode == 0 else f"exit {proc.returncode}: {_last_line(proc.stderr)}"
+            stderr = proc.stderr or ""
+            err = None if proc.returncode == 0 else f"exit {proc.returncode}: {_last_line(stderr)}"
         except subprocess.TimeoutExpired:
             err = f"timeout after {timeout:.0f}s"
         finally:
             if stdout_path:
                 out.close()
         wall, cpu, rss = _parse_time_v(Path(tf.name).read_text())
-    run = Run(tool=cmd[0], wall=wall, cpu=cpu, rss_kb=rss, error=err)
+    run = Run(tool=cmd[0], wall=wall, cpu=cpu, rss_kb=rss, error=err, stderr=stderr)
     if err and err.startswith("timeout"):
         run.wall = timeout
     return run
@@ -152,6 +158,10 @@ def parse_binlens_functions(text: str) -> list[int]:
     return starts
 
 
+# The CLI's own report: "analysed FILE: N functions, ... in 1.23 s" (analysis start to stored).
+_ANALYSED = re.compile(r"^analysed .* in ([\d.]+) s$", re.M)
+
+
 def run_binlens(path: Path, timeout: float) -> Run:
     """Full analysis with a fresh program database; starts from `binlens functions --json`
     (or, before the CLI has that command, `analyze` in-process through binlens_driver.py)."""
@@ -170,6 +180,8 @@ def run_binlens(path: Path, timeout: float) -> Run:
         env = {**os.environ, "BINLENS_HOME": home}
         run = measure([*cmd, "functions", str(path), "--json", "--home", home], timeout, env=env, stdout_path=out)
         run.tool = "binlens"
+        m = _ANALYSED.search(run.stderr)
+        run.inner = float(m.group(1)) if m else None
         if not run.error:
             try:
                 run.starts = sorted(set(parse_binlens_functions(out.read_text())))
