@@ -6,6 +6,8 @@ import json
 import re
 import shutil
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -230,3 +232,35 @@ def test_symbol_list_scan_range(workspace, compile_c):
     err = call_error(workspace, "symbol.list", {"scan": {"range": {"start": "0x10", "end": "0x5"}}})
     assert err.target == "/params/scan/range/end"
     assert call_error(workspace, "symbol.list", {"scan": {"timeout_ms": 5}}).target == "/params/scan/timeout_ms"
+
+
+def test_memory_search_backtracking_regex_runs_beside_other_threads(workspace, tmp_path):
+    """A pathological regex neither stalls other threads (GIL released) nor outlives its scan timeout."""
+    src = tmp_path / "zeros.c"
+    src.write_text("char zeros[1 << 20] = {1};\nint main(void) { return zeros[4096]; }\n")
+    binary = tmp_path / "zeros"
+    subprocess.run(["cc", "-O1", "-o", str(binary), str(src)], check=True, capture_output=True)
+    workspace.open(binary, check_roots=False)
+    # exponential backtracking over every run of NULs: seconds per 64 KiB chunk
+    params = {"regex": r"(?:\x00|\x00\x00){1,24}?\x01", "scan": {"timeout_ms": 1500}}
+    result: dict = {}
+    gaps: list[float] = []
+
+    def search() -> None:
+        result.update(invoke(workspace, "memory.search", params))
+
+    worker = threading.Thread(target=search)
+    t0 = time.monotonic()
+    worker.start()
+    last = time.monotonic()
+    while worker.is_alive():
+        time.sleep(0.002)
+        now = time.monotonic()
+        gaps.append(now - last)
+        last = now
+    elapsed = time.monotonic() - t0
+    assert result["scan"]["stop_reason"] == "timeout" and not result["scan"]["complete"]
+    assert result["scan"]["scanned_to"] and result["items"] == []
+    assert elapsed < 6, f"the search ran {elapsed:.1f}s past a 1.5 s scan timeout"
+    # with the GIL held through one chunk this thread would stall for seconds
+    assert max(gaps) < 0.25, f"the main thread stalled {max(gaps):.2f}s while the regex ran"

@@ -7,6 +7,7 @@ import re
 import time
 from typing import Annotated, Any, Literal
 
+import regex
 from pydantic import Field
 
 from binlens.api.cursor import decode_cursor, encode_cursor, query_key
@@ -176,7 +177,7 @@ class SearchHit(Result):
     section: str | None
 
 
-def compile_pattern(p: MemorySearchParams) -> re.Pattern[bytes]:
+def compile_pattern(p: MemorySearchParams) -> regex.Pattern[bytes]:
     """A bytes regex from a hex/wildcard pattern or a client regex."""
     if (p.pattern is None) == (p.regex is None):
         raise BinlensError("invalid_argument", "give exactly one of 'pattern' or 'regex'", target="/params/pattern")
@@ -195,14 +196,16 @@ def compile_pattern(p: MemorySearchParams) -> re.Pattern[bytes]:
                 raise BinlensError(
                     "invalid_argument", f"bad pattern token {tok!r}: use hex bytes and '??'", target="/params/pattern"
                 )
-        return re.compile(b"".join(parts), re.DOTALL)
+        return regex.compile(b"".join(parts), regex.DOTALL)
     try:
-        return re.compile(p.regex.encode("latin-1"), re.DOTALL)  # type: ignore[union-attr]
-    except (re.error, UnicodeEncodeError) as err:
+        return regex.compile(p.regex.encode("latin-1"), regex.DOTALL | regex.VERSION0)  # type: ignore[union-attr]
+    except (regex.error, UnicodeEncodeError) as err:
         raise BinlensError("invalid_argument", f"bad regex: {err}", target="/params/regex") from None
 
 
-CHUNK = 1 << 15  # the regex engine holds the GIL: small chunks keep the servers responsive
+# The `regex` engine runs with the GIL released (concurrent=True), so a backtracking pattern does
+# not stall the server's other clients; chunks bound the latency of progress, cancel and deadline.
+CHUNK = 1 << 16
 
 
 @method("memory.search", effect=READ_ONLY, long_running=True)
@@ -239,8 +242,14 @@ def memory_search(ws: Any, p: MemorySearchParams, ctx: CallContext) -> Listing[S
             # overlap so a match crossing the chunk boundary is found once
             window = img.data[off : off + (chunk_end - chunk_start) + 4096]
             limit_va = chunk_end
-            for m in rx.finditer(window):
-                va = chunk_start + m.start()
+            matches = rx.finditer(window, concurrent=True, timeout=max(0.01, deadline - time.monotonic()))
+            try:
+                found = [(m.start(), m.end(), m.group()[:64]) for m in matches]
+            except TimeoutError:
+                stop, resume = "timeout", chunk_start
+                break
+            for m_start, m_end, m_bytes in found:
+                va = chunk_start + m_start
                 if va >= limit_va:
                     break
                 if len(hits) == p.page.limit:
@@ -250,8 +259,8 @@ def memory_search(ws: Any, p: MemorySearchParams, ctx: CallContext) -> Listing[S
                 hits.append(
                     SearchHit(
                         address=hex(va),
-                        length=m.end() - m.start(),
-                        data=m.group()[:64].hex(),
+                        length=m_end - m_start,
+                        data=m_bytes.hex(),
                         section=sec.name if sec else None,
                     )
                 )
