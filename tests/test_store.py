@@ -76,3 +76,32 @@ def test_nested_transaction_is_a_savepoint(tmp_path):
             inner.execute("INSERT INTO kv VALUES ('inner-kept')")
     rows = db.connect().execute("SELECT k FROM kv ORDER BY k").fetchall()
     assert rows == [("inner-kept",), ("outer",)]
+
+
+def test_name_map_reverse_index_follows_every_change():
+    """Program.user_names answers name -> address from an index that matches a full scan."""
+    import random
+
+    from binlens.workspace import NameMap
+
+    rng = random.Random(7)
+    names = NameMap()
+    for _ in range(3000):
+        va, name = rng.randrange(40), f"n{rng.randrange(12)}"
+        op = rng.randrange(6)
+        if op == 0:
+            names.pop(va, None)
+        elif op == 1 and va in names:
+            del names[va]
+        elif op == 2:
+            names.update({va: name, va + 1: name})
+        elif op == 3:
+            names.setdefault(va, name)
+        elif op == 4 and rng.random() < 0.02:
+            names.clear()
+        else:
+            names[va] = name
+        for probe in {name, *list(names.values())[:3]}:
+            expect = [a for a, n in names.items() if n == probe]
+            assert sorted(names.addresses_of(probe)) == sorted(expect)
+            assert (names.address_of(probe) is None) == (not expect)

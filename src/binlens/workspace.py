@@ -42,6 +42,63 @@ class Config:
     server_name: str = "binlens"
 
 
+class NameMap(dict[int, str]):
+    """Names by address, with the reverse index kept in step (name -> addresses, oldest first)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._rev: dict[str, list[int]] = {}
+
+    def __setitem__(self, va: int, name: str) -> None:
+        if va in self:
+            self._unindex(va)
+        super().__setitem__(va, name)
+        self._rev.setdefault(name, []).append(va)
+
+    def __delitem__(self, va: int) -> None:
+        self._unindex(va)
+        super().__delitem__(va)
+
+    def pop(self, va: int, *default: Any) -> Any:  # type: ignore[override]
+        """Remove `va`'s name and return it (or the default)."""
+        if va in self:
+            self._unindex(va)
+        return super().pop(va, *default)
+
+    def clear(self) -> None:
+        """Forget every name."""
+        super().clear()
+        self._rev.clear()
+
+    def update(self, other: Any = (), **kw: str) -> None:  # type: ignore[override]
+        """Set many names (through `__setitem__`, so the index follows)."""
+        for va, name in dict(other, **kw).items():
+            self[va] = name
+
+    def setdefault(self, va: int, name: str) -> str:  # type: ignore[override]
+        """`va`'s name, giving it `name` first when it has none."""
+        if va not in self:
+            self[va] = name
+        return self[va]
+
+    def address_of(self, name: str) -> int | None:
+        """The address that carries `name` (the first given it), else None."""
+        vas = self._rev.get(name)
+        return vas[0] if vas else None
+
+    def addresses_of(self, name: str) -> list[int]:
+        """Every address that carries `name`, oldest first."""
+        return list(self._rev.get(name, ()))
+
+    def _unindex(self, va: int) -> None:
+        old = super().__getitem__(va)
+        vas = self._rev.get(old)
+        if vas is not None:
+            vas.remove(va)
+            if not vas:
+                del self._rev[old]
+
+
 class Program:
     """One open program: its Image, database, and name index."""
 
@@ -54,7 +111,7 @@ class Program:
         self.extensions: dict[str, Any] = {}  # per-program state owned by other layers (analysis, ...)
         self.name_resolvers: list[Callable[[str], int | None]] = []
         # User-given names by address (kept by the annotations layer); they win everywhere.
-        self.user_names: dict[int, str] = {}
+        self.user_names = NameMap()
         self._by_name: dict[str, int] = {}
         for s in image.symbols:
             self._by_name.setdefault(s.name, s.address)
@@ -103,9 +160,9 @@ class Program:
 
     def lookup_name(self, name: str) -> int | None:
         """Address of a name: user and analysis names first, then symbols, exports, imports."""
-        for va, user in self.user_names.items():
-            if user == name:
-                return va
+        va = self.user_names.address_of(name)
+        if va is not None:
+            return va
         for resolver in self.name_resolvers:
             hit = resolver(name)
             if hit is not None:

@@ -122,7 +122,7 @@ def symbol_get(ws: Any, p: SymbolGetParams) -> SymbolItem:
     items = all_symbols(prog)
     if p.selector.name is not None:
         hits = [s for s in items if p.selector.name in (s.name, s.raw_name)]
-        renamed = [va for va, n in prog.user_names.items() if n == p.selector.name]
+        renamed = prog.user_names.addresses_of(p.selector.name)
         hits = hits or [s for s in items if renamed and int(s.address, 16) == renamed[0]]
         if not hits:
             raise BinlensError("not_found", f"no symbol named {p.selector.name!r}", target="/params/selector/name")
