@@ -309,7 +309,7 @@ def test_tool_result_shape_and_method_error(base: str) -> None:
 def test_progress_streams_as_sse_scoped_to_the_request(base: str) -> None:
     params = {
         "name": "binlens.memory",
-        "arguments": {"operation": "search", "params": {"regex": "(?:.{1,20})\xfe\xfd\xfc"}},
+        "arguments": {"operation": "search", "params": {"regex": r"\x00{0,20}[^\x00]\x00{3}z"}},
     }
     body, headers = modern("tools/call", params)
     body["params"]["_meta"]["progressToken"] = "tok-1"
@@ -477,7 +477,7 @@ def test_stopping_server_answers_open_requests_503_and_exits_0(compile_c, tmp_pa
     import time
 
     proc, url = start_http_server(tmp_path, [compile_c("mcp_big.c")])
-    slow = {"regex": "(?:.{1,10})(?:.{1,3})\xfe\xfd\xfc", "scan": {"timeout_ms": 60000}}  # ~9 s uncancelled
+    slow = {"regex": r"\x00{0,20}[^\x00]\x00{3}z", "scan": {"timeout_ms": 60000}}  # ~9 s uncancelled
     body, headers = handshake(
         "tools/call", {"name": "binlens.memory", "arguments": {"operation": "search", "params": slow}}
     )

@@ -186,7 +186,7 @@ def test_eof_cancels_outstanding_work_and_exits_zero(compile_c, tmp_path: Path) 
         "name": "binlens.memory",
         "arguments": {
             "operation": "search",
-            "params": {"regex": "(?:.{1,10})(?:.{1,3})\xfe\xfd\xfc", "scan": {"timeout_ms": 60000}},
+            "params": {"regex": r"\x00{0,20}[^\x00]\x00{3}z", "scan": {"timeout_ms": 60000}},
         },
     }
     lines = [

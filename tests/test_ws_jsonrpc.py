@@ -282,6 +282,63 @@ def test_busy_beyond_max_concurrent(server: ServerProcess, big: Path) -> None:
 
 
 # --- frames and close codes ---------------------------------------------------------------------
+def test_ws_and_mcp_share_the_call_slots(server: ServerProcess, big: Path) -> None:
+    """--max-concurrent bounds the whole server: two long /ws calls leave no slot for MCP."""
+    import httpx
+
+    modern = "2026-07-28"
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": modern,
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+    }
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "binlens.session", "arguments": {"operation": "get"}, "_meta": meta},
+    }
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": modern,
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": "binlens.session",
+    }
+
+    def mcp_call() -> dict[str, Any]:
+        r = httpx.post(server.base + "/mcp", content=json.dumps(body), headers=headers, timeout=30)
+        assert r.status_code == 200, r.text
+        return r.json()["result"]
+
+    async def go() -> None:
+        assert (await asyncio.to_thread(mcp_call))["isError"] is False
+        c, ready = await opened(server.ws_url)
+        async with c:
+            prog = handle_of(ready, big)
+            for i in (1, 2):  # --max-concurrent 2
+                req = {"jsonrpc": "2.0", "id": f"S{i}", "method": "memory.search"}
+                req["params"] = {"program": prog, **long_search_params()}
+                await c.send(json.dumps(req))
+            await asyncio.sleep(0.3)
+            busy = await asyncio.to_thread(mcp_call)
+            assert busy["isError"] is True and busy["structuredContent"]["error"]["code"] == "busy"
+            for i in (1, 2):
+                await c.send(json.dumps({"jsonrpc": "2.0", "method": "$/cancelRequest", "params": {"id": f"S{i}"}}))
+            done = set()
+            while len(done) < 2:
+                msg = await recv_json(c, 30)
+                if msg.get("id") in ("S1", "S2"):
+                    done.add(msg["id"])
+        for _ in range(50):  # the slots come back once the cancelled searches return
+            if not (await asyncio.to_thread(mcp_call))["isError"]:
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError("MCP stayed busy after the /ws calls ended")
+
+    run(go())
+
+
 def test_binary_frame_closes_with_1003(server: ServerProcess) -> None:
     async def go() -> None:
         c, _ = await opened(server.ws_url)

@@ -13,7 +13,6 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
-import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +39,7 @@ from pydantic import ValidationError
 from binlens.api.registry import CallContext
 from binlens.errors import BinlensError
 from binlens.server.mcp_tools import ResourceNotFound, ToolError, ToolSet
+from binlens.server.slots import shared_slots
 
 log = logging.getLogger("binlens.mcp")
 
@@ -206,9 +206,8 @@ class McpCore:
     ) -> None:
         self.ws = ws
         self.tools = ToolSet(ws, prefix, separator)
-        self.max_concurrent = max_concurrent or ws.limits.max_concurrent
-        self._running = 0
-        self._running_lock = threading.Lock()
+        self.slots = shared_slots(ws, max_concurrent or ws.limits.max_concurrent)
+        self.max_concurrent = self.slots.limit
         self._seq = itertools.count(1)
         self.pool = concurrent.futures.ThreadPoolExecutor(self.max_concurrent, thread_name_prefix="binlens-mcp")
         self.server_info = {"name": "binlens", "version": ws.version, "title": "binlens binary analysis"}
@@ -230,8 +229,8 @@ class McpCore:
 
     @property
     def running(self) -> int:
-        """Tool calls currently holding a worker."""
-        return self._running
+        """Calls of any transport holding a slot right now."""
+        return self.slots.running
 
     # --- era -----------------------------------------------------------------------------
     def request_version(self, inbound: Inbound, session: Session | None, headers: Mapping[str, str] | None) -> str:
@@ -389,22 +388,19 @@ class McpCore:
         if token is not None and notify is not None:
             progress_fn = self._progress_sender(loop, token, notify)
         ctx = CallContext(client=f"mcp-{next(self._seq)}", progress=progress_fn)
-        with self._running_lock:
-            if self._running >= self.max_concurrent:
-                busy = BinlensError(
-                    "busy",
-                    f"{self.max_concurrent} calls are already running; retry shortly",
-                    details={"max_concurrent": self.max_concurrent},
-                )
-                return ToolSet.error_result(busy)
-            self._running += 1
+        if not self.slots.try_take():
+            busy = BinlensError(
+                "busy",
+                f"{self.max_concurrent} calls are already running; retry shortly",
+                details={"max_concurrent": self.max_concurrent},
+            )
+            return ToolSet.error_result(busy)
 
         def work() -> dict[str, Any]:
             try:
                 return self.tools.call_tool(name, arguments, ctx)
             finally:
-                with self._running_lock:
-                    self._running -= 1
+                self.slots.give()
 
         task = asyncio.current_task()
         if session is not None:

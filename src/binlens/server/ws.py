@@ -32,7 +32,6 @@ import concurrent.futures
 import contextlib
 import json
 import logging
-import threading
 import uuid
 from typing import Any
 
@@ -42,6 +41,7 @@ from binlens.api.registry import REGISTRY, CallContext, invoke, program_identity
 from binlens.errors import BinlensError
 from binlens.server.auth import refuse
 from binlens.server.options import ServerOptions
+from binlens.server.slots import shared_slots
 
 log = logging.getLogger("binlens.ws")
 
@@ -87,30 +87,25 @@ class WsHub:
         self.max_clients = max(1, opts.ws_clients)
         self.max_concurrent = opts.max_concurrent or ws.limits.max_concurrent
         self.sessions: dict[str, WsSession] = {}
+        self.slots = shared_slots(ws, self.max_concurrent)
+        self.max_concurrent = self.slots.limit
         self.pool = concurrent.futures.ThreadPoolExecutor(self.max_concurrent, thread_name_prefix="binlens-ws")
-        self._running = 0
-        self._running_lock = threading.Lock()
         self.stopping = False
         self.loop: asyncio.AbstractEventLoop | None = None
 
     # --- work slots -----------------------------------------------------------------------
     def try_start(self) -> bool:
-        """Take one of the `max_concurrent` call slots, or say there is none free."""
-        with self._running_lock:
-            if self._running >= self.max_concurrent:
-                return False
-            self._running += 1
-            return True
+        """Take one of the server's `max_concurrent` call slots (shared with MCP), or say there is none free."""
+        return self.slots.try_take()
 
     def finish(self) -> None:
         """Give a call slot back."""
-        with self._running_lock:
-            self._running -= 1
+        self.slots.give()
 
     @property
     def running(self) -> int:
-        """Calls holding a worker thread right now."""
-        return self._running
+        """Calls of any transport holding a slot right now."""
+        return self.slots.running
 
     # --- notifications --------------------------------------------------------------------
     async def notify(self, session_id: str, method: str, params: dict[str, Any]) -> bool:
