@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import subprocess
 from dataclasses import fields
 from pathlib import Path
@@ -87,6 +88,13 @@ def test_fast_reader_declines_what_it_does_not_know(compile_c, tmp_path):
         parse_elf(data[: len(data) // 2], "truncated")  # section table past the end
     with pytest.raises(NeedsLief):
         parse_elf(_patched(good, tmp_path, 0x28, b"\xff" * 8).read_bytes(), "shoff")
+    # A second symbol table (the string table's header retyped SHT_SYMTAB): not a plain file.
+    shoff, shentsize, shnum = struct.unpack_from("<Q", data, 0x28)[0], *struct.unpack_from("<HH", data, 0x3A)
+    types = [struct.unpack_from("<I", data, shoff + i * shentsize + 4)[0] for i in range(shnum)]
+    assert types.count(2) == 1  # the unstripped build has one .symtab
+    strtab = types.index(3)
+    with pytest.raises(NeedsLief):
+        parse_elf(_patched(good, tmp_path, shoff + strtab * shentsize + 4, b"\x02\x00\x00\x00").read_bytes(), "2")
 
 
 def test_worker_imports_lief_only_for_files_that_need_it(compile_c, tmp_path):

@@ -117,6 +117,8 @@ def parse_elf(data: bytes, file_name: str, sha256: str | None = None) -> Image:
     if any(sh[1] in (4, 9) and (not dyn or not sh[2] & 0x2) for sh in shdrs):
         raise NeedsLief("relocation sections outside the dynamic table")
     _check_section_mapping(rd, shdrs)
+    if sum(sh[1] == SHT_SYMTAB for sh in shdrs) > 1 or sum(sh[1] == SHT_DYNSYM for sh in shdrs) > 1:
+        raise NeedsLief("more than one symbol table of a kind")  # also bounds the work on crafted files
     symbols = _symbols(rd, shdrs)
     dynsyms = _dynsyms(rd, shdrs, dyn)
     relocs = _relocations(rd, dyn, dynsyms, reloc_prefix, reloc_names)
