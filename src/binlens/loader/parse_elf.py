@@ -4,9 +4,9 @@ Importing LIEF costs ~0.6 s, more than the whole analysis of a small program. Mo
 ordinary little-endian x86/x86-64 ELF files, whose headers this module reads with `struct` into
 the very Image LIEF's path builds (`parse_lief._parse_elf`; the tests compare the two field by
 field). Anything it does not fully understand - another architecture, a relocatable object,
-RELR relocations, a header or table out of the file's bounds, an unknown relocation type -
-raises `NeedsLief`, and the worker hands the file to LIEF instead. Every loop is bounded by the
-file's size, so a hostile file cannot hang it; it still runs in the worker's forked child.
+a header or table out of the file's bounds, an unknown relocation type - raises `NeedsLief`,
+and the worker hands the file to LIEF instead. Every loop is bounded by the file's size, so a
+hostile file cannot hang it; it still runs in the worker's forked child.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def parse_elf(data: bytes, file_name: str, sha256: str | None = None) -> Image:
     if not 0 < shnum < 0xFF00 or not 0 < shstrndx < shnum or phnum >= 0xFFFF:
         raise NeedsLief("no ordinary section table")
     phdrs = _program_headers(rd, phoff, phnum)
-    segments = _segments(rd, phdrs)
+    segments = _segments(phdrs)
     shdrs = rd.table(struct.Struct("<IIQQQQIIQQ" if is64 else "<IIIIIIIIII"), shoff, shnum)
     sections = _sections(rd, shdrs, shstrndx)
     dyn = _dynamic(rd, phdrs)
@@ -119,15 +119,12 @@ def parse_elf(data: bytes, file_name: str, sha256: str | None = None) -> Image:
     _check_section_mapping(rd, shdrs)
     if sum(sh[1] == SHT_SYMTAB for sh in shdrs) > 1 or sum(sh[1] == SHT_DYNSYM for sh in shdrs) > 1:
         raise NeedsLief("more than one symbol table of a kind")  # also bounds the work on crafted files
-    symbols = _symbols(rd, shdrs)
+    symtab = _raw_symbols(rd, shdrs, SHT_SYMTAB)
     dynsyms = _dynsyms(rd, shdrs, dyn)
+    symbols = _symbols(symtab, dynsyms)
     relocs = _relocations(rd, dyn, dynsyms, reloc_prefix, reloc_names)
     imports = _imports(rd, dyn, dynsyms, relocs)
-    exports = [
-        Export(demangle(s[0]), s[0], s[4])
-        for s in (*dynsyms, *_raw_symbols(rd, shdrs, SHT_SYMTAB))
-        if s[4] and _is_exported(s)
-    ]
+    exports = [Export(demangle(s[0]), s[0], s[4]) for s in (*dynsyms, *symtab) if s[4] and _is_exported(s)]
     hints = {
         "init_array": _array_functions(
             rd, dyn, (DT_INIT_ARRAY, DT_INIT_ARRAYSZ), (DT_PREINIT_ARRAY, DT_PREINIT_ARRAYSZ), DT_INIT
@@ -179,7 +176,7 @@ def _perms(r: bool, w: bool, x: bool) -> str:
     return ("r" if r else "-") + ("w" if w else "-") + ("x" if x else "-")
 
 
-def _segments(rd: _Reader, phdrs: list[tuple[int, int, int, int, int, int]]) -> list[Segment]:
+def _segments(phdrs: list[tuple[int, int, int, int, int, int]]) -> list[Segment]:
     return [
         Segment(f"LOAD{i}", va, msz, off, fsz, _perms(bool(fl & 4), bool(fl & 2), bool(fl & 1)))
         for i, (t, off, va, fsz, msz, fl) in enumerate(phdrs)
@@ -257,10 +254,13 @@ def _raw_symbols(rd: _Reader, shdrs: list[tuple[Any, ...]], stype: int) -> list[
     return out
 
 
-def _symbols(rd: _Reader, shdrs: list[tuple[Any, ...]]) -> list[Symbol]:
+RawSymbol = tuple[str, int, int, int, int, int]  # name, type, binding, shndx, value, size
+
+
+def _symbols(symtab: list[RawSymbol], dynsym: list[RawSymbol]) -> list[Symbol]:
     out: dict[tuple[str, int], Symbol] = {}
-    for source, stype in (("symtab", SHT_SYMTAB), ("dynsym", SHT_DYNSYM)):
-        for name, typ, bind, shndx, value, size in _raw_symbols(rd, shdrs, stype):
+    for source, table in (("symtab", symtab), ("dynsym", dynsym)):
+        for name, typ, bind, shndx, value, size in table:
             if not name or value == 0 or typ in (3, 4) or shndx == 0:
                 continue
             key = (name, value)
