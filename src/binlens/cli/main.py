@@ -67,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help(sys.stderr)
         return 2
+    if getattr(args, "file", None) or getattr(args, "binary", None) or getattr(args, "files", None):
+        from binlens.loader.isolate import prestart
+
+        prestart()  # the parser worker starts while this process imports the API
     logging.basicConfig(
         level=logging.INFO if args.verbose or os.environ.get("BINLENS_LOG") else logging.WARNING,
         stream=sys.stderr,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
@@ -52,6 +51,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
             return 1
     core = McpCore(ws, args.tool_prefix, max_concurrent=args.max_concurrent, separator=args.tool_separator)
     server = StdioServer(core, max_frame_bytes=args.max_frame_bytes, out=proto_out)
+    import asyncio  # imported here: every other command starts faster without it
+
     asyncio.run(server.run())
     proto_out.close()
     if core.running:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import logging
@@ -203,6 +202,8 @@ def _run_server(ws: Any, opts: Any, args: argparse.Namespace, opened: list[Path]
         async def shutdown(self, sockets: Any = None) -> None:
             await hub.close_all(1001, "server stopping")
             app.state.stop_http.set()  # legacy SSE and progress streams end as if their client left
+            import asyncio  # imported here: every other command starts faster without it
+
             await asyncio.sleep(0.05)  # let the close frames reach the clients
             await super().shutdown(sockets)
 

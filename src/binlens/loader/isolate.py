@@ -1,10 +1,10 @@
 """Run the native parser out of process, under a time budget.
 
 LIEF is C++: a malformed file can crash or hang it. The parser lives in one long-lived worker
-process (`python -m binlens.loader.worker`, so LIEF is imported once and the server never
-imports it). For each file the worker forks a child that parses and sends back a pure-data
-Image; a crash or a timeout kills only that child. If the worker itself dies, the next call
-starts a new one.
+process (`python -m binlens.loader.worker`, so the server never imports LIEF). For each file the
+worker forks a child that parses and sends back the Image as plain tuples; a crash or a timeout
+kills only that child. If the worker itself dies, the next call starts a new one. `prestart()`
+starts the worker early, so its start-up overlaps the caller's own imports.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ from typing import Any
 
 from binlens.errors import BinlensError
 from binlens.loader.formats import sniff_format
-from binlens.loader.image import Image
+from binlens.loader.image import Image, decode_image
 
 DEFAULT_PARSE_TIMEOUT = 8.0
 _HEADER = struct.Struct(">Q")
+# The worker's answer: one status byte, then (for ok and error) a pickle.
+STATUS_OK, STATUS_ERROR, FALLBACK = b"O", b"E", b"F"
 
 
 def write_frame(stream: Any, obj: Any) -> None:
@@ -40,8 +42,25 @@ def read_frame(stream: Any) -> Any:
     return pickle.loads(_read_exact(stream, size))  # noqa: S301 - frames come from our own worker
 
 
+def write_answer(stream: Any, answer: bytes) -> None:
+    """Write the worker's answer (status byte + body) as one length-prefixed frame."""
+    stream.write(_HEADER.pack(len(answer)))
+    stream.write(answer)
+    stream.flush()
+
+
+def read_answer(stream: Any) -> tuple[bytes, Any]:
+    """Read one answer frame: (status byte, decoded body)."""
+    (size,) = _HEADER.unpack(_read_exact(stream, _HEADER.size))
+    answer = _read_exact(stream, size)
+    return answer[:1], pickle.loads(memoryview(answer)[1:])  # noqa: S301 - frames come from our own worker
+
+
 def _read_exact(stream: Any, n: int) -> bytes:
-    buf = bytearray()
+    chunk = stream.read(n)  # a buffered reader returns short only at EOF
+    if len(chunk) == n:
+        return chunk
+    buf = bytearray(chunk)
     while len(buf) < n:
         chunk = stream.read(n - len(buf))
         if not chunk:
@@ -56,6 +75,11 @@ class ParserWorker:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the worker now (if it is not running), without waiting for it."""
+        with self._lock:
+            self._start()
 
     def _start(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
@@ -83,19 +107,18 @@ class ParserWorker:
         sniff_format(data)  # refuse non-executables without waking the native parser
         with self._lock:
             proc = self._start()
-            watchdog = threading.Timer(timeout + 10.0, self._stop)  # the worker itself hung
+            watchdog = threading.Timer(2 * timeout + 10.0, self._stop)  # the worker itself hung (fast try + LIEF)
             watchdog.start()
             try:
                 write_frame(proc.stdin, (data, file_name, slice_name, timeout))
-                status, payload = read_frame(proc.stdout)
+                status, payload = read_answer(proc.stdout)
             except (EOFError, BrokenPipeError, OSError):
                 self._stop()
                 raise BinlensError("internal", "the parser worker stopped unexpectedly; try again") from None
             finally:
                 watchdog.cancel()
-        if status == "ok":
-            payload.data = data
-            return payload
+        if status == STATUS_OK:
+            return decode_image(payload, data)
         code, message, target, details = payload
         raise BinlensError(code, message, target=target, details=details)
 
@@ -105,6 +128,11 @@ class ParserWorker:
 
 
 _WORKER = ParserWorker()
+
+
+def prestart() -> None:
+    """Start the parser worker in the background, ahead of the first `load_image`."""
+    _WORKER.start()
 
 
 def load_image(path: str, slice_name: str | None = None, timeout: float = DEFAULT_PARSE_TIMEOUT) -> Image:

@@ -1,8 +1,13 @@
 """The parser worker process: reads requests on stdin, forks a child per file, answers on stdout.
 
-Run as `python -m binlens.loader.worker`. Each child parses one file with LIEF and pipes back
-the pickled Image (without its bytes, which the parent already has). The worker survives a
-crash, an abort or a hang of the child and turns each into a clean error.
+Run as `python -m binlens.loader.worker`. Each child parses one file and pipes back the Image as
+plain tuples (`image.encode_image`, without the bytes, which the parent already has); the worker
+relays the child's answer as it is, without decoding it. The worker survives a crash, an abort or
+a hang of the child and turns each into a clean error.
+
+Plain x86/x86-64 ELF files go to the pure-Python reader (`parse_elf`) first; LIEF, which takes
+~0.6 s to import, is imported by the worker only when a file needs it (any other format, or an
+ELF file the fast reader leaves to LIEF), and from then on every child inherits it.
 """
 
 from __future__ import annotations
@@ -13,27 +18,46 @@ import select
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from binlens.errors import BinlensError
-from binlens.loader.isolate import read_frame, write_frame
+from binlens.loader.image import Image, encode_image
+from binlens.loader.isolate import FALLBACK, STATUS_ERROR, STATUS_OK, read_frame, write_answer
+
+Parser = Callable[[bytes, str, "str | None"], Image]
 
 
-def _child(data: bytes, file_name: str, slice_name: str | None, wfd: int) -> None:
+def _fast(data: bytes, file_name: str, slice_name: str | None) -> Image:
+    from binlens.loader.parse_elf import NeedsLief, parse_elf
+
+    if data[:4] != b"\x7fELF":
+        raise NeedsLief("not ELF")
+    return parse_elf(data, file_name)
+
+
+def _fast_candidate(data: bytes) -> bool:
+    """A little-endian x86/x86-64 ELF header: worth a try of the fast reader."""
+    return len(data) >= 20 and data[:4] == b"\x7fELF" and data[5] == 1 and data[18:20] in (b"\x3e\x00", b"\x03\x00")
+
+
+def _lief(data: bytes, file_name: str, slice_name: str | None) -> Image:
     from binlens.loader.parse_lief import parse_image
 
+    return parse_image(data, file_name, slice_name)
+
+
+def _child(parse: Parser, data: bytes, file_name: str, slice_name: str | None, wfd: int) -> None:
     try:
-        img = parse_image(data, file_name, slice_name)
-        img.data = b""
-        out: Any = ("ok", img)
+        body = STATUS_OK + pickle.dumps(encode_image(parse(data, file_name, slice_name)), pickle.HIGHEST_PROTOCOL)
     except BinlensError as err:
-        out = ("error", (err.code, err.message, err.target, err.details))
+        body = STATUS_ERROR + pickle.dumps((err.code, err.message, err.target, err.details))
     except Exception as err:  # noqa: BLE001 - any parser exception is a malformed file
-        out = (
-            "error",
-            ("invalid_argument", f"malformed file: the parser rejected it ({type(err).__name__})", None, {}),
-        )
-    body = pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
+        if parse is _fast:  # the fast reader declined (or tripped): LIEF decides
+            body = FALLBACK
+        else:
+            msg = f"malformed file: the parser rejected it ({type(err).__name__})"
+            body = STATUS_ERROR + pickle.dumps(("invalid_argument", msg, None, {}))
     view = memoryview(body)
     while view:
         n = os.write(wfd, view)
@@ -41,7 +65,11 @@ def _child(data: bytes, file_name: str, slice_name: str | None, wfd: int) -> Non
     os.close(wfd)
 
 
-def _collect(pid: int, rfd: int, timeout: float) -> tuple[str, Any]:
+def _error(code: str, message: str, details: dict[str, Any]) -> bytes:
+    return STATUS_ERROR + pickle.dumps((code, message, None, details))
+
+
+def _collect(pid: int, rfd: int, timeout: float) -> bytes:
     chunks: list[bytes] = []
     deadline = time.monotonic() + timeout
     while True:
@@ -51,7 +79,7 @@ def _collect(pid: int, rfd: int, timeout: float) -> tuple[str, Any]:
             os.waitpid(pid, 0)
             os.close(rfd)
             msg = f"malformed file: parsing took longer than {timeout:g} s and was stopped"
-            return "error", ("invalid_argument", msg, None, {"timeout_s": timeout})
+            return _error("invalid_argument", msg, {"timeout_s": timeout})
         ready, _, _ = select.select([rfd], [], [], left)
         if not ready:
             continue
@@ -62,30 +90,39 @@ def _collect(pid: int, rfd: int, timeout: float) -> tuple[str, Any]:
     os.close(rfd)
     _, status = os.waitpid(pid, 0)
     if chunks and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
-        return pickle.loads(b"".join(chunks))  # noqa: S301 - our own child
+        return b"".join(chunks)
     how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}"
-    return "error", ("invalid_argument", "malformed file: the format parser crashed on it", None, {"parser": how})
+    return _error("invalid_argument", "malformed file: the format parser crashed on it", {"parser": how})
+
+
+def _run_child(parse: Parser, data: bytes, file_name: str, slice_name: str | None, timeout: float) -> bytes:
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.close(rfd)
+        try:
+            _child(parse, data, file_name, slice_name, wfd)
+        finally:
+            os._exit(0)
+    os.close(wfd)
+    return _collect(pid, rfd, timeout)
 
 
 def serve(stdin: Any, stdout: Any) -> None:
     """Answer parse requests until stdin closes."""
-    import binlens.loader.parse_lief  # noqa: F401 - import LIEF once, before forking
+    import binlens.loader.parse_elf  # noqa: F401 - cheap (no LIEF); every child inherits it
 
     while True:
         try:
             data, file_name, slice_name, timeout = read_frame(stdin)
         except EOFError:
             return
-        rfd, wfd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # child
-            os.close(rfd)
-            try:
-                _child(data, file_name, slice_name, wfd)
-            finally:
-                os._exit(0)
-        os.close(wfd)
-        write_frame(stdout, _collect(pid, rfd, timeout))
+        answer = _run_child(_fast, data, file_name, slice_name, timeout) if _fast_candidate(data) else FALLBACK
+        if answer == FALLBACK:
+            import binlens.loader.parse_lief  # noqa: F401 - import LIEF once, before forking
+
+            answer = _run_child(_lief, data, file_name, slice_name, timeout)
+        write_answer(stdout, answer)
 
 
 if __name__ == "__main__":

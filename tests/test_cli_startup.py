@@ -1,0 +1,65 @@
+"""The CLI's fixed costs: what a command imports, the worker it prestarts, its JSON listing output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT, run_cli
+
+# Runs one human command in-process and reports which heavy modules it imported and whether the
+# parser worker was started before the API was imported.
+PROBE = r"""
+import json, sys, io
+import binlens.loader.isolate as iso
+seen = {}
+real_start = iso.ParserWorker._start
+def spy(self):
+    seen.setdefault("api_loaded_at_worker_start", "binlens.api" in sys.modules)
+    return real_start(self)
+iso.ParserWorker._start = spy
+from binlens.cli.main import main
+out, sys.stdout = sys.stdout, io.StringIO()
+code = main(sys.argv[1:])
+text, sys.stdout = sys.stdout.getvalue(), out
+mods = ("asyncio", "rich", "lief", "uvicorn", "starlette")
+print(json.dumps({"code": code, "text": text, "loaded": [m for m in mods if m in sys.modules], **seen}))
+"""
+
+
+def probe(*args: str, home) -> dict:  # noqa: ANN001
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), BINLENS_HOME=str(home))
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, *args], capture_output=True, text=True, env=env, timeout=120, check=True
+    )
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_functions_json_imports_no_server_table_or_lief_code(home, compile_c):
+    sample = compile_c("sample.c", "-O2")
+    got = probe("functions", str(sample), "--json", home=home)
+    assert got["code"] == 0
+    assert got["loaded"] == []  # no asyncio/uvicorn (servers), no rich (tables), no LIEF (plain ELF)
+    assert got["api_loaded_at_worker_start"] is False  # the worker starts first, then the API imports
+
+
+def test_json_listing_is_one_item_per_line_and_equals_the_api(home, compile_c):
+    sample = compile_c("sample.c", "-O2")
+    r = run_cli("functions", str(sample), "--json", home=home)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    data = json.loads(r.stdout)
+    assert len(lines) == len(data["functions"]) + 2  # header line, one line per function, closing line
+    assert json.loads(lines[1].rstrip(",")) == data["functions"][0]
+    q = run_cli("query", "-b", str(sample), '{"method":"function.list","params":{"page":{"limit":1000}}}', home=home)
+    assert json.loads(q.stdout)["result"]["items"] == data["functions"]
+    empty = run_cli("functions", str(sample), "--json", "--name", "no_such_*", home=home)
+    assert json.loads(empty.stdout)["functions"] == []
+
+
+def test_table_output_still_renders(home, compile_c):
+    sample = compile_c("sample.c", "-O2")
+    got = probe("functions", str(sample), home=home)
+    assert got["code"] == 0 and "rich" in got["loaded"] and "main" in got["text"]

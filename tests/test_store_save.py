@@ -1,0 +1,73 @@
+"""The analysis save: same facts back, indexes rebuilt, CFG edges packed per function, old databases upgraded."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from binlens.analysis import ENGINE_VERSION, analyze
+from binlens.loader.parse_elf import parse_elf
+from binlens.store import analysis as store
+from binlens.store.database import CORE_MIGRATIONS, ProgramDatabase
+
+INDEXES = {"block_by_start", "call_by_function", "call_by_callee", "xref_by_dst", "xref_by_src", "xref_by_function"}
+
+
+def _analysis(path):  # noqa: ANN001, ANN202
+    return analyze(parse_elf(path.read_bytes(), path.name))
+
+
+def _indexes(db: ProgramDatabase) -> set[str]:
+    rows = db.connect().execute("SELECT name FROM sqlite_master WHERE type='index' AND sql IS NOT NULL")
+    return {r[0] for r in rows}
+
+
+def test_saved_analysis_reads_back_whole(tmp_path, compile_c):
+    a = _analysis(compile_c("sample.c", "-O2", strip=True))
+    db = ProgramDatabase(tmp_path / "a.sqlite")
+    for _ in range(2):  # the second save replaces the first
+        store.save_analysis(db, a)
+        view = store.AnalysisView(db)
+        assert [f.address for f in view.functions] == [f.address for f in a.functions]
+        for f in a.functions:
+            assert view.edges(f.address) == sorted(((e.src, e.dst, e.kind) for e in f.edges), key=lambda t: t[:2])
+            assert view.blocks(f.address) == sorted(
+                (b.start, b.end, b.instruction_count, b.terminator) for b in f.blocks
+            )
+            assert view.callees(f.address) == sorted(f.calls)
+        xrefs = {(x.src, x.dst, x.kind) for x in a.xrefs}
+        assert {(s, d, k) for f in a.functions for s, d, k, _fn in view.xrefs_from_function(f.address)} <= xrefs
+        assert _indexes(db) >= INDEXES
+        run = store.load_run(db)
+        assert run.counts["functions"] == len(a.functions) and run.counts["xrefs"] == len(a.xrefs)
+    assert db.connect().execute("SELECT name FROM sqlite_master WHERE name='edge'").fetchone() is None
+
+
+def test_edges_pack_round_trip_with_high_addresses():
+    class E:  # the shape of analysis.model.Edge
+        def __init__(self, src: int, dst: int, kind: str) -> None:
+            self.src, self.dst, self.kind = src, dst, kind
+
+    edges = [E(0xFFFF_FFFF_FFFF_F000, 0x10, "jump"), E(1, (1 << 64) - 1, "conditional_taken")]
+    assert store.unpack_edges(*store.pack_edges(edges)) == [(e.src, e.dst, e.kind) for e in edges]
+    assert store.pack_edges([]) == (None, None) and store.unpack_edges(None, None) == []
+
+
+def test_an_old_database_is_upgraded_and_its_analysis_runs_again(tmp_path):
+    path = tmp_path / "old.sqlite"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.executescript(CORE_MIGRATIONS[0])
+    conn.executescript(store.ANALYSIS_MIGRATIONS[0])
+    conn.execute("INSERT INTO meta VALUES ('schema.analysis', '1')")
+    conn.execute("INSERT INTO func VALUES (4096, 16, 'main', NULL, 'symbol', 0, 1, 4, NULL)")
+    conn.execute("INSERT INTO edge VALUES (4096, 4096, 4100, 'jump')")
+    conn.execute(
+        "INSERT INTO analysis_run VALUES (1, ?, 'done', 1, 1, 4, 0, 0, 16, 16, 0.1, '2026-11-30T00:00:00Z')",
+        (ENGINE_VERSION,),
+    )
+    conn.close()
+    db = ProgramDatabase(path)
+    assert db.schema_versions()["analysis"] == len(store.ANALYSIS_MIGRATIONS)
+    assert store.load_run(db) is None  # the cached analysis is dropped: it runs again and fills the new columns
+    assert db.connect().execute("SELECT name FROM sqlite_master WHERE name='edge'").fetchone() is None
+    cols = [r[1] for r in db.connect().execute("PRAGMA table_info(func)")]
+    assert cols[-2:] == ["edges", "edge_kinds"]
