@@ -13,6 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m compileall -q src  # an editable install has no bytecode yet (PYTHONDONTWRITEBYTECODE may be set)
 	touch $@
 
 $(SAMPLE): tests/fixtures/src/sample.c
