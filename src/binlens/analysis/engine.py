@@ -471,19 +471,43 @@ def _heuristic_starts(
 def _covered_maps(codemap: CodeMap, explorer: Explorer, bodies: dict[int, Body]) -> dict[int, bytearray]:
     """Per code region, 1 for each byte inside a chunk of some function."""
     maps = {r.va: bytearray(len(r.data)) for r in codemap.regions}
-    _cover(codemap, maps, explorer, {a for b in bodies.values() for a in b.chunks})
+    _cover(codemap, maps, explorer, set().union(*(b.chunks for b in bodies.values())))
     return maps
 
 
 def _cover(codemap: CodeMap, maps: dict[int, bytearray], explorer: Explorer, chunks: set[int]) -> None:
-    for a in chunks:
-        c = explorer.chunks.get(a)
-        r = codemap.region(a)
-        if c is None or r is None:
+    """Mark the bytes of `chunks` in `maps`: chunks in address order, adjacent ones written as one run."""
+    get = explorer.chunks.get
+    r = None
+    m = bytearray()
+    base = rend = 0
+    lo = hi = -1  # the current run, as offsets into m
+    for a in sorted(chunks):
+        c = get(a)
+        if c is None:
             continue
-        n = min(c[0], r.end) - a
-        if n > 0:
-            maps[r.va][a - r.va : a - r.va + n] = b"\x01" * n
+        if r is None or not base <= a < rend:
+            if hi > lo:
+                m[lo:hi] = b"\x01" * (hi - lo)
+            lo = hi = -1
+            r = codemap.region(a)
+            if r is None:
+                continue
+            m = maps[r.va]
+            base, rend = r.va, r.end
+        o = a - base
+        e = min(c[0], rend) - base
+        if e <= o:
+            continue
+        if lo <= o <= hi:
+            if e > hi:
+                hi = e
+        else:
+            if hi > lo:
+                m[lo:hi] = b"\x01" * (hi - lo)
+            lo, hi = o, e
+    if hi > lo:
+        m[lo:hi] = b"\x01" * (hi - lo)
 
 
 def _body_spans(explorer: Explorer, bodies: dict[int, Body]) -> list[tuple[int, int]]:

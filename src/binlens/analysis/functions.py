@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+from operator import itemgetter
 
 from binlens.analysis.codemap import BODY, CodeMap
 from binlens.analysis.discovery import Body, Explorer
@@ -10,7 +11,7 @@ from binlens.analysis.model import SOURCES, TERM_NAMES, BasicBlock, Edge, Functi
 from binlens.loader.image import Image
 
 _ORDER = {s: i for i, s in enumerate(SOURCES)}
-_MERGE_KINDS = ("fallthrough", "call_return")
+_SRC_DST = itemgetter(0, 1)
 
 
 def symbol_names(image: Image) -> dict[int, str]:
@@ -62,34 +63,41 @@ def build_functions(
 
 
 def _blocks(codemap: CodeMap, explorer: Explorer, f: int, body: Body) -> tuple[list[BasicBlock], list[Edge]]:
+    """Basic blocks (chunks merged across a single fall-through/call-return edge) and their edges."""
     chunks = explorer.chunks
-    starts = sorted(set(body.chunks))
-    preds: dict[int, list[tuple[int, str]]] = {}
+    npred: dict[int, int] = {}
+    via: dict[int, tuple[int, int, str]] = {}  # the (last) edge into each chunk
     succ_n: dict[int, int] = {}
-    for s, d, kind in body.edges:
-        preds.setdefault(d, []).append((s, kind))
+    for e in body.edges:
+        s, d, _kind = e
+        npred[d] = npred.get(d, 0) + 1
+        via[d] = e
         succ_n[s] = succ_n.get(s, 0) + 1
     owner: dict[int, int] = {}
     ends: dict[int, int] = {}
     terms: dict[int, int] = {}
-    for a in starts:
+    for a in sorted(set(body.chunks)):
         c = chunks[a]
-        p = preds.get(a)
-        if a != f and p and len(p) == 1 and p[0][1] in _MERGE_KINDS and succ_n.get(p[0][0]) == 1:
-            src = p[0][0]
-            if chunks[src][0] == a and src in owner:
-                blk = owner[src]
-                owner[a] = blk
-                ends[blk] = c[0]
-                terms[blk] = c[1]
-                continue
+        if a != f and npred.get(a) == 1:
+            src, _d, kind = via[a]
+            if (kind == "fallthrough" or kind == "call_return") and succ_n[src] == 1 and chunks[src][0] == a:
+                blk = owner.get(src)
+                if blk is not None:
+                    owner[a] = blk
+                    ends[blk] = c[0]
+                    terms[blk] = c[1]
+                    continue
         owner[a] = a
         ends[a] = c[0]
         terms[a] = c[1]
     blocks = []
-    for b in sorted(ends):
-        blocks.append(BasicBlock(b, ends[b], _count(codemap, b, ends[b]), TERM_NAMES[terms[b]]))
-    edges = []
+    r = None
+    for b, e in ends.items():  # insertion order is address order
+        if r is None or not r.va <= b < r.end:
+            r = codemap.region(b)
+        n = 0 if r is None else (e - b) - r.state.count(BODY, b - r.va, e - r.va)
+        blocks.append(BasicBlock(b, e, n, TERM_NAMES[terms[b]]))
+    keys = []
     seen = set()
     for s, d, kind in body.edges:
         if owner.get(d) != d:
@@ -97,16 +105,9 @@ def _blocks(codemap: CodeMap, explorer: Explorer, f: int, body: Body) -> tuple[l
         key = (owner[s], d, kind)
         if key not in seen:
             seen.add(key)
-            edges.append(Edge(*key))
-    edges.sort(key=lambda e: (e.src, e.dst))
-    return blocks, edges
-
-
-def _count(codemap: CodeMap, start: int, end: int) -> int:
-    r = codemap.region(start)
-    if r is None:
-        return 0
-    return (end - start) - r.state.count(BODY, start - r.va, end - r.va)
+            keys.append(key)
+    keys.sort(key=_SRC_DST)
+    return blocks, [Edge(s, d, k) for s, d, k in keys]
 
 
 def _extent(f: int, blocks: list[BasicBlock], nxt: int) -> int:

@@ -26,39 +26,43 @@ def collect_xrefs(
 ) -> list[Xref]:
     """Every reference from reached code (and from data unless `data` is false), sorted by (src, dst)."""
     chunks = explorer.chunks
-    reached = sorted({a for b in bodies.values() for a in b.chunks})
+    reached_set: set[int] = set()
+    for body in bodies.values():
+        reached_set.update(body.chunks)
+    reached = sorted(reached_set)
     ends = [chunks[a][0] for a in reached]
     out: set[tuple[int, int, str]] = set()
+    add = out.add
     b = backend
+    kinds = XREF_KINDS
+    bisect_right = bisect.bisect_right
     for src, dst, k in zip(b.x_src, b.x_dst, b.x_kind, strict=False):  # type: ignore[attr-defined]
-        i = bisect.bisect_right(reached, src) - 1
+        i = bisect_right(reached, src) - 1
         if i >= 0 and src < ends[i]:
-            out.add((src, dst, XREF_KINDS[k]))
+            add((src, dst, kinds[k]))
     for body in bodies.values():
         for site, callee in body.calls:
-            out.add((site, callee, "call"))
+            add((site, callee, "call"))
         for site, callee in body.tails:
-            out.add((site, callee, "tail_call"))
+            add((site, callee, "tail_call"))
         for s, d, kind in body.edges:
-            if kind in ("jump", "conditional_taken"):
-                out.add((chunks[s][3], d, "jump"))
+            if kind == "jump" or kind == "conditional_taken":
+                add((chunks[s][3], d, "jump"))
             elif kind == "jump_table":
-                out.add((chunks[s][3], d, "jump_table"))
+                add((chunks[s][3], d, "jump_table"))
     for jump, table in jt_tables.items():
-        i = bisect.bisect_right(reached, jump) - 1
+        i = bisect_right(reached, jump) - 1
         if i >= 0 and jump < ends[i]:
-            out.add((jump, table, "read"))
+            add((jump, table, "read"))
     str_starts = strings if isinstance(strings, set) else {s.address for s in strings}
     if data:
         for src, dst in pointers_in_data(image, codemap, str_starts):
-            out.add((src, dst, "pointer"))
-    res = []
-    for src, dst, kind in out:
-        if kind in _RETAG and dst in str_starts:
-            kind = "string"
-        res.append(Xref(src, dst, kind))
-    res.sort(key=lambda x: (x.src, x.dst, x.kind))
-    return res
+            add((src, dst, "pointer"))
+    keys = [
+        (src, dst, "string") if kind in _RETAG and dst in str_starts else (src, dst, kind) for src, dst, kind in out
+    ]
+    keys.sort()
+    return [Xref(src, dst, kind) for src, dst, kind in keys]
 
 
 def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int]) -> list[tuple[int, int]]:
