@@ -58,9 +58,8 @@ def collect_xrefs(
     if data:
         for src, dst in pointers_in_data(image, codemap, str_starts):
             add((src, dst, "pointer"))
-    keys = [
-        (src, dst, "string") if kind in _RETAG and dst in str_starts else (src, dst, kind) for src, dst, kind in out
-    ]
+    keys = [(t[0], t[1], "string") if t[2] in _RETAG and t[1] in str_starts else t for t in out]
+    del out
     keys.sort()
     return [Xref(src, dst, kind) for src, dst, kind in keys]
 
