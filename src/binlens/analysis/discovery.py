@@ -197,6 +197,19 @@ class Explorer:
             p = self.pred.get(p, self.jpred.get(p))
         return out
 
+    def finish(self) -> None:
+        """Discovery is over: drop what only its passes need (the body cache, the reached set,
+        recorded predecessors), so building functions and references runs with less memory."""
+        self._cache = {}
+        self._prev_starts = set()
+        self._prev_noret = set()
+        self._dirty = set()
+        self._trav_noret = None
+        self._reached = set()
+        self._calls = set()
+        self.pred = {}
+        self.jpred = {}
+
     # ------------------------------------------------------------------ passes
     def traverse(self, starts: list[int], noret: set[int]) -> tuple[set[int], set[int]]:
         """Reach chunks from `starts`; returns (reached chunk starts, direct call targets)."""
@@ -279,18 +292,17 @@ class Explorer:
             if (
                 hit is not None
                 and hit[0] == nxt
-                and (not dirty or (dirty.isdisjoint(hit[1].chunks) and dirty.isdisjoint(hit[2])))
+                and hit[2].isdisjoint(dirty)
                 and hit[3].isdisjoint(removed)
                 and hit[4].isdisjoint(noret_changed)
             ):
                 bodies[f] = hit[1]
                 new.update(hit[5])
                 continue
-            b, missing, hits, found = self._body(f, nxt, extents.get(f), starts, fragments, noret)
+            b, seen, hits, found = self._body(f, nxt, extents.get(f), starts, fragments, noret)
             bodies[f] = b
             new.update(found)
-            # what the body saw = its chunks + the addresses it could not decode (kept apart: lean)
-            self._cache[f] = (nxt, b, missing, hits, {c for _s, c in b.calls}, found)
+            self._cache[f] = (nxt, b, seen, hits, {c for _s, c in b.calls}, found)
         self._prev_starts = set(starts)
         self._prev_noret = set(noret)
         self._dirty = set()
@@ -304,22 +316,19 @@ class Explorer:
         starts: set[int],
         fragments: Callable[[int], bool],
         noret: set[int],
-    ) -> tuple[Body, list[int], set[int], set[int]]:
-        """Walk one function: (body, addresses it reached but could not decode, other starts it ran
-        into, new tail-call starts)."""
+    ) -> tuple[Body, set[int], set[int], set[int]]:
+        """Walk one function: (body, chunks seen, other starts it ran into, new tail-call starts)."""
         get = self.chunks.get
         new: set[int] = set()
         hits: set[int] = set()
         b = Body()
         seen = {f}
         stack = [f]
-        missing: list[int] = []
         while stack:
             a = stack.pop()
             c = get(a)
             if c is None:
                 b.open_end = True
-                missing.append(a)
                 continue
             b.chunks.append(a)
             end, term, t, last = c
@@ -384,7 +393,7 @@ class Explorer:
                 if s not in seen:
                     seen.add(s)
                     stack.append(s)
-        return b, missing, hits, new
+        return b, seen, hits, new
 
 
 def _leaves(f: int, nxt: int, ext: int | None, s: int, fragments: Callable[[int], bool]) -> bool:

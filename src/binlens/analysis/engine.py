@@ -216,6 +216,7 @@ def _analyze(
                 if va not in excluded:
                     seeds.starts.setdefault(va, set()).add(src)
             bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret, noret_slots, excluded)
+    explorer.finish()
     report(0.85, 1.0, f"{len(bodies)} functions; references and strings")
     functions = build_functions(image, codemap, explorer, bodies, starts, extents, thunks, noret)
     strings = find_strings(image)
@@ -285,6 +286,7 @@ def _analyze_functions(
         explorer.traverse(entries + more, noret)
     everything = set(starts) | set(entries)
     bodies, _new = explorer.partition(everything, extents, FragmentIndex(fragments), noret)
+    explorer.finish()
     mine = {f: bodies[f] for f in entries if f in bodies}
     functions = build_functions(image, codemap, explorer, mine, {f: set() for f in mine}, extents, thunks, noret)
     xrefs = collect_xrefs(image, codemap, backend, explorer, mine, set(string_starts), jt_tables, data=False)
