@@ -121,6 +121,7 @@ class Explorer:
         self._trav_noret: set[int] | None = None
         self._reached: set[int] = set()
         self._calls: set[int] = set()
+        self.splits: list[tuple[int, int]] = []  # (head, new chunk) each time a chunk was split
 
     # ------------------------------------------------------------------ chunks
     def chunk(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
@@ -139,6 +140,7 @@ class Explorer:
             if head is None:
                 return None
             self.chunks[r.va + h] = (va, T_FALL, (va,), va)
+            self.splits.append((r.va + h, va))
             self.pred[va] = r.va + h
             self._dirty.add(r.va + h)
             self.chunks[va] = head

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from binlens.analysis.codemap import CodeMap
+from binlens.analysis.codemap import CodeMap, CodeRegion
 from binlens.analysis.discovery import (
     NORETURN_NAMES,
     Body,
@@ -65,6 +65,8 @@ _X86_PROLOGUES = (
     b"\x40\x53",  # push rbx (REX, MSVC x64)
     b"\x40\x55",  # push rbp (REX, MSVC x64)
 )
+_GAP = re.compile(rb"\x00{2,}")
+_MISS = object()
 _PAD_X86 = re.compile(
     rb"(?:\x90|\xcc|\xf4|\x0f\x0b|\x00|\x66+\x90"
     rb"|\x66*\x2e?\x0f\x1f(?:\x00|\x40\x00|\x44\x00\x00|\x80\x00\x00\x00\x00|\x84\x00\x00\x00\x00\x00)"
@@ -202,13 +204,14 @@ def _analyze(
     stages = ["code_offsets"] + ["gaps"] * _GAP_ROUNDS + ["data_prologues", "data_pointers"]
     stages += ["gaps"] * _GAP_ROUNDS
     skip_gaps = False
+    gaps = _Gaps(codemap, explorer)
     for stage in stages:
         if stage != "gaps":
             skip_gaps = False
         elif skip_gaps:
             continue
         report(0.7, 1.0, f"{len(bodies)} functions; heuristics: {stage}")
-        extra = _heuristic_starts(image, codemap, explorer, backend, starts, extents, bodies, stage)
+        extra = _heuristic_starts(image, codemap, explorer, backend, starts, extents, bodies, stage, gaps)
         if not extra and stage == "gaps":
             skip_gaps = True
         if extra:
@@ -403,19 +406,20 @@ def _cold_parts(bodies: dict[int, Body], starts: dict[int, set[str]], extents: d
     for f, b in bodies.items():
         for s in b.cond_tails:
             refs.setdefault(s, set()).add(f)
-    if not refs:
+    # candidates first: the references from all other bodies are gathered only when there are some
+    cands = {}
+    for s, fs in refs.items():
+        if len(fs) == 1 and starts.get(s) == {"eh_frame"} and s in extents:
+            (f,) = fs
+            if s < f:
+                cands[s] = f
+    if not cands:
         return set()
     other: set[int] = set()
     for b in bodies.values():
         other.update(callee for _site, callee in b.calls)
         other.update(callee for _site, callee in b.tails if callee not in b.cond_tails)
-    out = set()
-    for s, fs in refs.items():
-        if len(fs) == 1 and starts.get(s) == {"eh_frame"} and s not in other and s in extents:
-            (f,) = fs
-            if s < f:
-                out.add(s)
-    return out
+    return {s for s in cands if s not in other}
 
 
 def _heuristic_starts(
@@ -427,6 +431,7 @@ def _heuristic_starts(
     extents: dict[int, int],
     bodies: dict[int, Body],
     stage: str,
+    gaps: _Gaps | None = None,
 ) -> dict[int, str]:
     """Careful guesses for code nothing reached: code pointers, then prologues in gaps."""
     inside = FragmentIndex(list(extents.items()))
@@ -482,7 +487,8 @@ def _heuristic_starts(
                 accept(dst, "pointer")
     elif image.identity.arch in ("x86-64", "x86", "aarch64"):
         # Gaps are code no function covers (code decoded on a path later found dead counts too).
-        covered = _covered_maps(codemap, explorer, bodies)
+        gaps = gaps or _Gaps(codemap, explorer)
+        covered = gaps.covered(bodies)
 
         def free(va: int) -> bool:
             r = codemap.region(va)
@@ -495,7 +501,7 @@ def _heuristic_starts(
             r = codemap.region(target)
             return r is not None and not covered[r.va][target - r.va] and r.state[target - r.va] != 2
 
-        cands = _gap_candidates(codemap, image.identity.arch, covered)
+        cands = _gap_candidates(codemap, image.identity.arch, covered, gaps.memo)
         for va, prologue, _gap_end in cands:
             if prologue and va not in starts and free(va):
                 c = explorer.chunk(va)
@@ -519,8 +525,80 @@ def _heuristic_starts(
                     _cover(codemap, covered, explorer, seen)
             if out:
                 break
-            cands = _gap_candidates(codemap, image.identity.arch, covered)
+            cands = _gap_candidates(codemap, image.identity.arch, covered, gaps.memo)
     return out
+
+
+class _Gaps:
+    """The coverage map of the gap heuristic, kept up to date between its rounds.
+
+    `covered` is 1 for each code byte inside a chunk of some function. Instead of rebuilding it
+    from every body each round, it counts per chunk the bodies that hold it and re-marks only the
+    chunks of bodies that changed since the last round (partition hands back the same Body
+    object when a body did not change) and chunks split since then. Chunks never overlap on the
+    architectures the gap heuristic runs on (x86 checks every byte; AArch64 is fixed-width), so
+    each chunk's bytes are marked exactly when some body holds it.
+    """
+
+    def __init__(self, codemap: CodeMap, explorer: Explorer) -> None:
+        self.codemap = codemap
+        self.explorer = explorer
+        self.maps = {r.va: bytearray(len(r.data)) for r in codemap.regions}
+        self.count: dict[int, int] = {}
+        self.bodies: dict[int, Body] = {}
+        self.nsplits = 0
+        self.memo: dict[int, dict[tuple[int, int], tuple[int, bool, int] | None]] = {}
+
+    def covered(self, bodies: dict[int, Body]) -> dict[int, bytearray]:
+        """Per region, the coverage of `bodies` (a copy the caller may mark further)."""
+        count = self.count
+        touched: set[int] = set()
+        old = self.bodies
+        gone: list[int] = []  # one entry per (changed body, chunk it no longer holds)
+        came: list[int] = []
+        for f, b in old.items():
+            nb = bodies.get(f)
+            if nb is b:
+                continue
+            if nb is None:
+                gone.extend(b.chunks)
+            else:  # a recomputed body mostly holds the same chunks: count only the difference
+                was, now = set(b.chunks), set(nb.chunks)
+                gone.extend(was - now)
+                came.extend(now - was)
+        for f, b in bodies.items():
+            if f not in old:
+                came.extend(b.chunks)
+        for a in gone:
+            n = count[a] - 1
+            if n:
+                count[a] = n
+            else:
+                del count[a]
+                touched.add(a)
+        for a in came:
+            n = count.get(a, 0)
+            count[a] = n + 1
+            if not n:
+                touched.add(a)
+        splits = self.explorer.splits
+        for h, va in splits[self.nsplits :]:
+            touched.add(h)
+            touched.add(va)
+        self.nsplits = len(splits)
+        self.bodies = dict(bodies)
+        get = self.explorer.chunks.get
+        region = self.codemap.region
+        maps = self.maps
+        for a in touched:
+            c = get(a)
+            r = region(a)
+            if c is None or r is None:
+                continue
+            n = min(c[0], r.end) - a
+            if n > 0:
+                maps[r.va][a - r.va : a - r.va + n] = (b"\x01" if a in count else b"\x00") * n
+        return {va: bytearray(m) for va, m in maps.items()}
 
 
 def _covered_maps(codemap: CodeMap, explorer: Explorer, bodies: dict[int, Body]) -> dict[int, bytearray]:
@@ -633,29 +711,44 @@ def _self_contained(
     return rets > 0, seen
 
 
-def _gap_candidates(codemap: CodeMap, arch: str, covered: dict[int, bytearray]) -> list[tuple[int, bool, int]]:
+def _gap_candidates(
+    codemap: CodeMap,
+    arch: str,
+    covered: dict[int, bytearray],
+    memo: dict[int, dict[tuple[int, int], tuple[int, bool, int] | None]] | None = None,
+) -> list[tuple[int, bool, int]]:
     """First non-padding address of each gap (code no function covers), whether it starts like a
-    function, and where the gap ends."""
+    function, and where the gap ends. `memo` keeps the answer per gap between rounds (it depends
+    on the gap's bounds and the code bytes only)."""
     out = []
+    memo = {} if memo is None else memo
     for r in codemap.regions:
-        for m in re.finditer(rb"\x00{2,}", covered[r.va]):
-            off = m.start()
-            end = m.end()
-            if arch in ("x86-64", "x86"):
-                p = _PAD_X86.match(r.data, off, end)
-                off = p.end() if p else off
-                if off >= end:
-                    continue
-                out.append((r.va + off, r.data.startswith(_X86_PROLOGUES, off), r.va + end))
-            else:
-                while off + 4 <= end and r.data[off : off + 4] in (b"\x1f\x20\x03\xd5", b"\0\0\0\0"):
-                    off += 4
-                if off + 4 > end or off % 4:
-                    continue
-                (w,) = struct.unpack_from("<I", r.data, off)
-                ok = w & 0xFFC07FFF == 0xA9807BFD or w in (0xD503233F, 0xD503245F) or w & 0xFF0003FF == 0xD10003FF
-                out.append((r.va + off, ok, r.va + end))
+        seen = memo.setdefault(r.va, {})
+        for m in _GAP.finditer(covered[r.va]):
+            span = m.span()
+            hit = seen.get(span, _MISS)
+            if hit is _MISS:
+                hit = seen[span] = _gap_candidate(r, arch, *span)
+            if hit is not None:
+                out.append(hit)
     return out
+
+
+def _gap_candidate(r: CodeRegion, arch: str, off: int, end: int) -> tuple[int, bool, int] | None:
+    """The candidate of the gap [off, end) of region `r` (offsets), or None when it is all padding."""
+    if arch in ("x86-64", "x86"):
+        p = _PAD_X86.match(r.data, off, end)
+        off = p.end() if p else off
+        if off >= end:
+            return None
+        return (r.va + off, r.data.startswith(_X86_PROLOGUES, off), r.va + end)
+    while off + 4 <= end and r.data[off : off + 4] in (b"\x1f\x20\x03\xd5", b"\0\0\0\0"):
+        off += 4
+    if off + 4 > end or off % 4:
+        return None
+    (w,) = struct.unpack_from("<I", r.data, off)
+    ok = w & 0xFFC07FFF == 0xA9807BFD or w in (0xD503233F, 0xD503245F) or w & 0xFF0003FF == 0xD10003FF
+    return (r.va + off, ok, r.va + end)
 
 
 def _covered(codemap: CodeMap, explorer: Explorer, bodies: dict[int, Body]) -> int:
