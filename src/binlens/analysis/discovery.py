@@ -228,42 +228,52 @@ class Explorer:
         pred = self.pred
         jpred = self.jpred
         get = self.chunks.get
+        chunk = self.chunk
+        push = stack.append
+        see = reached.add
+        progress = self.progress
         tick = 0
         covered = 0
         while stack:
             a = stack.pop()
             if a in reached:
                 continue
-            c = get(a) or self.chunk(a)
+            c = get(a) or chunk(a)
             if c is None:
                 continue
-            reached.add(a)
+            see(a)
             end, term, t, last = c
-            covered += end - a
-            if term == T_FALL:
-                pred[t[0]] = a
-                stack.append(t[0])
-            elif term == T_COND:
-                pred[t[1]] = a
-                stack.append(t[1])
-                stack.append(t[0])
-            elif term == T_JUMP:
-                jpred.setdefault(t[0], a)
-                stack.append(t[0])
+            if term == T_COND:
+                x = t[1]
+                pred[x] = a
+                push(x)
+                push(t[0])
+            elif term == T_FALL:
+                x = t[0]
+                pred[x] = a
+                push(x)
             elif term == T_CALL:
-                calls.add(t[0])
-                stack.append(t[0])
-                if t[0] not in noret:
-                    pred[t[1]] = a
-                    stack.append(t[1])
+                x = t[0]
+                calls.add(x)
+                push(x)
+                if x not in noret:
+                    x = t[1]
+                    pred[x] = a
+                    push(x)
+            elif term == T_JUMP:
+                x = t[0]
+                jpred.setdefault(x, a)
+                push(x)
             elif term == T_ICALL:
                 if t[0] not in noret:
-                    stack.append(t[1])
+                    push(t[1])
             elif term == T_IJUMP:
                 stack.extend(self.case_targets(a, last))
-            tick += 1
-            if self.progress is not None and tick % 4096 == 0:
-                self.progress(covered, None, None)
+            if progress is not None:
+                covered += end - a
+                tick += 1
+                if not tick & 4095:
+                    progress(covered, None, None)
         return reached, calls
 
     def partition(
@@ -324,29 +334,70 @@ class Explorer:
         new: set[int] = set()
         hits: set[int] = set()
         b = Body()
+        add_chunk = b.chunks.append
+        add_edge = b.edges.append
+        add_tail = b.tails.append
         seen = {f}
         stack = [f]
+        push = stack.append
         while stack:
             a = stack.pop()
             c = get(a)
             if c is None:
                 b.open_end = True
                 continue
-            b.chunks.append(a)
+            add_chunk(a)
             end, term, t, last = c
+            # the common terminators inline (same order of effects as the general loop below)
+            if term == T_COND:
+                s = t[0]
+                if s != f and s in starts:
+                    hits.add(s)
+                    add_tail((last, s))
+                    b.cond_tails.append(s)
+                else:
+                    add_edge((a, s, "conditional_taken"))
+                    if s not in seen:
+                        seen.add(s)
+                        push(s)
+                s = t[1]
+                if s != f and s in starts:
+                    hits.add(s)
+                    add_tail((last, s))
+                else:
+                    add_edge((a, s, "conditional_fallthrough"))
+                    if s not in seen:
+                        seen.add(s)
+                        push(s)
+                continue
             if term == T_FALL:
-                succ: tuple[tuple[int, str], ...] = ((t[0], "fallthrough"),)
-            elif term == T_JUMP:
-                succ = ((t[0], "jump"),)
-            elif term == T_COND:
-                succ = ((t[0], "conditional_taken"), (t[1], "conditional_fallthrough"))
-            elif term == T_CALL:
-                b.calls.append((last, t[0]))
-                succ = () if t[0] in noret else ((t[1], "call_return"),)
-            elif term == T_ICALL:
-                if t[0] >= 0:
-                    b.calls.append((last, t[0]))
-                succ = () if t[0] in noret else ((t[1], "call_return"),)
+                s = t[0]
+                if s != f and s in starts:
+                    hits.add(s)
+                    add_tail((last, s))
+                else:
+                    add_edge((a, s, "fallthrough"))
+                    if s not in seen:
+                        seen.add(s)
+                        push(s)
+                continue
+            if term in (T_CALL, T_ICALL):
+                x = t[0]
+                if term == T_CALL or x >= 0:
+                    b.calls.append((last, x))
+                if x in noret:
+                    continue
+                s = t[1]
+                if s != f and s in starts:
+                    hits.add(s)
+                else:
+                    add_edge((a, s, "call_return"))
+                    if s not in seen:
+                        seen.add(s)
+                        push(s)
+                continue
+            if term == T_JUMP:
+                succ: tuple[tuple[int, str], ...] = ((t[0], "jump"),)
             elif term == T_RET:
                 b.has_ret = True
                 continue

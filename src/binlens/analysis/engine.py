@@ -587,18 +587,10 @@ class _Gaps:
             touched.add(va)
         self.nsplits = len(splits)
         self.bodies = dict(bodies)
-        get = self.explorer.chunks.get
-        region = self.codemap.region
-        maps = self.maps
-        for a in touched:
-            c = get(a)
-            r = region(a)
-            if c is None or r is None:
-                continue
-            n = min(c[0], r.end) - a
-            if n > 0:
-                maps[r.va][a - r.va : a - r.va + n] = (b"\x01" if a in count else b"\x00") * n
-        return {va: bytearray(m) for va, m in maps.items()}
+        held = {a for a in touched if a in count}
+        _cover(self.codemap, self.maps, self.explorer, touched - held, b"\x00")
+        _cover(self.codemap, self.maps, self.explorer, held)
+        return {va: bytearray(m) for va, m in self.maps.items()}
 
 
 def _covered_maps(codemap: CodeMap, explorer: Explorer, bodies: dict[int, Body]) -> dict[int, bytearray]:
@@ -608,8 +600,10 @@ def _covered_maps(codemap: CodeMap, explorer: Explorer, bodies: dict[int, Body])
     return maps
 
 
-def _cover(codemap: CodeMap, maps: dict[int, bytearray], explorer: Explorer, chunks: set[int]) -> None:
-    """Mark the bytes of `chunks` in `maps`: chunks in address order, adjacent ones written as one run."""
+def _cover(
+    codemap: CodeMap, maps: dict[int, bytearray], explorer: Explorer, chunks: set[int], fill: bytes = b"\x01"
+) -> None:
+    """Set the bytes of `chunks` in `maps` to `fill`: chunks in address order, adjacent ones as one run."""
     get = explorer.chunks.get
     r = None
     m = bytearray()
@@ -621,7 +615,7 @@ def _cover(codemap: CodeMap, maps: dict[int, bytearray], explorer: Explorer, chu
             continue
         if r is None or not base <= a < rend:
             if hi > lo:
-                m[lo:hi] = b"\x01" * (hi - lo)
+                m[lo:hi] = fill * (hi - lo)
             lo = hi = -1
             r = codemap.region(a)
             if r is None:
@@ -637,22 +631,24 @@ def _cover(codemap: CodeMap, maps: dict[int, bytearray], explorer: Explorer, chu
                 hi = e
         else:
             if hi > lo:
-                m[lo:hi] = b"\x01" * (hi - lo)
+                m[lo:hi] = fill * (hi - lo)
             lo, hi = o, e
     if hi > lo:
-        m[lo:hi] = b"\x01" * (hi - lo)
+        m[lo:hi] = fill * (hi - lo)
 
 
 def _body_spans(explorer: Explorer, bodies: dict[int, Body]) -> list[tuple[int, int]]:
     """(entry, size) of the contiguous run of blocks from each function's entry."""
     out = []
+    chunks = explorer.chunks
     for f, b in bodies.items():
-        ends = sorted((a, explorer.chunks[a][0]) for a in b.chunks if a >= f and a in explorer.chunks)
         end = f
-        for a, e in ends:
+        for a in sorted([a for a in b.chunks if a >= f and a in chunks]):
             if a > end + 16:
                 break
-            end = max(end, e)
+            e = chunks[a][0]
+            if e > end:
+                end = e
         if end > f:
             out.append((f, end - f))
     return out
