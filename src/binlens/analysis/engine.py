@@ -9,7 +9,8 @@ import re
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 from binlens.analysis.codemap import CodeMap, CodeRegion
@@ -219,11 +220,13 @@ def _analyze(
                 if va not in excluded:
                     seeds.starts.setdefault(va, set()).add(src)
             bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret, noret_slots, excluded)
+    del gaps  # its coverage map and counts are of no further use
     explorer.finish()
     report(0.85, 1.0, f"{len(bodies)} functions; references and strings")
-    functions = build_functions(image, codemap, explorer, bodies, starts, extents, thunks, noret)
+    # references first: their transient sets then do not coexist with the functions' blocks (lower peak memory)
     strings = find_strings(image)
     xrefs = collect_xrefs(image, codemap, backend, explorer, bodies, strings, jt_tables)
+    functions = build_functions(image, codemap, explorer, bodies, starts, extents, thunks, noret)
     covered = _covered(codemap, explorer, bodies)
     stats = {"seconds": time.perf_counter() - t0, "chunks": float(len(explorer.chunks))}
     report(1.0, 1.0, f"{len(functions)} functions")
@@ -551,6 +554,15 @@ class _Gaps:
 
     def covered(self, bodies: dict[int, Body]) -> dict[int, bytearray]:
         """Per region, the coverage of `bodies` (a copy the caller may mark further)."""
+        if not self.bodies:  # the first round: every chunk of every body is new
+            counted: Counter[int] = Counter()
+            for b in bodies.values():
+                counted.update(b.chunks)
+            self.count = dict(counted)
+            self.bodies = dict(bodies)
+            self.nsplits = len(self.explorer.splits)
+            _cover(self.codemap, self.maps, self.explorer, self.count)
+            return {va: bytearray(m) for va, m in self.maps.items()}
         count = self.count
         touched: set[int] = set()
         old = self.bodies
@@ -601,7 +613,7 @@ def _covered_maps(codemap: CodeMap, explorer: Explorer, bodies: dict[int, Body])
 
 
 def _cover(
-    codemap: CodeMap, maps: dict[int, bytearray], explorer: Explorer, chunks: set[int], fill: bytes = b"\x01"
+    codemap: CodeMap, maps: dict[int, bytearray], explorer: Explorer, chunks: Iterable[int], fill: bytes = b"\x01"
 ) -> None:
     """Set the bytes of `chunks` in `maps` to `fill`: chunks in address order, adjacent ones as one run."""
     get = explorer.chunks.get

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import struct
+from itertools import chain
 
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.discovery import Body, Explorer
@@ -26,10 +27,8 @@ def collect_xrefs(
 ) -> list[Xref]:
     """Every reference from reached code (and from data unless `data` is false), sorted by (src, dst)."""
     chunks = explorer.chunks
-    reached_set: set[int] = set()
-    for body in bodies.values():
-        reached_set.update(body.chunks)
-    reached = sorted(reached_set)
+    # chunk starts of all bodies, in order (a chunk shared by bodies repeats: bisect still works)
+    reached = sorted(chain.from_iterable(body.chunks for body in bodies.values()))
     ends = [chunks[a][0] for a in reached]
     out: set[tuple[int, int, str]] = set()
     add = out.add
@@ -61,7 +60,9 @@ def collect_xrefs(
     keys = [(t[0], t[1], "string") if t[2] in _RETAG and t[1] in str_starts else t for t in out]
     del out
     keys.sort()
-    return [Xref(src, dst, kind) for src, dst, kind in keys]
+    for i, (src, dst, kind) in enumerate(keys):  # in place: each tuple is freed as its Xref replaces it
+        keys[i] = Xref(src, dst, kind)  # type: ignore[call-overload]
+    return keys  # type: ignore[return-value]
 
 
 def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int]) -> list[tuple[int, int]]:
