@@ -84,7 +84,8 @@ class Body:
     """What one function's entry reaches: chunk starts, edges, calls, tail calls."""
 
     chunks: list[int] = field(default_factory=list)
-    edges: list[tuple[int, int, str]] = field(default_factory=list)
+    # flat (src chunk, dst chunk, kind) triples: three list slots per edge, no tuple each
+    edges: list[int | str] = field(default_factory=list)
     calls: list[tuple[int, int]] = field(default_factory=list)
     tails: list[tuple[int, int]] = field(default_factory=list)
     cond_tails: list[int] = field(default_factory=list)  # function starts reached by a conditional jump
@@ -335,7 +336,7 @@ class Explorer:
         hits: set[int] = set()
         b = Body()
         add_chunk = b.chunks.append
-        add_edge = b.edges.append
+        add_edge = b.edges.extend
         add_tail = b.tails.append
         seen = {f}
         stack = [f]
@@ -442,7 +443,7 @@ class Explorer:
                     b.tails.append((last, s))
                     new.add(s)
                     continue
-                b.edges.append((a, s, kind))
+                add_edge((a, s, kind))
                 if s not in seen:
                     seen.add(s)
                     stack.append(s)

@@ -66,12 +66,14 @@ def _blocks(codemap: CodeMap, explorer: Explorer, f: int, body: Body) -> tuple[l
     """Basic blocks (chunks merged across a single fall-through/call-return edge) and their edges."""
     chunks = explorer.chunks
     npred: dict[int, int] = {}
-    via: dict[int, tuple[int, int, str]] = {}  # the (last) edge into each chunk
+    via: dict[int, int] = {}  # source and kind of the (last) edge into each chunk
+    via_kind: dict[int, str] = {}
     succ_n: dict[int, int] = {}
-    for e in body.edges:
-        s, d, _kind = e
+    it = iter(body.edges)
+    for s, d, kind in zip(it, it, it, strict=True):
         npred[d] = npred.get(d, 0) + 1
-        via[d] = e
+        via[d] = s
+        via_kind[d] = kind
         succ_n[s] = succ_n.get(s, 0) + 1
     owner: dict[int, int] = {}
     ends: dict[int, int] = {}
@@ -79,7 +81,7 @@ def _blocks(codemap: CodeMap, explorer: Explorer, f: int, body: Body) -> tuple[l
     for a in sorted(set(body.chunks)):
         c = chunks[a]
         if a != f and npred.get(a) == 1:
-            src, _d, kind = via[a]
+            src, kind = via[a], via_kind[a]
             if (kind == "fallthrough" or kind == "call_return") and succ_n[src] == 1 and chunks[src][0] == a:
                 blk = owner.get(src)
                 if blk is not None:
@@ -99,7 +101,8 @@ def _blocks(codemap: CodeMap, explorer: Explorer, f: int, body: Body) -> tuple[l
         blocks.append(BasicBlock(b, e, n, TERM_NAMES[terms[b]]))
     keys = []
     seen = set()
-    for s, d, kind in body.edges:
+    it = iter(body.edges)
+    for s, d, kind in zip(it, it, it, strict=True):
         if owner.get(d) != d:
             continue  # merged into its predecessor
         key = (owner[s], d, kind)

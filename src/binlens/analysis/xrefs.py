@@ -44,7 +44,8 @@ def collect_xrefs(
             add((site, callee, "call"))
         for site, callee in body.tails:
             add((site, callee, "tail_call"))
-        for s, d, kind in body.edges:
+        it = iter(body.edges)
+        for s, d, kind in zip(it, it, it, strict=True):
             if kind == "jump" or kind == "conditional_taken":
                 add((chunks[s][3], d, "jump"))
             elif kind == "jump_table":
