@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from operator import itemgetter
 
 from binlens.analysis.codemap import BODY, CodeMap
@@ -65,22 +66,18 @@ def build_functions(
 def _blocks(codemap: CodeMap, explorer: Explorer, f: int, body: Body) -> tuple[list[BasicBlock], list[Edge]]:
     """Basic blocks (chunks merged across a single fall-through/call-return edge) and their edges."""
     chunks = explorer.chunks
-    npred: dict[int, int] = {}
-    via: dict[int, int] = {}  # source and kind of the (last) edge into each chunk
-    via_kind: dict[int, str] = {}
-    succ_n: dict[int, int] = {}
-    it = iter(body.edges)
-    for s, d, kind in zip(it, it, it, strict=True):
-        npred[d] = npred.get(d, 0) + 1
-        via[d] = s
-        via_kind[d] = kind
-        succ_n[s] = succ_n.get(s, 0) + 1
+    edges = body.edges
+    srcs, dsts, kinds = edges[0::3], edges[1::3], edges[2::3]  # body edges are flat triples
+    npred = Counter(dsts)  # counted and mapped at C speed
+    succ_n = Counter(srcs)
+    via = dict(zip(dsts, srcs, strict=True))  # source and kind of the (last) edge into each chunk
+    via_kind = dict(zip(dsts, kinds, strict=True))
     owner: dict[int, int] = {}
     ends: dict[int, int] = {}
     terms: dict[int, int] = {}
-    for a in sorted(set(body.chunks)):
+    for a in sorted(body.chunks):  # a body lists each chunk once
         c = chunks[a]
-        if a != f and npred.get(a) == 1:
+        if npred.get(a) == 1 and a != f:
             src, kind = via[a], via_kind[a]
             if (kind == "fallthrough" or kind == "call_return") and succ_n[src] == 1 and chunks[src][0] == a:
                 blk = owner.get(src)
@@ -99,16 +96,9 @@ def _blocks(codemap: CodeMap, explorer: Explorer, f: int, body: Body) -> tuple[l
             r = codemap.region(b)
         n = 0 if r is None else (e - b) - r.state.count(BODY, b - r.va, e - r.va)
         blocks.append(BasicBlock(b, e, n, TERM_NAMES[terms[b]]))
-    keys = []
-    seen = set()
-    it = iter(body.edges)
-    for s, d, kind in zip(it, it, it, strict=True):
-        if owner.get(d) != d:
-            continue  # merged into its predecessor
-        key = (owner[s], d, kind)
-        if key not in seen:
-            seen.add(key)
-            keys.append(key)
+    own = owner.get
+    # edges into merged chunks disappear; duplicates keep their first place (dict order)
+    keys = list(dict.fromkeys([(owner[s], d, k) for s, d, k in zip(srcs, dsts, kinds, strict=True) if own(d) == d]))
     keys.sort(key=_SRC_DST)
     return blocks, [Edge(s, d, k) for s, d, k in keys]
 
