@@ -6,13 +6,13 @@ import gc
 from pathlib import Path
 
 import pytest
-from conftest import corpus_dir
 
 from binlens.analysis import analyze
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.engine import gc_paused
 from binlens.analysis.x86 import X86Backend
 from binlens.loader.parse_lief import parse_path
+from conftest import corpus_dir
 
 
 def _sweep(path: Path, misaligned_first: bool) -> None:
