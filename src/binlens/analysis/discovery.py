@@ -299,18 +299,20 @@ class Explorer:
         removed = self._prev_starts - starts
         noret_changed = noret ^ self._prev_noret
         dirty = self._dirty | added
-        for idx, f in enumerate(order):
-            nxt = order[idx + 1] if idx + 1 < len(order) else 1 << 64
-            hit = self._cache.get(f)
+        cached = self._cache.get
+        # (empty sets are disjoint from everything: test only the ones that changed)
+        for f, nxt in zip(order, [*order[1:], 1 << 64], strict=True):
+            hit = cached(f)
             if (
                 hit is not None
                 and hit[0] == nxt
-                and hit[2].isdisjoint(dirty)
-                and hit[3].isdisjoint(removed)
-                and hit[4].isdisjoint(noret_changed)
+                and (not dirty or hit[2].isdisjoint(dirty))
+                and (not removed or hit[3].isdisjoint(removed))
+                and (not noret_changed or hit[4].isdisjoint(noret_changed))
             ):
                 bodies[f] = hit[1]
-                new.update(hit[5])
+                if hit[5]:
+                    new.update(hit[5])
                 continue
             b, seen, hits, found = self._body(f, nxt, extents.get(f), starts, fragments, noret)
             bodies[f] = b
