@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from itertools import chain
 
 from binlens.analysis.codemap import CodeMap, CodeRegion
 from binlens.analysis.discovery import (
@@ -773,16 +774,10 @@ def _gap_candidate(r: CodeRegion, arch: str, off: int, end: int) -> tuple[int, b
 
 
 def _covered(codemap: CodeMap, explorer: Explorer, bodies: dict[int, Body]) -> int:
-    seen = set()
-    total = 0
-    for b in bodies.values():
-        for a in b.chunks:
-            if a not in seen:
-                seen.add(a)
-                c = explorer.chunks.get(a)
-                if c is not None:
-                    total += c[0] - a
-    return total
+    """Bytes in the chunks of all bodies (each chunk once)."""
+    chunks = explorer.chunks
+    held = set(chain.from_iterable(b.chunks for b in bodies.values())).intersection(chunks)
+    return sum([chunks[a][0] for a in held]) - sum(held)
 
 
 __all__ = ["ENGINE_VERSION", "SOURCES", "analyze", "analyze_functions"]
