@@ -222,12 +222,12 @@ def _analyze(
             bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret, noret_slots, excluded)
     del gaps  # its coverage map and counts are of no further use
     explorer.finish()
+    covered = _covered(codemap, explorer, bodies)  # here, its set reuses the memory just freed
     report(0.85, 1.0, f"{len(bodies)} functions; references and strings")
     # references first: their transient sets then do not coexist with the functions' blocks (lower peak memory)
     strings = find_strings(image)
     xrefs = collect_xrefs(image, codemap, backend, explorer, bodies, strings, jt_tables)
-    functions = build_functions(image, codemap, explorer, bodies, starts, extents, thunks, noret)
-    covered = _covered(codemap, explorer, bodies)
+    functions = build_functions(image, codemap, explorer, bodies, starts, extents, thunks, noret, consume=True)
     stats = {"seconds": time.perf_counter() - t0, "chunks": float(len(explorer.chunks))}
     report(1.0, 1.0, f"{len(functions)} functions")
     return ProgramAnalysis(
@@ -476,7 +476,7 @@ def _heuristic_starts(
             out[va] = source
 
     if stage == "code_offsets":
-        reached = sorted({a for b in bodies.values() for a in b.chunks})
+        reached = sorted(chain.from_iterable(b.chunks for b in bodies.values()))  # repeats are harmless
         ends = [explorer.chunks[a][0] for a in reached]
         b = backend
         for src, dst, kind in zip(b.x_src, b.x_dst, b.x_kind, strict=False):  # type: ignore[attr-defined]
@@ -555,10 +555,10 @@ class _Gaps:
     def covered(self, bodies: dict[int, Body]) -> dict[int, bytearray]:
         """Per region, the coverage of `bodies` (a copy the caller may mark further)."""
         if not self.bodies:  # the first round: every chunk of every body is new
-            counted: Counter[int] = Counter()
+            counted: Counter[int] = Counter()  # (a dict: kept as the counts, not copied)
             for b in bodies.values():
                 counted.update(b.chunks)
-            self.count = dict(counted)
+            self.count = counted
             self.bodies = dict(bodies)
             self.nsplits = len(self.explorer.splits)
             _cover(self.codemap, self.maps, self.explorer, self.count)

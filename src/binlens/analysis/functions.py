@@ -35,15 +35,17 @@ def build_functions(
     extents: dict[int, int],
     thunks: dict[int, str],
     noret: set[int],
+    consume: bool = False,
 ) -> list[Function]:
-    """One Function per body, in address order."""
+    """One Function per body, in address order. With `consume`, each body is removed from
+    `bodies` once its function is built (its memory then serves the next functions' blocks)."""
     names = symbol_names(image)
     thumb = getattr(explorer.backend, "thumb", set())
     order = sorted(bodies)
     out = []
-    for idx, f in enumerate(order):
-        nxt = order[idx + 1] if idx + 1 < len(order) else 1 << 64
-        blocks, edges = _blocks(codemap, explorer, f, bodies[f])
+    for f, nxt in zip(order, [*order[1:], 1 << 64], strict=True):
+        body = bodies.pop(f) if consume else bodies[f]
+        blocks, edges = _blocks(codemap, explorer, f, body)
         size = extents.get(f) or _extent(f, blocks, nxt)
         srcs = tuple(sorted(starts.get(f, {"call"}), key=lambda s: _ORDER.get(s, 99)))
         out.append(
@@ -56,7 +58,7 @@ def build_functions(
                 symbol_name=names.get(f),
                 thunk_name=thunks.get(f),
                 noreturn=f in noret,
-                calls=sorted(set(bodies[f].calls)),
+                calls=sorted(set(body.calls)),
                 mode="thumb" if f in thumb else None,
             )
         )
