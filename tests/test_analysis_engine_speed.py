@@ -116,3 +116,16 @@ def test_incremental_gap_coverage_through_changed_bodies_and_splits(monkeypatch)
         pytest.skip(f"{path} is absent")
     rounds = _check_gap_rounds(path, monkeypatch)
     assert len(rounds) >= 10 and rounds == sorted(rounds)
+
+
+def test_partition_and_functions_with_no_starts(compile_c):
+    """No function starts at all (a damaged file): empty results, not an error."""
+    from binlens.analysis.discovery import Explorer, FragmentIndex
+    from binlens.analysis.functions import build_functions
+
+    image = parse_path(str(compile_c("sample.c", "-O2", True)))
+    codemap = CodeMap(image)
+    explorer = Explorer(codemap, X86Backend(image, codemap), None)
+    bodies, new = explorer.partition(set(), {}, FragmentIndex([]), set())
+    assert bodies == {} and new == set()
+    assert build_functions(image, codemap, explorer, bodies, {}, {}, {}, set(), consume=True) == []

@@ -301,7 +301,7 @@ class Explorer:
         dirty = self._dirty | added
         cached = self._cache.get
         # (empty sets are disjoint from everything: test only the ones that changed)
-        for f, nxt in zip(order, [*order[1:], 1 << 64], strict=True):
+        for f, nxt in zip(order, [*order[1:], 1 << 64], strict=False):  # (not strict: order may be empty)
             hit = cached(f)
             if (
                 hit is not None

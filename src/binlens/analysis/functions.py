@@ -43,7 +43,7 @@ def build_functions(
     thumb = getattr(explorer.backend, "thumb", set())
     order = sorted(bodies)
     out = []
-    for f, nxt in zip(order, [*order[1:], 1 << 64], strict=True):
+    for f, nxt in zip(order, [*order[1:], 1 << 64], strict=False):  # (not strict: order may be empty)
         body = bodies.pop(f) if consume else bodies[f]
         blocks, edges = _blocks(codemap, explorer, f, body)
         size = extents.get(f) or _extent(f, blocks, nxt)
