@@ -775,9 +775,17 @@ def _gap_candidate(r: CodeRegion, arch: str, off: int, end: int) -> tuple[int, b
 
 def _covered(codemap: CodeMap, explorer: Explorer, bodies: dict[int, Body]) -> int:
     """Bytes in the chunks of all bodies (each chunk once)."""
-    chunks = explorer.chunks
-    held = set(chain.from_iterable(b.chunks for b in bodies.values())).intersection(chunks)
-    return sum([chunks[a][0] for a in held]) - sum(held)
+    seen = set()
+    total = 0
+    get = explorer.chunks.get
+    for b in bodies.values():
+        for a in b.chunks:
+            if a not in seen:
+                seen.add(a)
+                c = get(a)
+                if c is not None:
+                    total += c[0] - a
+    return total
 
 
 __all__ = ["ENGINE_VERSION", "SOURCES", "analyze", "analyze_functions"]
