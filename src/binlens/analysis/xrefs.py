@@ -72,6 +72,9 @@ def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int]) -> list[
     endian = "<" if image.identity.endian == "little" else ">"
     code = "Q" if ptr == 8 else "I"
     out: dict[int, int] = {}
+    contains = codemap.contains
+    lo = min((r.va for r in codemap.regions), default=0)  # most words lie outside all code: one compare
+    hi = max((r.end for r in codemap.regions), default=0)
     for s in image.sections:
         if not is_data_section(image, s):
             continue
@@ -81,7 +84,7 @@ def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int]) -> list[
         if n <= 0:
             continue
         for k, v in enumerate(struct.unpack_from(f"{endian}{n}{code}", data, pad)):
-            if v and (v in targets or codemap.contains(v)):
+            if v and (v in targets or (lo <= v < hi and contains(v))):
                 out[s.va + pad + k * ptr] = v
     for r in image.relocations:
         if "RELATIVE" in r.type and r.addend and (r.addend in targets or codemap.contains(r.addend)):
