@@ -205,7 +205,9 @@ def _analyze(
     stages = ["code_offsets"] + ["gaps"] * _GAP_ROUNDS + ["data_prologues", "data_pointers"]
     stages += ["gaps"] * _GAP_ROUNDS
     skip_gaps = False
-    gaps = _Gaps(codemap, explorer)
+    # x86 chunks never overlap (every byte is checked); capstone's fixed-width decoders can
+    # overlap a chunk begun at a misaligned address, so they recount each round
+    gaps = _Gaps(codemap, explorer, disjoint=image.identity.arch in ("x86-64", "x86"))
     for stage in stages:
         if stage != "gaps":
             skip_gaps = False
@@ -490,7 +492,7 @@ def _heuristic_starts(
                 accept(dst, "pointer")
     elif image.identity.arch in ("x86-64", "x86", "aarch64"):
         # Gaps are code no function covers (code decoded on a path later found dead counts too).
-        gaps = gaps or _Gaps(codemap, explorer)
+        gaps = gaps or _Gaps(codemap, explorer, disjoint=x86)
         covered = gaps.covered(bodies)
 
         def free(va: int) -> bool:
@@ -538,14 +540,16 @@ class _Gaps:
     `covered` is 1 for each code byte inside a chunk of some function. Instead of rebuilding it
     from every body each round, it counts per chunk the bodies that hold it and re-marks only the
     chunks of bodies that changed since the last round (partition hands back the same Body
-    object when a body did not change) and chunks split since then. Chunks never overlap on the
-    architectures the gap heuristic runs on (x86 checks every byte; AArch64 is fixed-width), so
-    each chunk's bytes are marked exactly when some body holds it.
+    object when a body did not change) and chunks split since then. Chunks never overlap on
+    x86 (its decoder checks every byte), so each chunk's bytes are marked exactly when some body
+    holds it; where chunks may overlap (`disjoint=False`: AArch64 code entered at a misaligned
+    address) each round recounts from scratch.
     """
 
-    def __init__(self, codemap: CodeMap, explorer: Explorer) -> None:
+    def __init__(self, codemap: CodeMap, explorer: Explorer, disjoint: bool = True) -> None:
         self.codemap = codemap
         self.explorer = explorer
+        self.disjoint = disjoint  # False: chunks may overlap, so each round recounts from scratch
         self.maps = {r.va: bytearray(len(r.data)) for r in codemap.regions}
         self.count: dict[int, int] = {}
         self.bodies: dict[int, Body] = {}
@@ -554,6 +558,8 @@ class _Gaps:
 
     def covered(self, bodies: dict[int, Body]) -> dict[int, bytearray]:
         """Per region, the coverage of `bodies` (a copy the caller may mark further)."""
+        if not self.disjoint:
+            return _covered_maps(self.codemap, self.explorer, bodies)
         if not self.bodies:  # the first round: every chunk of every body is new
             counted: Counter[int] = Counter()  # (a dict: kept as the counts, not copied)
             for b in bodies.values():
