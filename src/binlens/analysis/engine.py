@@ -229,8 +229,9 @@ def _analyze(
     # references first: their transient sets then do not coexist with the functions' blocks (lower peak memory)
     strings = find_strings(image)
     xrefs = collect_xrefs(image, codemap, backend, explorer, bodies, strings, jt_tables)
+    nchunks = len(explorer.chunks)
     functions = build_functions(image, codemap, explorer, bodies, starts, extents, thunks, noret, consume=True)
-    stats = {"seconds": time.perf_counter() - t0, "chunks": float(len(explorer.chunks))}
+    stats = {"seconds": time.perf_counter() - t0, "chunks": float(nchunks)}
     report(1.0, 1.0, f"{len(functions)} functions")
     return ProgramAnalysis(
         engine_version=ENGINE_VERSION,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
+from itertools import chain
 from operator import itemgetter
 
 from binlens.analysis.codemap import BODY, CodeMap
@@ -38,14 +39,25 @@ def build_functions(
     consume: bool = False,
 ) -> list[Function]:
     """One Function per body, in address order. With `consume`, each body is removed from
-    `bodies` once its function is built (its memory then serves the next functions' blocks)."""
+    `bodies` once its function is built, and so are its chunks from the explorer unless another
+    body holds them too (their memory then serves the next functions' blocks)."""
     names = symbol_names(image)
     thumb = getattr(explorer.backend, "thumb", set())
     order = sorted(bodies)
     out = []
+    chunks = explorer.chunks
+    shared: set[int] = set()
+    if consume:
+        held = Counter(chain.from_iterable(b.chunks for b in bodies.values()))
+        shared = {a for a, n in held.items() if n > 1}
+        del held
     for f, nxt in zip(order, [*order[1:], 1 << 64], strict=False):  # (not strict: order may be empty)
         body = bodies.pop(f) if consume else bodies[f]
         blocks, edges = _blocks(codemap, explorer, f, body)
+        if consume:
+            for a in body.chunks:
+                if a not in shared:
+                    del chunks[a]
         size = extents.get(f) or _extent(f, blocks, nxt)
         srcs = tuple(sorted(starts.get(f, {"call"}), key=lambda s: _ORDER.get(s, 99)))
         out.append(

@@ -30,8 +30,9 @@ def collect_xrefs(
     # chunk starts of all bodies, in order (a chunk shared by bodies repeats: bisect still works)
     reached = sorted(chain.from_iterable(body.chunks for body in bodies.values()))
     ends = [chunks[a][0] for a in reached]
-    out: set[tuple[int, int, str]] = set()
-    add = out.add
+    # a list, not a set: sorted once, repeats then sit together and are dropped (less memory)
+    keys: list[tuple[int, int, str]] = []
+    add = keys.append
     b = backend
     kinds = XREF_KINDS
     bisect_right = bisect.bisect_right
@@ -58,9 +59,21 @@ def collect_xrefs(
     if data:
         for src, dst in pointers_in_data(image, codemap, str_starts):
             add((src, dst, "pointer"))
-    keys = [(t[0], t[1], "string") if t[2] in _RETAG and t[1] in str_starts else t for t in out]
-    del out
     keys.sort()
+    n = 0
+    prev = None
+    retag = False
+    for t in keys:
+        if t != prev:
+            prev = t
+            if t[2] in _RETAG and t[1] in str_starts:  # a reference to the start of a string
+                t = (t[0], t[1], "string")
+                retag = True
+            keys[n] = t
+            n += 1
+    del keys[n:]
+    if retag:
+        keys.sort()  # nearly sorted already
     for i, (src, dst, kind) in enumerate(keys):  # in place: each tuple is freed as its Xref replaces it
         keys[i] = Xref(src, dst, kind)  # type: ignore[call-overload]
     return keys  # type: ignore[return-value]
