@@ -84,7 +84,8 @@ class Body:
     """What one function's entry reaches: chunk starts, edges, calls, tail calls."""
 
     chunks: list[int] = field(default_factory=list)
-    edges: list[tuple[int, int, str]] = field(default_factory=list)
+    # flat (src chunk, dst chunk, kind) triples: three list slots per edge, no tuple each
+    edges: list[int | str] = field(default_factory=list)
     calls: list[tuple[int, int]] = field(default_factory=list)
     tails: list[tuple[int, int]] = field(default_factory=list)
     cond_tails: list[int] = field(default_factory=list)  # function starts reached by a conditional jump
@@ -121,6 +122,7 @@ class Explorer:
         self._trav_noret: set[int] | None = None
         self._reached: set[int] = set()
         self._calls: set[int] = set()
+        self.splits: list[tuple[int, int]] = []  # (head, new chunk) each time a chunk was split
 
     # ------------------------------------------------------------------ chunks
     def chunk(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
@@ -139,6 +141,7 @@ class Explorer:
             if head is None:
                 return None
             self.chunks[r.va + h] = (va, T_FALL, (va,), va)
+            self.splits.append((r.va + h, va))
             self.pred[va] = r.va + h
             self._dirty.add(r.va + h)
             self.chunks[va] = head
@@ -197,6 +200,19 @@ class Explorer:
             p = self.pred.get(p, self.jpred.get(p))
         return out
 
+    def finish(self) -> None:
+        """Discovery is over: drop what only its passes need (the body cache, the reached set,
+        recorded predecessors), so building functions and references runs with less memory."""
+        self._cache = {}
+        self._prev_starts = set()
+        self._prev_noret = set()
+        self._dirty = set()
+        self._trav_noret = None
+        self._reached = set()
+        self._calls = set()
+        self.pred = {}
+        self.jpred = {}
+
     # ------------------------------------------------------------------ passes
     def traverse(self, starts: list[int], noret: set[int]) -> tuple[set[int], set[int]]:
         """Reach chunks from `starts`; returns (reached chunk starts, direct call targets)."""
@@ -213,42 +229,52 @@ class Explorer:
         pred = self.pred
         jpred = self.jpred
         get = self.chunks.get
+        chunk = self.chunk
+        push = stack.append
+        see = reached.add
+        progress = self.progress
         tick = 0
         covered = 0
         while stack:
             a = stack.pop()
             if a in reached:
                 continue
-            c = get(a) or self.chunk(a)
+            c = get(a) or chunk(a)
             if c is None:
                 continue
-            reached.add(a)
+            see(a)
             end, term, t, last = c
-            covered += end - a
-            if term == T_FALL:
-                pred[t[0]] = a
-                stack.append(t[0])
-            elif term == T_COND:
-                pred[t[1]] = a
-                stack.append(t[1])
-                stack.append(t[0])
-            elif term == T_JUMP:
-                jpred.setdefault(t[0], a)
-                stack.append(t[0])
+            if term == T_COND:
+                x = t[1]
+                pred[x] = a
+                push(x)
+                push(t[0])
+            elif term == T_FALL:
+                x = t[0]
+                pred[x] = a
+                push(x)
             elif term == T_CALL:
-                calls.add(t[0])
-                stack.append(t[0])
-                if t[0] not in noret:
-                    pred[t[1]] = a
-                    stack.append(t[1])
+                x = t[0]
+                calls.add(x)
+                push(x)
+                if x not in noret:
+                    x = t[1]
+                    pred[x] = a
+                    push(x)
+            elif term == T_JUMP:
+                x = t[0]
+                jpred.setdefault(x, a)
+                push(x)
             elif term == T_ICALL:
                 if t[0] not in noret:
-                    stack.append(t[1])
+                    push(t[1])
             elif term == T_IJUMP:
                 stack.extend(self.case_targets(a, last))
-            tick += 1
-            if self.progress is not None and tick % 4096 == 0:
-                self.progress(covered, None, None)
+            if progress is not None:
+                covered += end - a
+                tick += 1
+                if not tick & 4095:
+                    progress(covered, None, None)
         return reached, calls
 
     def partition(
@@ -273,18 +299,20 @@ class Explorer:
         removed = self._prev_starts - starts
         noret_changed = noret ^ self._prev_noret
         dirty = self._dirty | added
-        for idx, f in enumerate(order):
-            nxt = order[idx + 1] if idx + 1 < len(order) else 1 << 64
-            hit = self._cache.get(f)
+        cached = self._cache.get
+        # (empty sets are disjoint from everything: test only the ones that changed)
+        for f, nxt in zip(order, [*order[1:], 1 << 64], strict=False):  # (not strict: order may be empty)
+            hit = cached(f)
             if (
                 hit is not None
                 and hit[0] == nxt
-                and hit[2].isdisjoint(dirty)
-                and hit[3].isdisjoint(removed)
-                and hit[4].isdisjoint(noret_changed)
+                and (not dirty or hit[2].isdisjoint(dirty))
+                and (not removed or hit[3].isdisjoint(removed))
+                and (not noret_changed or hit[4].isdisjoint(noret_changed))
             ):
                 bodies[f] = hit[1]
-                new.update(hit[5])
+                if hit[5]:
+                    new.update(hit[5])
                 continue
             b, seen, hits, found = self._body(f, nxt, extents.get(f), starts, fragments, noret)
             bodies[f] = b
@@ -309,29 +337,70 @@ class Explorer:
         new: set[int] = set()
         hits: set[int] = set()
         b = Body()
+        add_chunk = b.chunks.append
+        add_edge = b.edges.extend
+        add_tail = b.tails.append
         seen = {f}
         stack = [f]
+        push = stack.append
         while stack:
             a = stack.pop()
             c = get(a)
             if c is None:
                 b.open_end = True
                 continue
-            b.chunks.append(a)
+            add_chunk(a)
             end, term, t, last = c
+            # the common terminators inline (same order of effects as the general loop below)
+            if term == T_COND:
+                s = t[0]
+                if s != f and s in starts:
+                    hits.add(s)
+                    add_tail((last, s))
+                    b.cond_tails.append(s)
+                else:
+                    add_edge((a, s, "conditional_taken"))
+                    if s not in seen:
+                        seen.add(s)
+                        push(s)
+                s = t[1]
+                if s != f and s in starts:
+                    hits.add(s)
+                    add_tail((last, s))
+                else:
+                    add_edge((a, s, "conditional_fallthrough"))
+                    if s not in seen:
+                        seen.add(s)
+                        push(s)
+                continue
             if term == T_FALL:
-                succ: tuple[tuple[int, str], ...] = ((t[0], "fallthrough"),)
-            elif term == T_JUMP:
-                succ = ((t[0], "jump"),)
-            elif term == T_COND:
-                succ = ((t[0], "conditional_taken"), (t[1], "conditional_fallthrough"))
-            elif term == T_CALL:
-                b.calls.append((last, t[0]))
-                succ = () if t[0] in noret else ((t[1], "call_return"),)
-            elif term == T_ICALL:
-                if t[0] >= 0:
-                    b.calls.append((last, t[0]))
-                succ = () if t[0] in noret else ((t[1], "call_return"),)
+                s = t[0]
+                if s != f and s in starts:
+                    hits.add(s)
+                    add_tail((last, s))
+                else:
+                    add_edge((a, s, "fallthrough"))
+                    if s not in seen:
+                        seen.add(s)
+                        push(s)
+                continue
+            if term in (T_CALL, T_ICALL):
+                x = t[0]
+                if term == T_CALL or x >= 0:
+                    b.calls.append((last, x))
+                if x in noret:
+                    continue
+                s = t[1]
+                if s != f and s in starts:
+                    hits.add(s)
+                else:
+                    add_edge((a, s, "call_return"))
+                    if s not in seen:
+                        seen.add(s)
+                        push(s)
+                continue
+            if term == T_JUMP:
+                succ: tuple[tuple[int, str], ...] = ((t[0], "jump"),)
             elif term == T_RET:
                 b.has_ret = True
                 continue
@@ -376,7 +445,7 @@ class Explorer:
                     b.tails.append((last, s))
                     new.add(s)
                     continue
-                b.edges.append((a, s, kind))
+                add_edge((a, s, kind))
                 if s not in seen:
                     seen.add(s)
                     stack.append(s)

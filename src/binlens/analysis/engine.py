@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import gc
 import re
 import struct
+import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from itertools import chain
 
-from binlens.analysis.codemap import CodeMap
+from binlens.analysis.codemap import CodeMap, CodeRegion
 from binlens.analysis.discovery import (
     NORETURN_NAMES,
     Body,
@@ -62,11 +67,41 @@ _X86_PROLOGUES = (
     b"\x40\x53",  # push rbx (REX, MSVC x64)
     b"\x40\x55",  # push rbp (REX, MSVC x64)
 )
+_MISS = object()
 _PAD_X86 = re.compile(
     rb"(?:\x90|\xcc|\xf4|\x0f\x0b|\x00|\x66+\x90"
     rb"|\x66*\x2e?\x0f\x1f(?:\x00|\x40\x00|\x44\x00\x00|\x80\x00\x00\x00\x00|\x84\x00\x00\x00\x00\x00)"
     rb"|\x8d\x76\x00|\x8d\x74\x26\x00|\x2e?\x8d\xb4\x26\x00\x00\x00\x00|\x8d\xbc\x27\x00\x00\x00\x00)*"
 )
+
+
+_gc_lock = threading.Lock()
+_gc_pauses = 0  # analyses running now (threads)
+_gc_was_enabled = False
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while an analysis runs (nesting and threads safe).
+
+    The engine builds hundreds of thousands of small acyclic objects (chunk tuples, sets,
+    blocks, references); each automatic collection re-scans all of them, which cost about a
+    fifth of the run time on libc. Reference counting still frees everything as usual; the
+    collector is restored (as it was) when the last running analysis ends.
+    """
+    global _gc_pauses, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_enabled:
+                gc.enable()
 
 
 def make_backend(image: Image, codemap: CodeMap) -> object:
@@ -113,6 +148,16 @@ def analyze(
     `extra_starts` are function starts a user defined; `excluded_starts` ones a user removed.
     `progress(done, total, message)` is called along the way and may raise to cancel.
     """
+    with gc_paused():
+        return _analyze(image, progress, extra_starts, excluded_starts)
+
+
+def _analyze(
+    image: Image,
+    progress: Progress | None,
+    extra_starts: list[int] | tuple[int, ...],
+    excluded_starts: list[int] | tuple[int, ...],
+) -> ProgramAnalysis:
     t0 = time.perf_counter()
     report = progress or (lambda done, total, msg: None)
     image = _text_names(image)
@@ -160,13 +205,16 @@ def analyze(
     stages = ["code_offsets"] + ["gaps"] * _GAP_ROUNDS + ["data_prologues", "data_pointers"]
     stages += ["gaps"] * _GAP_ROUNDS
     skip_gaps = False
+    # x86 chunks never overlap (every byte is checked); capstone's fixed-width decoders can
+    # overlap a chunk begun at a misaligned address, so they recount each round
+    gaps = _Gaps(codemap, explorer, disjoint=image.identity.arch in ("x86-64", "x86"))
     for stage in stages:
         if stage != "gaps":
             skip_gaps = False
         elif skip_gaps:
             continue
         report(0.7, 1.0, f"{len(bodies)} functions; heuristics: {stage}")
-        extra = _heuristic_starts(image, codemap, explorer, backend, starts, extents, bodies, stage)
+        extra = _heuristic_starts(image, codemap, explorer, backend, starts, extents, bodies, stage, gaps)
         if not extra and stage == "gaps":
             skip_gaps = True
         if extra:
@@ -174,12 +222,16 @@ def analyze(
                 if va not in excluded:
                     seeds.starts.setdefault(va, set()).add(src)
             bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret, noret_slots, excluded)
+    del gaps  # its coverage map and counts are of no further use
+    explorer.finish()
+    covered = _covered(codemap, explorer, bodies)  # here, its set reuses the memory just freed
     report(0.85, 1.0, f"{len(bodies)} functions; references and strings")
-    functions = build_functions(image, codemap, explorer, bodies, starts, extents, thunks, noret)
+    # references first: their transient sets then do not coexist with the functions' blocks (lower peak memory)
     strings = find_strings(image)
     xrefs = collect_xrefs(image, codemap, backend, explorer, bodies, strings, jt_tables)
-    covered = _covered(codemap, explorer, bodies)
-    stats = {"seconds": time.perf_counter() - t0, "chunks": float(len(explorer.chunks))}
+    nchunks = len(explorer.chunks)
+    functions = build_functions(image, codemap, explorer, bodies, starts, extents, thunks, noret, consume=True)
+    stats = {"seconds": time.perf_counter() - t0, "chunks": float(nchunks)}
     report(1.0, 1.0, f"{len(functions)} functions")
     return ProgramAnalysis(
         engine_version=ENGINE_VERSION,
@@ -205,6 +257,17 @@ def analyze_functions(
     Used when a user defines or undefines a function: only the functions around it change.
     Returns those functions and the references made from their code (no data pointers).
     """
+    with gc_paused():
+        return _analyze_functions(image, entries, starts, noreturn, string_starts)
+
+
+def _analyze_functions(
+    image: Image,
+    entries: list[int],
+    starts: set[int],
+    noreturn: set[int],
+    string_starts: set[int],
+) -> tuple[list[Function], list[Xref]]:
     image = _text_names(image)
     codemap = CodeMap(image)
     backend = make_backend(image, codemap)
@@ -232,6 +295,7 @@ def analyze_functions(
         explorer.traverse(entries + more, noret)
     everything = set(starts) | set(entries)
     bodies, _new = explorer.partition(everything, extents, FragmentIndex(fragments), noret)
+    explorer.finish()
     mine = {f: bodies[f] for f in entries if f in bodies}
     functions = build_functions(image, codemap, explorer, mine, {f: set() for f in mine}, extents, thunks, noret)
     xrefs = collect_xrefs(image, codemap, backend, explorer, mine, set(string_starts), jt_tables, data=False)
@@ -348,19 +412,20 @@ def _cold_parts(bodies: dict[int, Body], starts: dict[int, set[str]], extents: d
     for f, b in bodies.items():
         for s in b.cond_tails:
             refs.setdefault(s, set()).add(f)
-    if not refs:
+    # candidates first: the references from all other bodies are gathered only when there are some
+    cands = {}
+    for s, fs in refs.items():
+        if len(fs) == 1 and starts.get(s) == {"eh_frame"} and s in extents:
+            (f,) = fs
+            if s < f:
+                cands[s] = f
+    if not cands:
         return set()
     other: set[int] = set()
     for b in bodies.values():
         other.update(callee for _site, callee in b.calls)
         other.update(callee for _site, callee in b.tails if callee not in b.cond_tails)
-    out = set()
-    for s, fs in refs.items():
-        if len(fs) == 1 and starts.get(s) == {"eh_frame"} and s not in other and s in extents:
-            (f,) = fs
-            if s < f:
-                out.add(s)
-    return out
+    return {s for s in cands if s not in other}
 
 
 def _heuristic_starts(
@@ -372,6 +437,7 @@ def _heuristic_starts(
     extents: dict[int, int],
     bodies: dict[int, Body],
     stage: str,
+    gaps: _Gaps | None = None,
 ) -> dict[int, str]:
     """Careful guesses for code nothing reached: code pointers, then prologues in gaps."""
     inside = FragmentIndex(list(extents.items()))
@@ -413,7 +479,7 @@ def _heuristic_starts(
             out[va] = source
 
     if stage == "code_offsets":
-        reached = sorted({a for b in bodies.values() for a in b.chunks})
+        reached = sorted(chain.from_iterable(b.chunks for b in bodies.values()))  # repeats are harmless
         ends = [explorer.chunks[a][0] for a in reached]
         b = backend
         for src, dst, kind in zip(b.x_src, b.x_dst, b.x_kind, strict=False):  # type: ignore[attr-defined]
@@ -427,7 +493,8 @@ def _heuristic_starts(
                 accept(dst, "pointer")
     elif image.identity.arch in ("x86-64", "x86", "aarch64"):
         # Gaps are code no function covers (code decoded on a path later found dead counts too).
-        covered = _covered_maps(codemap, explorer, bodies)
+        gaps = gaps or _Gaps(codemap, explorer, disjoint=x86)
+        covered = gaps.covered(bodies)
 
         def free(va: int) -> bool:
             r = codemap.region(va)
@@ -440,7 +507,7 @@ def _heuristic_starts(
             r = codemap.region(target)
             return r is not None and not covered[r.va][target - r.va] and r.state[target - r.va] != 2
 
-        cands = _gap_candidates(codemap, image.identity.arch, covered)
+        cands = _gap_candidates(codemap, image.identity.arch, covered, gaps.memo)
         for va, prologue, _gap_end in cands:
             if prologue and va not in starts and free(va):
                 c = explorer.chunk(va)
@@ -464,38 +531,143 @@ def _heuristic_starts(
                     _cover(codemap, covered, explorer, seen)
             if out:
                 break
-            cands = _gap_candidates(codemap, image.identity.arch, covered)
+            cands = _gap_candidates(codemap, image.identity.arch, covered, gaps.memo)
     return out
+
+
+class _Gaps:
+    """The coverage map of the gap heuristic, kept up to date between its rounds.
+
+    `covered` is 1 for each code byte inside a chunk of some function. Instead of rebuilding it
+    from every body each round, it counts per chunk the bodies that hold it and re-marks only the
+    chunks of bodies that changed since the last round (partition hands back the same Body
+    object when a body did not change) and chunks split since then. Chunks never overlap on
+    x86 (its decoder checks every byte), so each chunk's bytes are marked exactly when some body
+    holds it; where chunks may overlap (`disjoint=False`: AArch64 code entered at a misaligned
+    address) each round recounts from scratch.
+    """
+
+    def __init__(self, codemap: CodeMap, explorer: Explorer, disjoint: bool = True) -> None:
+        self.codemap = codemap
+        self.explorer = explorer
+        self.disjoint = disjoint  # False: chunks may overlap, so each round recounts from scratch
+        self.maps = {r.va: bytearray(len(r.data)) for r in codemap.regions}
+        self.count: dict[int, int] = {}
+        self.bodies: dict[int, Body] = {}
+        self.nsplits = 0
+        self.memo: dict[int, dict[tuple[int, int], tuple[int, bool, int] | None]] = {}
+
+    def covered(self, bodies: dict[int, Body]) -> dict[int, bytearray]:
+        """Per region, the coverage of `bodies` (a copy the caller may mark further)."""
+        if not self.disjoint:
+            return _covered_maps(self.codemap, self.explorer, bodies)
+        if not self.bodies:  # the first round: every chunk of every body is new
+            counted: Counter[int] = Counter()  # (a dict: kept as the counts, not copied)
+            for b in bodies.values():
+                counted.update(b.chunks)
+            self.count = counted
+            self.bodies = dict(bodies)
+            self.nsplits = len(self.explorer.splits)
+            _cover(self.codemap, self.maps, self.explorer, self.count)
+            return {va: bytearray(m) for va, m in self.maps.items()}
+        count = self.count
+        touched: set[int] = set()
+        old = self.bodies
+        gone: list[int] = []  # one entry per (changed body, chunk it no longer holds)
+        came: list[int] = []
+        for f, b in old.items():
+            nb = bodies.get(f)
+            if nb is b:
+                continue
+            if nb is None:
+                gone.extend(b.chunks)
+            else:  # a recomputed body mostly holds the same chunks: count only the difference
+                was, now = set(b.chunks), set(nb.chunks)
+                gone.extend(was - now)
+                came.extend(now - was)
+        for f, b in bodies.items():
+            if f not in old:
+                came.extend(b.chunks)
+        for a in gone:
+            n = count[a] - 1
+            if n:
+                count[a] = n
+            else:
+                del count[a]
+                touched.add(a)
+        for a in came:
+            n = count.get(a, 0)
+            count[a] = n + 1
+            if not n:
+                touched.add(a)
+        splits = self.explorer.splits
+        for h, va in splits[self.nsplits :]:
+            touched.add(h)
+            touched.add(va)
+        self.nsplits = len(splits)
+        self.bodies = dict(bodies)
+        held = {a for a in touched if a in count}
+        _cover(self.codemap, self.maps, self.explorer, touched - held, b"\x00")
+        _cover(self.codemap, self.maps, self.explorer, held)
+        return {va: bytearray(m) for va, m in self.maps.items()}
 
 
 def _covered_maps(codemap: CodeMap, explorer: Explorer, bodies: dict[int, Body]) -> dict[int, bytearray]:
     """Per code region, 1 for each byte inside a chunk of some function."""
     maps = {r.va: bytearray(len(r.data)) for r in codemap.regions}
-    _cover(codemap, maps, explorer, {a for b in bodies.values() for a in b.chunks})
+    _cover(codemap, maps, explorer, set().union(*(b.chunks for b in bodies.values())))
     return maps
 
 
-def _cover(codemap: CodeMap, maps: dict[int, bytearray], explorer: Explorer, chunks: set[int]) -> None:
-    for a in chunks:
-        c = explorer.chunks.get(a)
-        r = codemap.region(a)
-        if c is None or r is None:
+def _cover(
+    codemap: CodeMap, maps: dict[int, bytearray], explorer: Explorer, chunks: Iterable[int], fill: bytes = b"\x01"
+) -> None:
+    """Set the bytes of `chunks` in `maps` to `fill`: chunks in address order, adjacent ones as one run."""
+    get = explorer.chunks.get
+    r = None
+    m = bytearray()
+    base = rend = 0
+    lo = hi = -1  # the current run, as offsets into m
+    for a in sorted(chunks):
+        c = get(a)
+        if c is None:
             continue
-        n = min(c[0], r.end) - a
-        if n > 0:
-            maps[r.va][a - r.va : a - r.va + n] = b"\x01" * n
+        if r is None or not base <= a < rend:
+            if hi > lo:
+                m[lo:hi] = fill * (hi - lo)
+            lo = hi = -1
+            r = codemap.region(a)
+            if r is None:
+                continue
+            m = maps[r.va]
+            base, rend = r.va, r.end
+        o = a - base
+        e = min(c[0], rend) - base
+        if e <= o:
+            continue
+        if lo <= o <= hi:
+            if e > hi:
+                hi = e
+        else:
+            if hi > lo:
+                m[lo:hi] = fill * (hi - lo)
+            lo, hi = o, e
+    if hi > lo:
+        m[lo:hi] = fill * (hi - lo)
 
 
 def _body_spans(explorer: Explorer, bodies: dict[int, Body]) -> list[tuple[int, int]]:
     """(entry, size) of the contiguous run of blocks from each function's entry."""
     out = []
+    chunks = explorer.chunks
     for f, b in bodies.items():
-        ends = sorted((a, explorer.chunks[a][0]) for a in b.chunks if a >= f and a in explorer.chunks)
         end = f
-        for a, e in ends:
+        for a in sorted([a for a in b.chunks if a >= f and a in chunks]):
             if a > end + 16:
                 break
-            end = max(end, e)
+            e = chunks[a][0]
+            if e > end:
+                end = e
         if end > f:
             out.append((f, end - f))
     return out
@@ -554,39 +726,70 @@ def _self_contained(
     return rets > 0, seen
 
 
-def _gap_candidates(codemap: CodeMap, arch: str, covered: dict[int, bytearray]) -> list[tuple[int, bool, int]]:
+def _gap_candidates(
+    codemap: CodeMap,
+    arch: str,
+    covered: dict[int, bytearray],
+    memo: dict[int, dict[tuple[int, int], tuple[int, bool, int] | None]] | None = None,
+) -> list[tuple[int, bool, int]]:
     """First non-padding address of each gap (code no function covers), whether it starts like a
-    function, and where the gap ends."""
+    function, and where the gap ends. `memo` keeps the answer per gap between rounds (it depends
+    on the gap's bounds and the code bytes only)."""
     out = []
+    memo = {} if memo is None else memo
     for r in codemap.regions:
-        for m in re.finditer(rb"\x00{2,}", covered[r.va]):
-            off = m.start()
-            end = m.end()
-            if arch in ("x86-64", "x86"):
-                p = _PAD_X86.match(r.data, off, end)
-                off = p.end() if p else off
-                if off >= end:
-                    continue
-                out.append((r.va + off, r.data.startswith(_X86_PROLOGUES, off), r.va + end))
-            else:
-                while off + 4 <= end and r.data[off : off + 4] in (b"\x1f\x20\x03\xd5", b"\0\0\0\0"):
-                    off += 4
-                if off + 4 > end or off % 4:
-                    continue
-                (w,) = struct.unpack_from("<I", r.data, off)
-                ok = w & 0xFFC07FFF == 0xA9807BFD or w in (0xD503233F, 0xD503245F) or w & 0xFF0003FF == 0xD10003FF
-                out.append((r.va + off, ok, r.va + end))
+        seen = memo.setdefault(r.va, {})
+        for span in _zero_runs(covered[r.va]):
+            hit = seen.get(span, _MISS)
+            if hit is _MISS:
+                hit = seen[span] = _gap_candidate(r, arch, *span)
+            if hit is not None:
+                out.append(hit)
     return out
 
 
+def _zero_runs(m: bytearray) -> Iterator[tuple[int, int]]:
+    """(start, end) of each maximal run of two or more zero bytes in a map of 0s and 1s (C-speed finds)."""
+    find = m.find
+    pos = 0
+    while True:
+        start = find(b"\x00\x00", pos)
+        if start < 0:
+            return
+        end = find(b"\x01", start)
+        if end < 0:
+            end = len(m)
+        yield start, end
+        pos = end
+
+
+def _gap_candidate(r: CodeRegion, arch: str, off: int, end: int) -> tuple[int, bool, int] | None:
+    """The candidate of the gap [off, end) of region `r` (offsets), or None when it is all padding."""
+    if arch in ("x86-64", "x86"):
+        p = _PAD_X86.match(r.data, off, end)
+        off = p.end() if p else off
+        if off >= end:
+            return None
+        return (r.va + off, r.data.startswith(_X86_PROLOGUES, off), r.va + end)
+    while off + 4 <= end and r.data[off : off + 4] in (b"\x1f\x20\x03\xd5", b"\0\0\0\0"):
+        off += 4
+    if off + 4 > end or off % 4:
+        return None
+    (w,) = struct.unpack_from("<I", r.data, off)
+    ok = w & 0xFFC07FFF == 0xA9807BFD or w in (0xD503233F, 0xD503245F) or w & 0xFF0003FF == 0xD10003FF
+    return (r.va + off, ok, r.va + end)
+
+
 def _covered(codemap: CodeMap, explorer: Explorer, bodies: dict[int, Body]) -> int:
+    """Bytes in the chunks of all bodies (each chunk once)."""
     seen = set()
     total = 0
+    get = explorer.chunks.get
     for b in bodies.values():
         for a in b.chunks:
             if a not in seen:
                 seen.add(a)
-                c = explorer.chunks.get(a)
+                c = get(a)
                 if c is not None:
                     total += c[0] - a
     return total

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import bisect
+from collections import Counter
+from itertools import chain
+from operator import itemgetter
 
 from binlens.analysis.codemap import BODY, CodeMap
 from binlens.analysis.discovery import Body, Explorer
@@ -10,7 +13,7 @@ from binlens.analysis.model import SOURCES, TERM_NAMES, BasicBlock, Edge, Functi
 from binlens.loader.image import Image
 
 _ORDER = {s: i for i, s in enumerate(SOURCES)}
-_MERGE_KINDS = ("fallthrough", "call_return")
+_SRC_DST = itemgetter(0, 1)
 
 
 def symbol_names(image: Image) -> dict[int, str]:
@@ -33,15 +36,28 @@ def build_functions(
     extents: dict[int, int],
     thunks: dict[int, str],
     noret: set[int],
+    consume: bool = False,
 ) -> list[Function]:
-    """One Function per body, in address order."""
+    """One Function per body, in address order. With `consume`, each body is removed from
+    `bodies` once its function is built, and so are its chunks from the explorer unless another
+    body holds them too (their memory then serves the next functions' blocks)."""
     names = symbol_names(image)
     thumb = getattr(explorer.backend, "thumb", set())
     order = sorted(bodies)
     out = []
-    for idx, f in enumerate(order):
-        nxt = order[idx + 1] if idx + 1 < len(order) else 1 << 64
-        blocks, edges = _blocks(codemap, explorer, f, bodies[f])
+    chunks = explorer.chunks
+    shared: set[int] = set()
+    if consume:
+        held = Counter(chain.from_iterable(b.chunks for b in bodies.values()))
+        shared = {a for a, n in held.items() if n > 1}
+        del held
+    for f, nxt in zip(order, [*order[1:], 1 << 64], strict=False):  # (not strict: order may be empty)
+        body = bodies.pop(f) if consume else bodies[f]
+        blocks, edges = _blocks(codemap, explorer, f, body)
+        if consume:
+            for a in body.chunks:
+                if a not in shared:
+                    del chunks[a]
         size = extents.get(f) or _extent(f, blocks, nxt)
         srcs = tuple(sorted(starts.get(f, {"call"}), key=lambda s: _ORDER.get(s, 99)))
         out.append(
@@ -54,7 +70,7 @@ def build_functions(
                 symbol_name=names.get(f),
                 thunk_name=thunks.get(f),
                 noreturn=f in noret,
-                calls=sorted(set(bodies[f].calls)),
+                calls=sorted(set(body.calls)),
                 mode="thumb" if f in thumb else None,
             )
         )
@@ -62,51 +78,43 @@ def build_functions(
 
 
 def _blocks(codemap: CodeMap, explorer: Explorer, f: int, body: Body) -> tuple[list[BasicBlock], list[Edge]]:
+    """Basic blocks (chunks merged across a single fall-through/call-return edge) and their edges."""
     chunks = explorer.chunks
-    starts = sorted(set(body.chunks))
-    preds: dict[int, list[tuple[int, str]]] = {}
-    succ_n: dict[int, int] = {}
-    for s, d, kind in body.edges:
-        preds.setdefault(d, []).append((s, kind))
-        succ_n[s] = succ_n.get(s, 0) + 1
+    edges = body.edges
+    srcs, dsts, kinds = edges[0::3], edges[1::3], edges[2::3]  # body edges are flat triples
+    npred = Counter(dsts)  # counted and mapped at C speed
+    succ_n = Counter(srcs)
+    via = dict(zip(dsts, srcs, strict=True))  # source and kind of the (last) edge into each chunk
+    via_kind = dict(zip(dsts, kinds, strict=True))
     owner: dict[int, int] = {}
     ends: dict[int, int] = {}
     terms: dict[int, int] = {}
-    for a in starts:
+    for a in sorted(body.chunks):  # a body lists each chunk once
         c = chunks[a]
-        p = preds.get(a)
-        if a != f and p and len(p) == 1 and p[0][1] in _MERGE_KINDS and succ_n.get(p[0][0]) == 1:
-            src = p[0][0]
-            if chunks[src][0] == a and src in owner:
-                blk = owner[src]
-                owner[a] = blk
-                ends[blk] = c[0]
-                terms[blk] = c[1]
-                continue
+        if npred.get(a) == 1 and a != f:
+            src, kind = via[a], via_kind[a]
+            if (kind == "fallthrough" or kind == "call_return") and succ_n[src] == 1 and chunks[src][0] == a:
+                blk = owner.get(src)
+                if blk is not None:
+                    owner[a] = blk
+                    ends[blk] = c[0]
+                    terms[blk] = c[1]
+                    continue
         owner[a] = a
         ends[a] = c[0]
         terms[a] = c[1]
     blocks = []
-    for b in sorted(ends):
-        blocks.append(BasicBlock(b, ends[b], _count(codemap, b, ends[b]), TERM_NAMES[terms[b]]))
-    edges = []
-    seen = set()
-    for s, d, kind in body.edges:
-        if owner.get(d) != d:
-            continue  # merged into its predecessor
-        key = (owner[s], d, kind)
-        if key not in seen:
-            seen.add(key)
-            edges.append(Edge(*key))
-    edges.sort(key=lambda e: (e.src, e.dst))
-    return blocks, edges
-
-
-def _count(codemap: CodeMap, start: int, end: int) -> int:
-    r = codemap.region(start)
-    if r is None:
-        return 0
-    return (end - start) - r.state.count(BODY, start - r.va, end - r.va)
+    r = None
+    for b, e in ends.items():  # insertion order is address order
+        if r is None or not r.va <= b < r.end:
+            r = codemap.region(b)
+        n = 0 if r is None else (e - b) - r.state.count(BODY, b - r.va, e - r.va)
+        blocks.append(BasicBlock(b, e, n, TERM_NAMES[terms[b]]))
+    own = owner.get
+    # edges into merged chunks disappear; duplicates keep their first place (dict order)
+    keys = list(dict.fromkeys([(owner[s], d, k) for s, d, k in zip(srcs, dsts, kinds, strict=True) if own(d) == d]))
+    keys.sort(key=_SRC_DST)
+    return blocks, [Edge(s, d, k) for s, d, k in keys]
 
 
 def _extent(f: int, blocks: list[BasicBlock], nxt: int) -> int:

@@ -36,6 +36,10 @@ _NO_WRITE = {MN.CMP, MN.TEST, MN.PUSH, MN.BT, MN.UCOMISS, MN.UCOMISD, MN.COMISS,
 _STOP_CODES = {ix.Code.HLT}
 _STOP_MNEMONICS = {MN.INT3, MN.UD2, MN.UD0, MN.UD1, MN.HLT}
 _BODY = [bytes([BODY]) * n for n in range(16)]
+_MARKS = [b""] + [bytes([INSN]) + bytes([BODY]) * (n - 1) for n in range(1, 16)]
+_FC_NEXT, _FC_COND, _FC_JUMP, _FC_CALL = FC.NEXT, FC.CONDITIONAL_BRANCH, FC.UNCONDITIONAL_BRANCH, FC.CALL
+_FC_RETURN, _FC_IJUMP, _FC_ICALL = FC.RETURN, FC.INDIRECT_BRANCH, FC.INDIRECT_CALL
+_FC_EXCEPTION, _FC_INTERRUPT, _FC_XBEGIN = FC.EXCEPTION, FC.INTERRUPT, FC.XBEGIN_XABORT_XEND
 _ZERO = [bytes(n) for n in range(16)]
 K_READ, K_WRITE, K_OFFSET = XREF_KINDS.index("read"), XREF_KINDS.index("write"), XREF_KINDS.index("offset")
 K_CALL, K_JUMP = XREF_KINDS.index("call"), XREF_KINDS.index("jump")
@@ -77,6 +81,11 @@ class X86Backend:
         self.x_dst = array("Q")
         self.x_kind = bytearray()
         self._fmt: ix.Formatter | None = None
+        self._r: CodeRegion | None = None  # the region of the last chunk, and its decoder
+        self._dec: ix.Decoder | None = None
+        min_ref = 0 if self.got else 4  # shorter instructions cannot hold an address operand
+        self._ctx = (self.lo, self.hi, self.got, self.gotreg, min_ref, self.x_src, self.x_dst, self.x_kind)
+        self._ctx += (image.is_mapped,)
 
     def _decoder(self, r: CodeRegion) -> ix.Decoder:
         d = self._decoders.get(r.va)
@@ -86,7 +95,144 @@ class X86Backend:
         return d
 
     def decode_chunk(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
-        """Decode straight-line code from `va`: (end, terminator, targets, address of last insn)."""
+        """Decode straight-line code from `va`: (end, terminator, targets, address of last insn).
+
+        Fast path: per instruction only the decode, its length and flow kind, and the start
+        byte of the state map; operands are looked at only for instructions long enough to hold
+        an address (>= 4 bytes; any length for i386 PIC `[ebx + x]`), `hlt` only when the last
+        byte is f4. The state bytes under the chunk are checked once at the end with a C-speed
+        count; when an instruction overlapped code decoded before, the exact path runs instead.
+        """
+        r = self._r
+        if r is None or not r.va <= va < r.end:
+            r = self.codemap.region(va)
+            if r is None:
+                return None
+            self._r = r
+            self._dec = self._decoder(r)
+        state = r.state
+        off0 = off = va - r.va
+        if state[off]:
+            return self._decode_chunk_exact(va)
+        dec = self._dec
+        dec.position = off
+        dec.ip = va
+        data = r.data
+        lo, hi, got, gotreg, min_ref, x_src, x_dst, x_kind, is_mapped = self._ctx
+        nx = len(x_kind)
+        marks: list[bytes] = []
+        add_mark = marks.append
+        cur = last = va
+        res = None
+        for ins in dec:  # iterating is cheaper than decode_out; stops at the end of the region
+            s = state[off]
+            if s:
+                res = (cur, T_BAD, (), last) if s == BODY else (cur, T_FALL, (cur,), last)
+                break
+            fc = ins.flow_control
+            ln = ins.len
+            if fc == _FC_EXCEPTION and ins.code == 0:
+                res = (cur, T_BAD, (), last)
+                break
+            add_mark(_MARKS[ln])
+            last = cur
+            nxt = cur + ln
+            if fc == _FC_NEXT:
+                if ln >= min_ref:
+                    t = 0
+                    if ins.is_ip_rel_memory_operand:
+                        t = ins.ip_rel_memory_address
+                    else:
+                        mb = ins.memory_base
+                        if mb == REG_NONE:
+                            d = ins.memory_displacement
+                            if lo <= d < hi:
+                                t = d
+                        elif mb == gotreg and ins.memory_index == REG_NONE:
+                            t = (got + ins.memory_displacement) & 0xFFFFFFFF  # i386 PIC: [ebx + x] is GOT-relative
+                    if t:
+                        if is_mapped(t):
+                            m = ins.mnemonic
+                            x_src.append(cur)
+                            x_dst.append(t)
+                            if m == MN.LEA:
+                                x_kind.append(K_OFFSET)
+                            elif ins.op0_kind == OK.MEMORY and m not in _NO_WRITE:
+                                x_kind.append(K_WRITE)
+                            else:
+                                x_kind.append(K_READ)
+                    else:
+                        k1 = ins.op1_kind
+                        if k1 in _IMM_ADDR:
+                            v = ins.immediate(1)
+                            if lo <= v < hi and is_mapped(v):
+                                x_src.append(cur)
+                                x_dst.append(v)
+                                x_kind.append(K_OFFSET)
+                        elif ins.op0_kind in _IMM_ADDR:
+                            v = ins.immediate(0)
+                            if lo <= v < hi and is_mapped(v):
+                                x_src.append(cur)
+                                x_dst.append(v)
+                                x_kind.append(K_OFFSET)
+                if data[off + ln - 1] == 0xF4 and ins.code in _STOP_CODES:
+                    res = (nxt, T_STOP, (), last)
+                    break
+            elif fc == _FC_COND:
+                res = (nxt, T_COND, (ins.near_branch_target, nxt), last)
+                break
+            elif fc == _FC_JUMP:
+                if ins.op0_kind in _NEAR:
+                    res = (nxt, T_JUMP, (ins.near_branch_target,), last)
+                else:
+                    res = (nxt, T_STOP, (), last)
+                break
+            elif fc == _FC_CALL:
+                if ins.op0_kind in _NEAR:
+                    res = (nxt, T_CALL, (ins.near_branch_target, nxt), last)
+                    break
+            elif fc == _FC_RETURN:
+                res = (nxt, T_RET, (), last)
+                break
+            elif fc == _FC_IJUMP:
+                slot = self._slot(ins)
+                if slot >= 0:
+                    x_src.append(cur)
+                    x_dst.append(slot)
+                    x_kind.append(K_JUMP)
+                res = (nxt, T_IJUMP, (slot,), last)
+                break
+            elif fc == _FC_ICALL:
+                slot = self._slot(ins)
+                if slot >= 0:
+                    x_src.append(cur)
+                    x_dst.append(slot)
+                    x_kind.append(K_CALL)
+                res = (nxt, T_ICALL, (slot, nxt), last)
+                break
+            elif fc == _FC_EXCEPTION or fc == _FC_INTERRUPT and ins.mnemonic in _STOP_MNEMONICS:
+                res = (nxt, T_STOP, (), last)
+                break
+            elif fc == _FC_XBEGIN and ins.op0_kind in _NEAR:
+                res = (nxt, T_COND, (ins.near_branch_target, nxt), last)
+                break
+            cur = nxt
+            off += ln
+        if res is None:
+            res = (cur, T_BAD, (), last)
+        if marks:
+            span = b"".join(marks)
+            k = len(span)
+            if state.count(0, off0, off0 + k) != k:
+                # an instruction overlaps code decoded before: redo exactly, instruction by instruction
+                del x_src[nx:], x_dst[nx:], x_kind[nx:]
+                return self._decode_chunk_exact(va)
+            state[off0 : off0 + k] = span
+        state[off0] = CHUNK
+        return res
+
+    def _decode_chunk_exact(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
+        """`decode_chunk` checking the state map under every instruction as it goes."""
         r = self.codemap.region(va)
         if r is None:
             return None

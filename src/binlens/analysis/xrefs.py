@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import struct
+from itertools import chain
 
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.discovery import Body, Explorer
@@ -26,39 +27,56 @@ def collect_xrefs(
 ) -> list[Xref]:
     """Every reference from reached code (and from data unless `data` is false), sorted by (src, dst)."""
     chunks = explorer.chunks
-    reached = sorted({a for b in bodies.values() for a in b.chunks})
+    # chunk starts of all bodies, in order (a chunk shared by bodies repeats: bisect still works)
+    reached = sorted(chain.from_iterable(body.chunks for body in bodies.values()))
     ends = [chunks[a][0] for a in reached]
-    out: set[tuple[int, int, str]] = set()
+    # a list, not a set: sorted once, repeats then sit together and are dropped (less memory)
+    keys: list[tuple[int, int, str]] = []
+    add = keys.append
     b = backend
+    kinds = XREF_KINDS
+    bisect_right = bisect.bisect_right
     for src, dst, k in zip(b.x_src, b.x_dst, b.x_kind, strict=False):  # type: ignore[attr-defined]
-        i = bisect.bisect_right(reached, src) - 1
+        i = bisect_right(reached, src) - 1
         if i >= 0 and src < ends[i]:
-            out.add((src, dst, XREF_KINDS[k]))
+            add((src, dst, kinds[k]))
     for body in bodies.values():
         for site, callee in body.calls:
-            out.add((site, callee, "call"))
+            add((site, callee, "call"))
         for site, callee in body.tails:
-            out.add((site, callee, "tail_call"))
-        for s, d, kind in body.edges:
-            if kind in ("jump", "conditional_taken"):
-                out.add((chunks[s][3], d, "jump"))
+            add((site, callee, "tail_call"))
+        it = iter(body.edges)
+        for s, d, kind in zip(it, it, it, strict=True):
+            if kind == "jump" or kind == "conditional_taken":
+                add((chunks[s][3], d, "jump"))
             elif kind == "jump_table":
-                out.add((chunks[s][3], d, "jump_table"))
+                add((chunks[s][3], d, "jump_table"))
     for jump, table in jt_tables.items():
-        i = bisect.bisect_right(reached, jump) - 1
+        i = bisect_right(reached, jump) - 1
         if i >= 0 and jump < ends[i]:
-            out.add((jump, table, "read"))
+            add((jump, table, "read"))
     str_starts = strings if isinstance(strings, set) else {s.address for s in strings}
     if data:
         for src, dst in pointers_in_data(image, codemap, str_starts):
-            out.add((src, dst, "pointer"))
-    res = []
-    for src, dst, kind in out:
-        if kind in _RETAG and dst in str_starts:
-            kind = "string"
-        res.append(Xref(src, dst, kind))
-    res.sort(key=lambda x: (x.src, x.dst, x.kind))
-    return res
+            add((src, dst, "pointer"))
+    keys.sort()
+    n = 0
+    prev = None
+    retag = False
+    for t in keys:
+        if t != prev:
+            prev = t
+            if t[2] in _RETAG and t[1] in str_starts:  # a reference to the start of a string
+                t = (t[0], t[1], "string")
+                retag = True
+            keys[n] = t
+            n += 1
+    del keys[n:]
+    if retag:
+        keys.sort()  # nearly sorted already
+    for i, (src, dst, kind) in enumerate(keys):  # in place: each tuple is freed as its Xref replaces it
+        keys[i] = Xref(src, dst, kind)  # type: ignore[call-overload]
+    return keys  # type: ignore[return-value]
 
 
 def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int]) -> list[tuple[int, int]]:
@@ -67,6 +85,9 @@ def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int]) -> list[
     endian = "<" if image.identity.endian == "little" else ">"
     code = "Q" if ptr == 8 else "I"
     out: dict[int, int] = {}
+    contains = codemap.contains
+    lo = min((r.va for r in codemap.regions), default=0)  # most words lie outside all code: one compare
+    hi = max((r.end for r in codemap.regions), default=0)
     for s in image.sections:
         if not is_data_section(image, s):
             continue
@@ -76,7 +97,7 @@ def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int]) -> list[
         if n <= 0:
             continue
         for k, v in enumerate(struct.unpack_from(f"{endian}{n}{code}", data, pad)):
-            if v and (v in targets or codemap.contains(v)):
+            if v and (v in targets or (lo <= v < hi and contains(v))):
                 out[s.va + pad + k * ptr] = v
     for r in image.relocations:
         if "RELATIVE" in r.type and r.addend and (r.addend in targets or codemap.contains(r.addend)):
