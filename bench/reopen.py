@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -77,7 +78,7 @@ def main() -> int:
     """Analyse once, reopen and list many times, print the table."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("files", nargs="*", type=Path)
-    ap.add_argument("--workdir", type=Path, default=corpus.DEFAULT_WORKDIR)
+    ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("BINLENS_BENCH_WORK", corpus.DEFAULT_WORKDIR)))
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     files = list(args.files)
