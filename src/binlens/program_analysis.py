@@ -5,25 +5,31 @@ Methods that need the analysis call `require()`: it starts the analysis on first
 its progress to the waiting call's `CallContext.progress`, honours cancellation, and either
 returns the stored view, fails with `timeout` past the caller's bound, or with `unavailable`
 (plus progress) when the caller asked not to wait.
+
+The full analysis runs in its own process (`binlens.analysis_worker`): it loads the image,
+analyses it and saves the result to the program database, while this process only relays its
+progress, kills it on cancellation or past `budget_s`, and reads the committed result. Local
+re-analysis (`define_function`/`undefine_function`) stays in-process: it is small.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
 from typing import Any
 
-from binlens.analysis import ENGINE_VERSION, analyze
+from binlens.analysis import ENGINE_VERSION
 from binlens.analysis.engine import analyze_functions
+from binlens.analysis_worker import AnalysisProcess, AnalysisRequest
 from binlens.errors import BinlensError
 from binlens.store.analysis import (
     AnalysisView,
     FunctionRow,
     load_run,
     replace_functions,
-    save_analysis,
     set_user_function,
     user_functions,
 )
@@ -31,10 +37,7 @@ from binlens.workspace import OPEN_HOOKS, Program, Workspace
 
 log = logging.getLogger("binlens.analysis")
 _SUB_RE = re.compile(r"^sub_([0-9a-fA-F]+)$")
-
-
-class _Cancelled(Exception):
-    pass
+DEFAULT_ANALYSIS_BUDGET_S = 900.0  # the analysis process is killed past this (BINLENS_ANALYSIS_BUDGET_S)
 
 
 class ProgramAnalysisState:
@@ -52,6 +55,8 @@ class ProgramAnalysisState:
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
         self._waiters = 0
+        self.worker: AnalysisProcess | None = None  # the analysis process while one runs
+        self.budget_s = float(os.environ.get("BINLENS_ANALYSIS_BUDGET_S", DEFAULT_ANALYSIS_BUDGET_S))
         self.started_at: float | None = None
         run = load_run(prog.db)
         if run is not None and run.engine == ENGINE_VERSION and run.status == "done":
@@ -63,7 +68,7 @@ class ProgramAnalysisState:
 
     # ------------------------------------------------------------------ running
     def start(self) -> None:
-        """Start the analysis in a background thread unless it runs or is done."""
+        """Start the analysis (in its own process, watched by a thread) unless it runs or is done."""
         with self._lock:
             if self.status in ("running", "done"):
                 return
@@ -78,33 +83,54 @@ class ProgramAnalysisState:
             self._thread.start()
 
     def _progress(self, done: float, total: float | None, message: str | None) -> None:
-        if self._cancel.is_set():
-            raise _Cancelled
         if total:  # passes re-walk the code: keep the reported share monotonic
             self.fraction = max(self.fraction, min(1.0, done / total))
         if message:
             self.message = message
 
+    def _request(self, with_bytes: bool = False) -> AnalysisRequest:
+        ident = self.prog.image.identity
+        return AnalysisRequest(
+            path=str(self.prog.path),
+            sha256=ident.sha256,
+            db_path=str(self.prog.db.path),
+            slice_name=ident.slice,
+            data=bytes(self.prog.image.data) if with_bytes else None,
+            **self._user_starts(),
+        )
+
+    def _analyse_in_process(self) -> int:
+        """Run the analysis process to the end: the number of functions it saved."""
+        request = self._request()
+        for attempt in range(2):
+            self.worker = AnalysisProcess(request)
+            try:
+                return self.worker.run(self._progress, self._cancel, self.budget_s)
+            except BinlensError as err:
+                if err.code != "conflict" or attempt:
+                    raise
+                request = self._request(with_bytes=True)  # the file changed or went: send the opened bytes
+            finally:
+                self.worker = None
+        raise AssertionError("unreachable")
+
     def _run(self) -> None:
         try:
-            image = self.prog.image
-            result = analyze(image, progress=self._progress, **self._user_starts())
-            self.message = "saving to the program database"
-            save_analysis(self.prog.db, result)
+            self._analyse_in_process()
             view = AnalysisView(self.prog.db)
             with self._lock:
                 self.view = view
                 self.status = "done"
                 self.fraction = 1.0
                 self.message = f"{len(view.functions)} functions"
-        except _Cancelled:
-            with self._lock:
-                self.status = "cancelled"
-                self.message = "cancelled"
         except BinlensError as err:
             with self._lock:
-                self.status = "failed"
-                self.error = err.message
+                if err.code == "cancelled":
+                    self.status = "cancelled"
+                    self.message = "cancelled"
+                else:
+                    self.status = "failed"
+                    self.error = err.message
         except Exception as err:  # noqa: BLE001 - reported through analysis.get, logged here
             log.exception("analysis of %s failed", self.prog.path)
             with self._lock:
@@ -123,7 +149,7 @@ class ProgramAnalysisState:
         }
 
     def cancel(self) -> None:
-        """Ask a running analysis to stop."""
+        """Stop a running analysis: its process is killed within ~20 ms."""
         self._cancel.set()
 
     # ------------------------------------------------------------------ waiting

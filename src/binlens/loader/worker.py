@@ -117,12 +117,17 @@ def serve(stdin: Any, stdout: Any) -> None:
             data, file_name, slice_name, timeout = read_frame(stdin)
         except EOFError:
             return
-        answer = _run_child(_fast, data, file_name, slice_name, timeout) if _fast_candidate(data) else FALLBACK
-        if answer == FALLBACK:
-            import binlens.loader.parse_lief  # noqa: F401 - import LIEF once, before forking
+        write_answer(stdout, parse_isolated(data, file_name, slice_name, timeout))
 
-            answer = _run_child(_lief, data, file_name, slice_name, timeout)
-        write_answer(stdout, answer)
+
+def parse_isolated(data: bytes, file_name: str, slice_name: str | None, timeout: float) -> bytes:
+    """Parse in a forked child (the fast reader first, then LIEF): the answer bytes for `read_answer`."""
+    answer = _run_child(_fast, data, file_name, slice_name, timeout) if _fast_candidate(data) else FALLBACK
+    if answer == FALLBACK:
+        import binlens.loader.parse_lief  # noqa: F401 - import LIEF once, before forking
+
+        answer = _run_child(_lief, data, file_name, slice_name, timeout)
+    return answer
 
 
 if __name__ == "__main__":

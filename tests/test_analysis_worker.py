@@ -1,0 +1,170 @@
+"""The full analysis runs in its own process: same result, progress, cancellation, kills, budget."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from binlens.api import CallContext, invoke
+
+
+def _libc() -> Path:
+    for p in (Path("/lib/x86_64-linux-gnu/libc.so.6"), Path("/usr/lib64/libc.so.6")):
+        if p.exists():
+            return p
+    pytest.skip("no system libc to analyse")
+
+
+def _state(workspace, path):  # noqa: ANN001, ANN202
+    from binlens.program_analysis import analysis_of
+
+    return analysis_of(workspace.open(path, check_roots=False))
+
+
+def _wait_running(st, fraction: float = 0.05, timeout: float = 60):  # noqa: ANN001, ANN202
+    """Start the analysis and wait until its process has made some progress; the process."""
+    st.start()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        worker = st.worker
+        if worker is not None and st.fraction >= fraction:
+            return worker
+        assert st.status == "running", st.snapshot()
+        time.sleep(0.005)
+    raise AssertionError(f"no progress: {st.snapshot()}")
+
+
+def _stored_rows(db) -> dict[str, int]:  # noqa: ANN001
+    conn = db.connect()
+    return {t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("analysis_run", "func", "xref")}
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("opt,pie", [("-O2", True), ("-O0", False)])
+def test_same_result_as_in_process_and_progress_arrives(workspace, compile_c, opt, pie) -> None:  # noqa: ANN001
+    from binlens.analysis import analyze
+    from binlens.store.analysis import AnalysisView
+
+    prog = workspace.open(compile_c("sample.c", opt, pie, strip=True), check_roots=False)
+    st = prog.extensions["analysis"]
+    seen: list[tuple[float, float | None, str | None, int | None]] = []
+
+    def progress(done: float, total: float | None, message: str | None) -> None:
+        worker = st.worker
+        seen.append((done, total, message, worker.pid if worker is not None else None))
+
+    invoke(workspace, "analysis.start", {"wait": True}, CallContext(progress=progress))
+    assert invoke(workspace, "analysis.get", {})["status"] == "done"
+    assert seen[-1][:2] == (100, 100)
+    pids = {pid for *_x, pid in seen if pid is not None}
+    assert pids and os.getpid() not in pids  # progress came from another process
+
+    want = analyze(prog.image)
+    view = AnalysisView(prog.db)
+    assert [(f.address, f.size, f.blocks, f.noreturn) for f in view.functions] == [
+        (f.address, f.size, len(f.blocks), f.noreturn) for f in want.functions
+    ]
+    for f in want.functions:
+        assert [b[:2] for b in view.blocks(f.address)] == [(b.start, b.end) for b in f.blocks]
+        assert sorted(view.edges(f.address)) == sorted((e.src, e.dst, e.kind) for e in f.edges)
+    rows = prog.db.connect().execute("SELECT src, dst, kind FROM xref ORDER BY src, dst, kind").fetchall()
+    assert [tuple(r) for r in rows] == sorted((x.src, x.dst, x.kind) for x in want.xrefs)
+    assert len(view.strings()) == len(want.strings)
+
+
+def test_user_starts_reach_the_analysis_process(workspace, compile_c) -> None:  # noqa: ANN001
+    from binlens.analysis import analyze
+    from binlens.store.analysis import set_user_function
+
+    prog = workspace.open(compile_c("sample.c", "-O2", True, strip=True), check_roots=False)
+    base = analyze(prog.image)
+    victim = base.functions[-1].address
+    set_user_function(prog.db, victim, False)
+    st = prog.extensions["analysis"]
+    st.require(None, timeout_s=60)
+    assert victim not in st.view.by_address
+    assert len(st.view.functions) == len(analyze(prog.image, excluded_starts=[victim]).functions)
+
+
+def test_cancel_kills_the_process_at_once(workspace) -> None:  # noqa: ANN001
+    st = _state(workspace, _libc())
+    worker = _wait_running(st)
+    t0 = time.monotonic()
+    st.cancel()
+    assert st._done.wait(10)
+    elapsed = time.monotonic() - t0
+    assert st.status == "cancelled" and _gone(worker.pid)
+    assert elapsed < 0.5, f"cancellation took {elapsed:.3f} s"
+    assert _stored_rows(st.prog.db) == {"analysis_run": 0, "func": 0, "xref": 0}
+
+
+def test_call_cancellation_kills_the_process(workspace) -> None:  # noqa: ANN001
+    st = _state(workspace, _libc())
+    workers = []
+
+    def progress(done: float, total: float | None, message: str | None) -> None:
+        if st.worker is not None and done > 5:
+            workers.append(st.worker)
+            ctx.cancel()
+
+    ctx = CallContext(progress=progress)
+    from binlens.errors import BinlensError
+
+    with pytest.raises(BinlensError) as err:
+        invoke(workspace, "analysis.start", {"wait": True}, ctx)
+    assert err.value.code == "cancelled"
+    assert st._done.wait(10) and st.status == "cancelled"
+    assert workers and _gone(workers[0].pid)
+
+
+@pytest.mark.parametrize("phase", ["analysing", "saving"])
+def test_sigkill_gives_failed_and_no_partial_analysis(workspace, phase: str) -> None:  # noqa: ANN001
+    st = _state(workspace, _libc())
+    worker = _wait_running(st, 0.3)
+    if phase == "saving":
+        deadline = time.monotonic() + 60
+        while not st.message.startswith("saving") and time.monotonic() < deadline:
+            assert st.status == "running", st.snapshot()
+            time.sleep(0.002)
+        assert st.message.startswith("saving"), st.snapshot()
+        time.sleep(0.05)  # well inside the save's transaction (~0.5 s for libc)
+    os.kill(worker.pid, signal.SIGKILL)
+    assert st._done.wait(10)
+    assert st.status == "failed", st.snapshot()
+    assert "SIGKILL" in st.error and "nothing was saved" in st.error
+    got = invoke(workspace, "analysis.get", {})
+    assert got["status"] == "failed" and "SIGKILL" in got["error"]
+    assert _stored_rows(st.prog.db) == {"analysis_run": 0, "func": 0, "xref": 0}
+    if phase == "saving":  # the database is fine: a new run completes
+        invoke(workspace, "analysis.start", {"wait": True, "timeout_ms": 120000})
+        assert st.status == "done" and _stored_rows(st.prog.db)["func"] > 1000
+
+
+def test_time_budget_kills_the_process(workspace) -> None:  # noqa: ANN001
+    st = _state(workspace, _libc())
+    st.budget_s = 0.3
+    st.start()
+    assert st._done.wait(10)
+    assert st.status == "failed" and "longer than 0.3 s" in st.error
+    assert _stored_rows(st.prog.db)["func"] == 0
+
+
+def test_file_changed_on_disk_is_analysed_from_the_opened_bytes(workspace, compile_c, tmp_path) -> None:  # noqa: ANN001
+    copy = tmp_path / "prog"
+    shutil.copy(compile_c("sample.c", "-O2", True, strip=True), copy)
+    st = _state(workspace, copy)
+    copy.write_bytes(b"\x7fELF changed")
+    view = st.require(None, timeout_s=60)
+    assert st.status == "done" and len(view.functions) >= 16
