@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands that need the program's analysis (which runs in its own process, see analysis_worker).
+NEEDS_ANALYSIS = {"functions", "disasm", "strings", "xrefs", "cfg"}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `binlens` console script."""
     parser = build_parser()
@@ -71,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         from binlens.loader.isolate import prestart
 
         prestart()  # the parser worker starts while this process imports the API
+        if args.command in NEEDS_ANALYSIS:
+            from binlens.analysis_worker import prestart as prestart_analysis
+
+            prestart_analysis()  # so does the analysis process (its imports), in case the analysis must run
     logging.basicConfig(
         level=logging.INFO if args.verbose or os.environ.get("BINLENS_LOG") else logging.WARNING,
         stream=sys.stderr,
