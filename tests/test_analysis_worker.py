@@ -168,3 +168,59 @@ def test_file_changed_on_disk_is_analysed_from_the_opened_bytes(workspace, compi
     copy.write_bytes(b"\x7fELF changed")
     view = st.require(None, timeout_s=60)
     assert st.status == "done" and len(view.functions) >= 16
+
+
+def test_early_start_is_taken_over_and_saves_only_then(workspace, compile_c, home) -> None:  # noqa: ANN001
+    from binlens import analysis_worker
+    from binlens.analysis import analyze
+
+    path = compile_c("sample.c", "-O2", True, strip=True)
+    analysis_worker.prestart(str(path), None, str(home))
+    early = analysis_worker._spare
+    assert early is not None
+    time.sleep(0.5)  # it analyses meanwhile, but saves nothing before the caller takes it over
+    prog = workspace.open(path, check_roots=False)
+    assert _stored_rows(prog.db)["func"] == 0
+    st = prog.extensions["analysis"]
+    pids = set()
+    st.start()
+    while not st._done.wait(0.005):
+        if st.worker is not None:
+            pids.add(st.worker.pid)
+    assert st.status == "done" and pids == {early.pid}
+    assert [f.address for f in st.view.functions] == [f.address for f in analyze(prog.image).functions]
+
+
+def test_early_start_not_needed_exits_without_saving(home, compile_c) -> None:  # noqa: ANN001
+    from binlens import analysis_worker
+    from binlens.store import ProgramDatabase, database_path
+    from binlens.store.analysis import load_run
+
+    path = compile_c("sample.c", "-O0", True, strip=True)
+    analysis_worker.prestart(str(path), None, str(home))
+    proc = analysis_worker._spare
+    analysis_worker._spare = None
+    time.sleep(0.5)
+    proc.stdin.close()  # the caller ends without needing the analysis
+    assert proc.wait(10) == 0
+    import hashlib
+
+    db = ProgramDatabase(database_path(home, hashlib.sha256(path.read_bytes()).hexdigest()))
+    assert load_run(db) is None
+
+
+def test_cli_functions_with_the_early_analysis(home, compile_c) -> None:  # noqa: ANN001
+    import json
+
+    from binlens.analysis import analyze
+    from binlens.loader import load_image
+    from conftest import run_cli
+
+    path = compile_c("sample.c", "-O2", False, strip=True)
+    out = run_cli("functions", str(path), "--json", home=home)
+    assert out.returncode == 0, out.stderr
+    got = [int(f["address"], 16) for f in json.loads(out.stdout)["functions"]]
+    assert got == [f.address for f in analyze(load_image(str(path))).functions]
+    assert "analysing: 100%" in out.stderr
+    again = run_cli("functions", str(path), "--json", home=home)  # from the database; the early process is idle
+    assert again.returncode == 0 and json.loads(again.stdout)["functions"] == json.loads(out.stdout)["functions"]

@@ -16,17 +16,20 @@ so its start-up and imports overlap the caller's; the next analysis takes it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import pickle
 import queue
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from binlens.errors import BinlensError
@@ -48,11 +51,13 @@ class AnalysisRequest:
     excluded_starts: list[int] = field(default_factory=list)
     parse_timeout_s: float = 8.0
     data: bytes | None = None  # the bytes themselves, when the file changed on disk since it was opened
+    home: str | None = None  # an early start (the CLI, before it opened the program): the database's home
 
 
 # ---------------------------------------------------------------------------------- caller side
 _spare_lock = threading.Lock()
 _spare: subprocess.Popen[bytes] | None = None
+_spare_key: tuple[str, str | None] | None = None  # the file a spare already analyses (an early start)
 
 
 def _spawn() -> subprocess.Popen[bytes]:
@@ -69,21 +74,53 @@ def _spawn() -> subprocess.Popen[bytes]:
     )
 
 
-def prestart() -> None:
-    """Start a spare analysis process now, so its start-up overlaps the caller's imports."""
-    global _spare
+def prestart(path: str | None = None, slice_name: str | None = None, home: str | None = None) -> None:
+    """Start a spare analysis process now, so its start-up overlaps the caller's imports.
+
+    With `path` and `home` (the one-shot CLI) it also starts analysing that file at once; the
+    result is saved only when the caller's analysis takes the process over (`AnalysisProcess`),
+    and nothing at all when the caller ends without needing it (or the database had it already).
+    """
+    global _spare, _spare_key
     with _spare_lock:
-        if _spare is None or _spare.poll() is not None:
-            _spare = _spawn()
+        if _spare is not None and _spare.poll() is None:
+            return
+        _spare, _spare_key = _spawn(), None
+        if path is not None and home is not None:
+            real = os.path.realpath(os.path.expanduser(path))
+            try:
+                write_frame(_spare.stdin, AnalysisRequest(real, "", "", slice_name, home=home))
+            except OSError:
+                return
+            _spare_key = (real, slice_name)
 
 
-def _take_process() -> subprocess.Popen[bytes]:
+@atexit.register
+def _drop_spare() -> None:
+    """At exit, an unused spare (maybe analysing a file nobody asked about after all) is killed."""
     global _spare
     with _spare_lock:
         proc, _spare = _spare, None
     if proc is not None and proc.poll() is None:
-        return proc
-    return _spawn()
+        _kill(proc)
+
+
+def _take_process(request: AnalysisRequest) -> tuple[subprocess.Popen[bytes], bool]:
+    """A process for `request`: the spare when there is one (and whether it already analyses this file)."""
+    global _spare, _spare_key
+    with _spare_lock:
+        proc, key, _spare, _spare_key = _spare, _spare_key, None, None
+    if proc is not None and proc.poll() is None:
+        if key is None or key == (request.path, request.slice_name):
+            return proc, key is not None
+        _kill(proc)
+    return _spawn(), False
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 class AnalysisProcess:
@@ -91,7 +128,7 @@ class AnalysisProcess:
 
     def __init__(self, request: AnalysisRequest) -> None:
         self.request = request
-        self.proc = _take_process()
+        self.proc, self._early = _take_process(request)
         self._frames: queue.Queue[Any] = queue.Queue()
         self._reader = threading.Thread(target=self._read, name=f"analysis-reader-{self.proc.pid}", daemon=True)
 
@@ -109,9 +146,7 @@ class AnalysisProcess:
 
     def kill(self) -> None:
         """Kill the analysis process and everything it forked."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+        _kill(self.proc)
 
     def run(self, progress: Progress, cancelled: threading.Event, budget_s: float) -> int:
         """Send the request and relay progress until the end; the number of functions saved.
@@ -120,7 +155,7 @@ class AnalysisProcess:
         `timeout` past `budget_s`, `internal` when the process dies, or the error it reported.
         """
         try:
-            write_frame(self.proc.stdin, self.request)
+            write_frame(self.proc.stdin, ("save", self.request) if self._early else self.request)
             self.proc.stdin.close()  # type: ignore[union-attr]
         except (BrokenPipeError, OSError):
             self.kill()
@@ -179,7 +214,7 @@ def _load(req: AnalysisRequest) -> Any:
             raise BinlensError("conflict", f"{req.path} no longer parses as it did when it was opened: {message}")
         raise BinlensError(code, message, target=target, details=details)
     image = decode_image(payload, data)
-    if image.identity.sha256 != req.sha256:
+    if req.sha256 and image.identity.sha256 != req.sha256:
         raise BinlensError("conflict", f"{req.path} changed on disk since it was opened")
     return image
 
@@ -198,22 +233,73 @@ def _throttled(send: Callable[[Any], None]) -> Progress:
 
 def analyse_and_save(req: AnalysisRequest, send: Callable[[Any], None]) -> None:
     """In the analysis process: load, analyse, save, and report through `send`."""
-    from pathlib import Path
-
     from binlens.analysis import analyze
-    from binlens.store import ProgramDatabase
-    from binlens.store.analysis import save_analysis
 
     send(("progress", 0, None, "loading the image"))
     image = _load(req)
     result = analyze(
         image, progress=_throttled(send), extra_starts=req.extra_starts, excluded_starts=req.excluded_starts
     )
+    _save(req, result, send)
+
+
+def analyse_early(req: AnalysisRequest, stdin: Any, send: Callable[[Any], None]) -> None:
+    """An early start: analyse `req.path` now, save once the caller takes over with the full request.
+
+    The database is only read here (read-only, and only if it exists) until then: the caller
+    creates and migrates it while this process analyses.
+    """
+    from binlens.analysis import ENGINE_VERSION, analyze
+    from binlens.store import database_path
+
+    send(("progress", 0, None, "loading the image"))
+    image = _load(req)
+    ident = image.identity
+    db_path = database_path(Path(req.home or "."), ident.sha256, ident.slice)
+    cached, extra, excluded = _stored_state(db_path, ENGINE_VERSION)
+    result = None
+    if not cached:
+        result = analyze(image, progress=_throttled(send), extra_starts=extra, excluded_starts=excluded)
+    try:
+        _verb, full = read_frame(stdin)
+    except EOFError:
+        return  # the caller did not need it
+    if full.sha256 != ident.sha256:
+        raise BinlensError("conflict", f"{req.path} changed on disk since it was opened")
+    full.data = image.data
+    if result is None or (full.extra_starts, full.excluded_starts) != (extra, excluded):
+        analyse_and_save(full, send)
+        return
+    _save(full, result, send)
+
+
+def _save(req: AnalysisRequest, result: Any, send: Callable[[Any], None]) -> None:
+    from binlens.store import ProgramDatabase
+    from binlens.store.analysis import save_analysis
+
     send(("progress", 1, 1, "saving to the program database"))
     db = ProgramDatabase(Path(req.db_path))
     save_analysis(db, result)
     db.close()
     send(("done", len(result.functions)))
+
+
+def _stored_state(db_path: Path, engine: str) -> tuple[bool, list[int], list[int]]:
+    """(analysis stored by this engine, user-defined starts, user-removed starts), read-only."""
+    if not db_path.exists():
+        return False, [], []
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5.0)
+    try:
+        run = conn.execute("SELECT engine, status FROM analysis_run WHERE id=1").fetchone()
+        rows = conn.execute("SELECT address, defined FROM user_function").fetchall()
+    except sqlite3.Error:
+        return False, [], []
+    finally:
+        conn.close()
+    mask = (1 << 64) - 1
+    extra = sorted(a & mask for a, d in rows if d)
+    excluded = sorted(a & mask for a, d in rows if not d)
+    return run is not None and tuple(run) == (engine, "done"), extra, excluded
 
 
 def main() -> None:
@@ -228,7 +314,10 @@ def main() -> None:
     except EOFError:
         return  # an unused spare
     try:
-        analyse_and_save(req, lambda frame: write_frame(out, frame))
+        if req.home is not None:
+            analyse_early(req, sys.stdin.buffer, lambda frame: write_frame(out, frame))
+        else:
+            analyse_and_save(req, lambda frame: write_frame(out, frame))
     except BinlensError as err:
         write_frame(out, ("error", err.code, err.message))
     except BrokenPipeError:

@@ -77,8 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         prestart()  # the parser worker starts while this process imports the API
         if args.command in NEEDS_ANALYSIS:
             from binlens.analysis_worker import prestart as prestart_analysis
+            from binlens.store import default_home
 
-            prestart_analysis()  # so does the analysis process (its imports), in case the analysis must run
+            # The analysis process starts analysing the file now; it saves only if the command needs it.
+            prestart_analysis(args.file, getattr(args, "slice", None), str(args.home or default_home()))
     logging.basicConfig(
         level=logging.INFO if args.verbose or os.environ.get("BINLENS_LOG") else logging.WARNING,
         stream=sys.stderr,
