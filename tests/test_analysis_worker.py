@@ -224,3 +224,16 @@ def test_cli_functions_with_the_early_analysis(home, compile_c) -> None:  # noqa
     assert "analysing: 100%" in out.stderr
     again = run_cli("functions", str(path), "--json", home=home)  # from the database; the early process is idle
     assert again.returncode == 0 and json.loads(again.stdout)["functions"] == json.loads(out.stdout)["functions"]
+
+
+def test_an_early_start_that_failed_is_replaced(workspace, compile_c, home, tmp_path) -> None:  # noqa: ANN001
+    from binlens import analysis_worker
+
+    copy = tmp_path / "prog"
+    analysis_worker.prestart(str(copy), None, str(home))  # the file is not there yet: it fails and exits
+    early = analysis_worker._spare
+    assert early.wait(10) == 0
+    shutil.copy(compile_c("sample.c", "-O2", True, strip=True), copy)
+    st = _state(workspace, copy)
+    st.require(None, timeout_s=60)  # the exited early process is not taken: a fresh one does the work
+    assert st.status == "done" and len(st.view.functions) >= 16

@@ -154,12 +154,10 @@ class AnalysisProcess:
         Raises BinlensError: `cancelled` when `cancelled` is set (the process is killed at once),
         `timeout` past `budget_s`, `internal` when the process dies, or the error it reported.
         """
-        try:
+        with contextlib.suppress(OSError):  # an early start may have stopped already: its frames say why
             write_frame(self.proc.stdin, ("save", self.request) if self._early else self.request)
+        with contextlib.suppress(OSError):
             self.proc.stdin.close()  # type: ignore[union-attr]
-        except (BrokenPipeError, OSError):
-            self.kill()
-            raise BinlensError("internal", "the analysis process could not be started") from None
         self._reader.start()
         deadline = time.monotonic() + budget_s
         try:
@@ -190,7 +188,10 @@ class AnalysisProcess:
 
     def _death_message(self) -> str:
         code = self.proc.wait()
-        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        try:
+            how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        except ValueError:
+            how = f"signal {-code}"
         return f"the analysis process stopped unexpectedly ({how}); nothing was saved"
 
 
