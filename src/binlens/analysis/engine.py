@@ -44,7 +44,7 @@ from binlens.analysis.xrefs import collect_xrefs, pointers_in_data
 from binlens.errors import BinlensError
 from binlens.loader.image import Image
 
-ENGINE_VERSION = "1"
+ENGINE_VERSION = "2"  # 2: AArch64 jump tables
 _K_OFFSET = XREF_KINDS.index("offset")
 _GAP_ROUNDS = 200  # each round looks at the first address of every remaining gap
 Progress = Callable[[float, float | None, str | None], None]

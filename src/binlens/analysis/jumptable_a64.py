@@ -77,10 +77,10 @@ def a64_jump_table_targets(
     bound check guards it. Only complete, bounded dispatches resolve; otherwise `([], 0, True)`."""
     image = backend.image  # type: ignore[attr-defined]
     md = backend.md(False)  # type: ignore[attr-defined]
-    segments = [*reversed(earlier[:_MAX_CHUNKS]), (slice_start, jump_va + 4)]
-    insns = list(_decode_path(md, image, segments))
-    if not insns or insns[-1].address != jump_va or insns[-1].mnemonic != "br":
-        return [], 0, True
+    own = list(_decode_path(md, image, [(slice_start, jump_va + 4)]))
+    if not own or own[-1].address != jump_va or own[-1].mnemonic != "br" or not any(map(_indexed_load, own)):
+        return [], 0, True  # no table load next to the jump: a tail call or a call through a pointer
+    insns = [*_decode_path(md, image, list(reversed(earlier[:_MAX_CHUNKS]))), *own]
     state = _State(md)
     for k, ins in enumerate(insns[:-1]):
         state.step(ins, insns[k + 1].address)
@@ -122,6 +122,12 @@ def _extend(value: int, ext: int) -> int:
     if signed and value >> (bits - 1):
         value -= 1 << bits
     return value
+
+
+def _indexed_load(ins: cs.CsInsn) -> bool:
+    """A load from `[xT, xI ...]` (register index): what reads a table entry."""
+    ops = ins.operands
+    return ins.mnemonic.startswith("ld") and bool(ops) and ops[-1].type == a64.ARM64_OP_MEM and ops[-1].mem.index != 0
 
 
 def _decode_path(md: cs.Cs, image: object, segments: list[tuple[int, int]]) -> Iterator[cs.CsInsn]:
