@@ -164,9 +164,7 @@ class Explorer:
             guarded = True
             t = []
             if self._jump_tables is not None:
-                t, guarded = self._jump_tables(
-                    self.pred.get(chunk_start, chunk_start), last, self._pred_chain(chunk_start)
-                )
+                t, guarded = self._resolve_table(chunk_start, last)
             self.jt[last] = t
             if not t:
                 self.unresolved[last] = chunk_start  # retried once more predecessors are known
@@ -180,7 +178,7 @@ class Explorer:
         if self._jump_tables is None:
             return out
         for last, chunk_start in list(self.unresolved.items()):
-            t, guarded = self._jump_tables(self.pred.get(chunk_start, chunk_start), last, self._pred_chain(chunk_start))
+            t, guarded = self._resolve_table(chunk_start, last)
             if t:
                 del self.unresolved[last]
                 self.jt[last] = t
@@ -189,24 +187,37 @@ class Explorer:
                 out.extend(t)
         return out
 
-    def _pred_chain(self, chunk_start: int, hops: int = 32) -> list[tuple[int, int]]:
+    def _resolve_table(self, chunk_start: int, last: int) -> tuple[list[int], bool]:
+        """Ask the resolver along the recorded path; on AArch64 also along the path that prefers
+        jumps (a loop's entry edge rather than its back edge, where a hoisted table address is set)."""
+        slice_start = self.pred.get(chunk_start, chunk_start)
+        chain = self._pred_chain(chunk_start)
+        t, guarded = self._jump_tables(slice_start, last, chain)  # type: ignore[misc]
+        if not t and self.cpred is not None:
+            other = self._pred_chain(chunk_start, jump_first=True)
+            if other != chain:
+                t, guarded = self._jump_tables(slice_start, last, other)  # type: ignore[misc]
+        return t, guarded
+
+    def _pred_chain(self, chunk_start: int, hops: int = 32, jump_first: bool = False) -> list[tuple[int, int]]:
         """(start, end) of the chunks before the slice, following one recorded predecessor each."""
         out: list[tuple[int, int]] = []
         seen = {chunk_start}
         first = self.pred.get(chunk_start, chunk_start)
-        p = self._pred_of(first)
+        p = self._pred_of(first, jump_first)
         while p is not None and p not in seen and len(out) < hops:
             seen.add(p)
             c = self.chunks.get(p)
             if c is None:
                 break
             out.append((p, c[0]))
-            p = self._pred_of(p)
+            p = self._pred_of(p, jump_first)
         return out
 
-    def _pred_of(self, va: int) -> int | None:
-        """One recorded predecessor: falling into `va`, else jumping to it, else branching to it."""
-        p = self.pred.get(va, self.jpred.get(va))
+    def _pred_of(self, va: int, jump_first: bool = False) -> int | None:
+        """One recorded predecessor: falling into `va`, else jumping to it, else branching to it
+        (`jump_first`: jumping to it first)."""
+        p = self.jpred.get(va, self.pred.get(va)) if jump_first else self.pred.get(va, self.jpred.get(va))
         if p is None and self.cpred is not None:
             p = self.cpred.get(va)
         return p
