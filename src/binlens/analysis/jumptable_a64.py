@@ -252,7 +252,7 @@ class _State:
             if op.shift.type == a64.ARM64_SFT_LSL:  # type: ignore[attr-defined]
                 imm <<= op.shift.value  # type: ignore[attr-defined]
             return imm if imm >= 0 else None
-        if op.type == a64.ARM64_OP_REG:  # type: ignore[attr-defined]
+        if op.type == a64.ARM64_OP_REG and op.shift.type == 0 and op.ext == 0:  # type: ignore[attr-defined]
             v = self.read(op.reg)  # type: ignore[attr-defined]
             return v[1] if v[0] == "c" and v[1] >= 0 else None
         return None
@@ -265,11 +265,13 @@ class _State:
         if m in ("adrp", "adr") and ops[1].type == a64.ARM64_OP_IMM:
             self.write(dst, ("c", ops[1].imm))
             return True
+        mask = 0xFFFFFFFF if self._is_w(dst) else _MASK
         if m in ("mov", "sxtw", "uxtw") and len(ops) == 2:
             if ops[1].type == a64.ARM64_OP_IMM:
-                self.write(dst, ("c", ops[1].imm & _MASK))
+                self.write(dst, ("c", ops[1].imm & mask))
             elif ops[1].type == a64.ARM64_OP_REG and ops[1].shift.type == 0:
-                self.write(dst, self.read(ops[1].reg))
+                v = self.read(ops[1].reg)
+                self.write(dst, ("c", v[1] & mask) if v[0] == "c" and m == "mov" else v)
             else:
                 return False
             return True
@@ -284,7 +286,8 @@ class _State:
         if op.type == a64.ARM64_OP_IMM:
             imm = self._operand_constant(op)
             if a[0] == "c" and imm is not None:
-                return ("c", (a[1] + imm if m == "add" else a[1] - imm) & _MASK)
+                mask = 0xFFFFFFFF if self.key(dst) != _SP and self._is_w(dst) else _MASK
+                return ("c", (a[1] + imm if m == "add" else a[1] - imm) & mask)
             return self.fresh()
         if m != "add" or op.type != a64.ARM64_OP_REG or (self.key(dst) != _SP and self._is_w(dst)):
             return self.fresh()
