@@ -101,6 +101,7 @@ class Explorer:
         codemap: CodeMap,
         backend: object,
         jump_tables: Callable[[int, int, list[tuple[int, int]]], tuple[list[int], bool]] | None,
+        cond_preds: bool = False,
     ) -> None:
         self.codemap = codemap
         self.backend = backend
@@ -108,6 +109,9 @@ class Explorer:
         self.chunks: dict[int, tuple[int, int, tuple[int, ...], int]] = {}
         self.pred: dict[int, int] = {}
         self.jpred: dict[int, int] = {}  # first chunk seen jumping to a chunk
+        # first chunk seen branching conditionally to a chunk (kept when asked for: the AArch64
+        # resolver needs the guard of gcc's `cmp; b.ls dispatch`, whose dispatch nothing falls into)
+        self.cpred: dict[int, int] | None = {} if cond_preds else None
         self.jt: dict[int, list[int]] = {}  # indirect jump address -> case targets
         self.unguarded: set[int] = set()  # jumps whose table has no bound check
         self.unresolved: dict[int, int] = {}  # indirect jump -> its chunk, for a later retry
@@ -160,9 +164,7 @@ class Explorer:
             guarded = True
             t = []
             if self._jump_tables is not None:
-                t, guarded = self._jump_tables(
-                    self.pred.get(chunk_start, chunk_start), last, self._pred_chain(chunk_start)
-                )
+                t, guarded = self._resolve_table(chunk_start, last)
             self.jt[last] = t
             if not t:
                 self.unresolved[last] = chunk_start  # retried once more predecessors are known
@@ -176,7 +178,7 @@ class Explorer:
         if self._jump_tables is None:
             return out
         for last, chunk_start in list(self.unresolved.items()):
-            t, guarded = self._jump_tables(self.pred.get(chunk_start, chunk_start), last, self._pred_chain(chunk_start))
+            t, guarded = self._resolve_table(chunk_start, last)
             if t:
                 del self.unresolved[last]
                 self.jt[last] = t
@@ -185,20 +187,40 @@ class Explorer:
                 out.extend(t)
         return out
 
-    def _pred_chain(self, chunk_start: int, hops: int = 32) -> list[tuple[int, int]]:
+    def _resolve_table(self, chunk_start: int, last: int) -> tuple[list[int], bool]:
+        """Ask the resolver along the recorded path; on AArch64 also along the path that prefers
+        jumps (a loop's entry edge rather than its back edge, where a hoisted table address is set)."""
+        slice_start = self.pred.get(chunk_start, chunk_start)
+        chain = self._pred_chain(chunk_start)
+        t, guarded = self._jump_tables(slice_start, last, chain)  # type: ignore[misc]
+        if not t and self.cpred is not None:
+            other = self._pred_chain(chunk_start, jump_first=True)
+            if other != chain:
+                t, guarded = self._jump_tables(slice_start, last, other)  # type: ignore[misc]
+        return t, guarded
+
+    def _pred_chain(self, chunk_start: int, hops: int = 32, jump_first: bool = False) -> list[tuple[int, int]]:
         """(start, end) of the chunks before the slice, following one recorded predecessor each."""
         out: list[tuple[int, int]] = []
         seen = {chunk_start}
         first = self.pred.get(chunk_start, chunk_start)
-        p = self.pred.get(first, self.jpred.get(first))
+        p = self._pred_of(first, jump_first)
         while p is not None and p not in seen and len(out) < hops:
             seen.add(p)
             c = self.chunks.get(p)
             if c is None:
                 break
             out.append((p, c[0]))
-            p = self.pred.get(p, self.jpred.get(p))
+            p = self._pred_of(p, jump_first)
         return out
+
+    def _pred_of(self, va: int, jump_first: bool = False) -> int | None:
+        """One recorded predecessor: falling into `va`, else jumping to it, else branching to it
+        (`jump_first`: jumping to it first)."""
+        p = self.jpred.get(va, self.pred.get(va)) if jump_first else self.pred.get(va, self.jpred.get(va))
+        if p is None and self.cpred is not None:
+            p = self.cpred.get(va)
+        return p
 
     def finish(self) -> None:
         """Discovery is over: drop what only its passes need (the body cache, the reached set,
@@ -212,6 +234,8 @@ class Explorer:
         self._calls = set()
         self.pred = {}
         self.jpred = {}
+        if self.cpred is not None:
+            self.cpred = {}
 
     # ------------------------------------------------------------------ passes
     def traverse(self, starts: list[int], noret: set[int]) -> tuple[set[int], set[int]]:
@@ -228,6 +252,7 @@ class Explorer:
         self._reached, self._calls = reached, calls
         pred = self.pred
         jpred = self.jpred
+        cpred = self.cpred
         get = self.chunks.get
         chunk = self.chunk
         push = stack.append
@@ -249,6 +274,8 @@ class Explorer:
                 pred[x] = a
                 push(x)
                 push(t[0])
+                if cpred is not None:
+                    cpred.setdefault(t[0], a)
             elif term == T_FALL:
                 x = t[0]
                 pred[x] = a

@@ -44,7 +44,7 @@ from binlens.analysis.xrefs import collect_xrefs, pointers_in_data
 from binlens.errors import BinlensError
 from binlens.loader.image import Image
 
-ENGINE_VERSION = "1"
+ENGINE_VERSION = "2"  # 2: AArch64 jump tables
 _K_OFFSET = XREF_KINDS.index("offset")
 _GAP_ROUNDS = 200  # each round looks at the first address of every remaining gap
 Progress = Callable[[float, float | None, str | None], None]
@@ -189,7 +189,12 @@ def _analyze(
     named_noret = {va for va, name in thunks.items() if name in NORETURN_NAMES}
     named_noret |= {s.address for s in image.symbols if s.name in NORETURN_NAMES and codemap.contains(s.address)}
     jt_tables: dict[int, int] = {}
-    explorer = Explorer(codemap, backend, _jump_table_fn(image, codemap, backend, jt_tables))
+    explorer = Explorer(
+        codemap,
+        backend,
+        _jump_table_fn(image, codemap, backend, jt_tables),
+        cond_preds=image.identity.arch == "aarch64",
+    )
     code_total = max(1, codemap.total_bytes)
     explorer.progress = lambda done, _t, _m: report(
         min(0.6, 0.6 * done / code_total), 1.0, f"decoding: {min(100, 100 * done // code_total)}% of code bytes reached"
@@ -286,7 +291,12 @@ def _analyze_functions(
     entries = [va for va in (seeds.add(e, "user") for e in entries) if va is not None]
     noret = set(noreturn) | {imp.slot for imp in image.imports if imp.name in NORETURN_NAMES}
     jt_tables: dict[int, int] = {}
-    explorer = Explorer(codemap, backend, _jump_table_fn(image, codemap, backend, jt_tables))
+    explorer = Explorer(
+        codemap,
+        backend,
+        _jump_table_fn(image, codemap, backend, jt_tables),
+        cond_preds=image.identity.arch == "aarch64",
+    )
     explorer.traverse(entries, noret)
     for _ in range(4):
         more = explorer.retry_tables()
@@ -349,9 +359,12 @@ def _metadata_seeds(image: Image, seeds: _Seeds) -> dict[int, str]:
 
 
 def _jump_table_fn(image: Image, codemap: CodeMap, backend: object, tables: dict[int, int]) -> Callable | None:
-    if image.identity.arch not in ("x86-64", "x86"):
+    if image.identity.arch == "aarch64":
+        from binlens.analysis.jumptable_a64 import a64_jump_table_targets as jump_table_targets
+    elif image.identity.arch in ("x86-64", "x86"):
+        from binlens.analysis.jumptable import jump_table_targets
+    else:
         return None
-    from binlens.analysis.jumptable import jump_table_targets
 
     def resolve(slice_start: int, jump_va: int, earlier: list[tuple[int, int]]) -> tuple[list[int], bool]:
         targets, table, guarded = jump_table_targets(backend, codemap, slice_start, jump_va, earlier)
