@@ -4,10 +4,7 @@ Every tool runs as its own process under `/usr/bin/time -v`, one at a time, on t
 corpus binaries of the chosen subset and on the system's libc.so.6. binlens gets a fresh program
 database each run (a full analysis: functions, blocks, xrefs, strings). Prints a Markdown table
 with each tool's wall time, its ratio to `objdump -d` on the same file in the same run, and peak
-RSS (and its ratio to the file size for binlens), then corpus totals. For binlens it also gives
-the analysis time the process reports itself ("analysed ... in X s": from `analysis.start` to
-the results stored in the program database, i.e. without interpreter start-up, imports and
-opening the file), which is what a running server spends on `analysis.start`.
+RSS (and its ratio to the file size for binlens), then corpus totals.
 binlens and objdump run `--repeat` times (default 3) and the run with the median wall time is kept.
 
     .venv/bin/python bench/speed.py --quick
@@ -46,7 +43,8 @@ def measure_cached(  # noqa: ANN201
     if tool in tools.PEERS and cache.is_file() and not fresh:
         data = json.loads(cache.read_text())
         if data.get("version") == version and data.get("sha256") == digest:
-            return tools.Run(**data["run"]), data["measured_at"]
+            fields = tools.Run.__dataclass_fields__
+            return tools.Run(**{k: v for k, v in data["run"].items() if k in fields}), data["measured_at"]
     corpus.log(f"{tool} on {label} ...")
     runs = [tools.run_tool(tool, path, workdir, timeout) for _ in range(1 if tool in tools.PEERS else max(1, repeat))]
     runs.sort(key=lambda r: (r.error is not None, r.wall or 0.0))
@@ -111,7 +109,7 @@ def main() -> int:
     for t in chosen:
         header += [f"{t} s", f"{t} ×objdump", f"{t} CPU s", f"{t} CPU ×objdump", f"{t} peak MiB"]
         if t == "binlens":
-            header += ["binlens RSS ×file", "binlens analysis s", "analysis ×objdump"]
+            header.append("binlens RSS ×file")
     rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     totals: dict[str, float] = {}
     cpu_totals: dict[str, float] = {}
@@ -126,7 +124,7 @@ def main() -> int:
             cpu_totals["objdump"] = cpu_totals.get("objdump", 0.0) + (base.cpu or 0.0)
         for t in chosen:
             if t in unavailable:
-                cells += [f"n/a: {unavailable[t]}", "", "", "", ""] + (["", "", ""] if t == "binlens" else [])
+                cells += [f"n/a: {unavailable[t]}", "", "", "", ""] + ([""] if t == "binlens" else [])
                 continue
             run, when = measure_cached(t, path, label, workdir, versions[t], args.timeout, args.fresh, args.repeat)
             if t in tools.PEERS:
@@ -140,8 +138,6 @@ def main() -> int:
             cells += [wall, ratio, cpu, cpu_ratio, mib(run.rss_kb)]
             if t == "binlens":
                 cells.append(f"{run.rss_kb * 1024 / size:.1f}" if run.rss_kb else "?")
-                cells.append(f"{run.inner:.2f}" if run.inner is not None else "?")
-                cells.append(f"{run.inner / base.wall:.1f}" if run.inner is not None and base.wall else "?")
             if label != "libc.so.6":
                 totals[t] = totals.get(t, 0.0) + (run.wall or 0.0)
                 cpu_totals[t] = cpu_totals.get(t, 0.0) + (run.cpu or 0.0)
@@ -158,7 +154,7 @@ def main() -> int:
         ]
         for t in chosen:
             if t in unavailable:
-                cells += ["n/a", "", "", "", ""] + (["", "", ""] if t == "binlens" else [])
+                cells += ["n/a", "", "", "", ""] + ([""] if t == "binlens" else [])
                 continue
             tot = totals.get(t, 0.0)
             mark = "" if complete.get(t, True) else " (incl. failed runs)"
@@ -167,7 +163,7 @@ def main() -> int:
             cratio = f"{ctot / cpu_totals['objdump']:.1f}" if cpu_totals.get("objdump") else "?"
             cells += [f"{tot:.2f}{mark}", ratio, f"{ctot:.1f}", cratio, ""]
             if t == "binlens":
-                cells += ["", "", ""]
+                cells.append("")
         rows.append("| " + " | ".join(cells) + " |")
         if "binlens" in totals and totals["binlens"]:
             for t in tools.PEERS:

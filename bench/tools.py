@@ -39,7 +39,6 @@ class Run:
     cpu: float | None = None  # user + system seconds, children included
     rss_kb: int | None = None  # peak resident set size of the largest process, KiB
     error: str | None = None  # the run failed (timeout, crash); starts is then empty
-    inner: float | None = None  # seconds the tool reports for the analysis itself (binlens: start to stored)
     stderr: str = field(default="", repr=False)  # what the process wrote to stderr (not cached)
 
     def to_json(self) -> dict:
@@ -158,10 +157,6 @@ def parse_binlens_functions(text: str) -> list[int]:
     return starts
 
 
-# The CLI's own report: "analysed FILE: N functions, ... in 1.23 s" (analysis start to stored).
-_ANALYSED = re.compile(r"^analysed .* in ([\d.]+) s$", re.M)
-
-
 def run_binlens(path: Path, timeout: float) -> Run:
     """Full analysis with a fresh program database; starts from `binlens functions --json`
     (or, before the CLI has that command, `analyze` in-process through binlens_driver.py)."""
@@ -180,8 +175,6 @@ def run_binlens(path: Path, timeout: float) -> Run:
         env = {**os.environ, "BINLENS_HOME": home}
         run = measure([*cmd, "functions", str(path), "--json", "--home", home], timeout, env=env, stdout_path=out)
         run.tool = "binlens"
-        m = _ANALYSED.search(run.stderr)
-        run.inner = float(m.group(1)) if m else None
         if not run.error:
             try:
                 run.starts = sorted(set(parse_binlens_functions(out.read_text())))
