@@ -1,0 +1,399 @@
+"""Careful heuristics for code descent did not reach: code pointers, then prologues in gaps.
+
+`heuristic_starts` is one stage of them (the engine runs the stages in order, most trusted
+first, re-running discovery after each); `Gaps` keeps the gap stage's coverage map between rounds.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import struct
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from itertools import chain
+
+from binlens.analysis.codemap import CodeMap, CodeRegion
+from binlens.analysis.discovery import Body, Explorer, FragmentIndex
+from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_JUMP, T_RET, XREF_KINDS
+from binlens.analysis.xrefs import pointers_in_data
+from binlens.loader.image import Image
+
+_K_OFFSET = XREF_KINDS.index("offset")
+_X86_PROLOGUES = (
+    b"\xf3\x0f\x1e\xfa",  # endbr64
+    b"\xf3\x0f\x1e\xfb",  # endbr32
+    b"\x55\x48\x89\xe5",  # push rbp; mov rbp, rsp
+    b"\x55\x89\xe5",  # push ebp; mov ebp, esp
+    b"\x55\x8b\xec",  # push ebp; mov ebp, esp (MSVC)
+    b"\x8b\xff\x55",  # mov edi, edi; push ebp (hot-patch)
+    b"\x41\x57",  # push r15
+    b"\x41\x56",  # push r14
+    b"\x41\x55",  # push r13
+    b"\x41\x54",  # push r12
+    b"\x48\x83\xec",  # sub rsp, imm8
+    b"\x48\x81\xec",  # sub rsp, imm32
+    b"\x53\x48\x83\xec",  # push rbx; sub rsp
+    b"\x55\x53",  # push rbp; push rbx
+    b"\x48\x89\x5c\x24",  # mov [rsp+x], rbx (MSVC x64)
+    b"\x40\x53",  # push rbx (REX, MSVC x64)
+    b"\x40\x55",  # push rbp (REX, MSVC x64)
+)
+_MISS = object()
+_PAD_X86 = re.compile(
+    rb"(?:\x90|\xcc|\xf4|\x0f\x0b|\x00|\x66+\x90"
+    rb"|\x66*\x2e?\x0f\x1f(?:\x00|\x40\x00|\x44\x00\x00|\x80\x00\x00\x00\x00|\x84\x00\x00\x00\x00\x00)"
+    rb"|\x8d\x76\x00|\x8d\x74\x26\x00|\x2e?\x8d\xb4\x26\x00\x00\x00\x00|\x8d\xbc\x27\x00\x00\x00\x00)*"
+)
+
+
+def heuristic_starts(
+    image: Image,
+    codemap: CodeMap,
+    explorer: Explorer,
+    backend: object,
+    starts: dict[int, set[str]],
+    extents: dict[int, int],
+    bodies: dict[int, Body],
+    stage: str,
+    gaps: Gaps | None = None,
+) -> dict[int, str]:
+    """Careful guesses for code nothing reached: code pointers, then prologues in gaps."""
+    inside = FragmentIndex(list(extents.items()))
+    spans: list[FragmentIndex] = []
+
+    def inside_body(va: int) -> bool:
+        if not spans:
+            spans.append(FragmentIndex(_body_spans(explorer, bodies)))
+        return spans[0](va)
+
+    out: dict[int, str] = {}
+
+    def unexplored(va: int) -> bool:
+        r = codemap.region(va)
+        return r is not None and r.state[va - r.va] == 0 and not (inside(va) and va not in extents)
+
+    x86 = image.identity.arch in ("x86-64", "x86")
+
+    def accept(va: int, source: str, need_ret: bool = False) -> None:
+        if va in starts or va in out:
+            return
+        if not unexplored(va):
+            # an address-taken prologue that descent ran into (the fall-through after a call that
+            # does not return) is still a function of its own
+            if (
+                source == "pointer"
+                and x86
+                and image.identity.format == "ELF"
+                and _instruction_start(codemap, va)
+                and not inside(va)
+                and _starts_like_function(codemap, va)
+            ):
+                out[va] = source
+            return
+        if source == "pointer" and inside_body(va) and not (x86 and _starts_like_function(codemap, va)):
+            return  # a label inside a function (computed goto, unresolved table), not an entry
+        c = explorer.chunk(va)
+        if c is not None and c[1] != T_BAD and (not need_ret or c[1] in (T_RET, T_JUMP)):
+            out[va] = source
+
+    if stage == "code_offsets":
+        reached = sorted(chain.from_iterable(b.chunks for b in bodies.values()))  # repeats are harmless
+        ends = [explorer.chunks[a][0] for a in reached]
+        b = backend
+        for src, dst, kind in zip(b.x_src, b.x_dst, b.x_kind, strict=False):  # type: ignore[attr-defined]
+            if kind == _K_OFFSET and codemap.contains(dst):
+                i = bisect.bisect_right(reached, src) - 1
+                if i >= 0 and src < ends[i]:
+                    accept(dst, "pointer")
+    elif stage in ("data_prologues", "data_pointers"):
+        for _src, dst in pointers_in_data(image, codemap, set()):
+            if stage == "data_pointers" or (x86 and _starts_like_function(codemap, dst)):
+                accept(dst, "pointer")
+    elif image.identity.arch in ("x86-64", "x86", "aarch64"):
+        # Gaps are code no function covers (code decoded on a path later found dead counts too).
+        gaps = gaps or Gaps(codemap, explorer, disjoint=x86)
+        covered = gaps.covered(bodies)
+
+        def free(va: int) -> bool:
+            r = codemap.region(va)
+            return r is not None and r.state[va - r.va] != 2 and not (inside(va) and va not in extents)
+
+        def other_gap(target: int, lo: int, hi: int) -> bool:
+            """An aligned, uncovered address outside this gap: the entry of another unreached function."""
+            if lo <= target < hi or target % 16:
+                return False
+            r = codemap.region(target)
+            return r is not None and not covered[r.va][target - r.va] and r.state[target - r.va] != 2
+
+        cands = _gap_candidates(codemap, image.identity.arch, covered, gaps.memo)
+        for va, prologue, _gap_end in cands:
+            if prologue and va not in starts and free(va):
+                c = explorer.chunk(va)
+                if c is not None and c[1] != T_BAD:
+                    out[va] = "prologue"
+        if out:
+            return out  # let descent from these claim their gaps before weaker guesses
+        tried: set[int] = set()
+        for _ in range(64):  # a rejected trial leaves the rest of its gap as a new gap
+            fresh = [(va, end) for va, pro, end in cands if not pro and va not in tried]
+            if not fresh:
+                break
+            for va, gap_end in fresh:
+                tried.add(va)
+                if not (x86 and va % 16 == 0 and va not in starts and free(va)):
+                    continue
+                ok, seen = _self_contained(explorer, va, gap_end, starts, other_gap)
+                if ok:
+                    out[va] = "prologue"
+                else:
+                    _cover(codemap, covered, explorer, seen)
+            if out:
+                break
+            cands = _gap_candidates(codemap, image.identity.arch, covered, gaps.memo)
+    return out
+
+
+class Gaps:
+    """The coverage map of the gap heuristic, kept up to date between its rounds.
+
+    `covered` is 1 for each code byte inside a chunk of some function. Instead of rebuilding it
+    from every body each round, it counts per chunk the bodies that hold it and re-marks only the
+    chunks of bodies that changed since the last round (partition hands back the same Body
+    object when a body did not change) and chunks split since then. Chunks never overlap on
+    x86 (its decoder checks every byte), so each chunk's bytes are marked exactly when some body
+    holds it; where chunks may overlap (`disjoint=False`: AArch64 code entered at a misaligned
+    address) each round recounts from scratch.
+    """
+
+    def __init__(self, codemap: CodeMap, explorer: Explorer, disjoint: bool = True) -> None:
+        self.codemap = codemap
+        self.explorer = explorer
+        self.disjoint = disjoint  # False: chunks may overlap, so each round recounts from scratch
+        self.maps = {r.va: bytearray(len(r.data)) for r in codemap.regions}
+        self.count: dict[int, int] = {}
+        self.bodies: dict[int, Body] = {}
+        self.nsplits = 0
+        self.memo: dict[int, dict[tuple[int, int], tuple[int, bool, int] | None]] = {}
+
+    def covered(self, bodies: dict[int, Body]) -> dict[int, bytearray]:
+        """Per region, the coverage of `bodies` (a copy the caller may mark further)."""
+        if not self.disjoint:
+            return _covered_maps(self.codemap, self.explorer, bodies)
+        if not self.bodies:  # the first round: every chunk of every body is new
+            counted: Counter[int] = Counter()  # (a dict: kept as the counts, not copied)
+            for b in bodies.values():
+                counted.update(b.chunks)
+            self.count = counted
+            self.bodies = dict(bodies)
+            self.nsplits = len(self.explorer.splits)
+            _cover(self.codemap, self.maps, self.explorer, self.count)
+            return {va: bytearray(m) for va, m in self.maps.items()}
+        count = self.count
+        touched: set[int] = set()
+        old = self.bodies
+        gone: list[int] = []  # one entry per (changed body, chunk it no longer holds)
+        came: list[int] = []
+        for f, b in old.items():
+            nb = bodies.get(f)
+            if nb is b:
+                continue
+            if nb is None:
+                gone.extend(b.chunks)
+            else:  # a recomputed body mostly holds the same chunks: count only the difference
+                was, now = set(b.chunks), set(nb.chunks)
+                gone.extend(was - now)
+                came.extend(now - was)
+        for f, b in bodies.items():
+            if f not in old:
+                came.extend(b.chunks)
+        for a in gone:
+            n = count[a] - 1
+            if n:
+                count[a] = n
+            else:
+                del count[a]
+                touched.add(a)
+        for a in came:
+            n = count.get(a, 0)
+            count[a] = n + 1
+            if not n:
+                touched.add(a)
+        splits = self.explorer.splits
+        for h, va in splits[self.nsplits :]:
+            touched.add(h)
+            touched.add(va)
+        self.nsplits = len(splits)
+        self.bodies = dict(bodies)
+        held = {a for a in touched if a in count}
+        _cover(self.codemap, self.maps, self.explorer, touched - held, b"\x00")
+        _cover(self.codemap, self.maps, self.explorer, held)
+        return {va: bytearray(m) for va, m in self.maps.items()}
+
+
+def _covered_maps(codemap: CodeMap, explorer: Explorer, bodies: dict[int, Body]) -> dict[int, bytearray]:
+    """Per code region, 1 for each byte inside a chunk of some function."""
+    maps = {r.va: bytearray(len(r.data)) for r in codemap.regions}
+    _cover(codemap, maps, explorer, set().union(*(b.chunks for b in bodies.values())))
+    return maps
+
+
+def _cover(
+    codemap: CodeMap, maps: dict[int, bytearray], explorer: Explorer, chunks: Iterable[int], fill: bytes = b"\x01"
+) -> None:
+    """Set the bytes of `chunks` in `maps` to `fill`: chunks in address order, adjacent ones as one run."""
+    get = explorer.chunks.get
+    r = None
+    m = bytearray()
+    base = rend = 0
+    lo = hi = -1  # the current run, as offsets into m
+    for a in sorted(chunks):
+        c = get(a)
+        if c is None:
+            continue
+        if r is None or not base <= a < rend:
+            if hi > lo:
+                m[lo:hi] = fill * (hi - lo)
+            lo = hi = -1
+            r = codemap.region(a)
+            if r is None:
+                continue
+            m = maps[r.va]
+            base, rend = r.va, r.end
+        o = a - base
+        e = min(c[0], rend) - base
+        if e <= o:
+            continue
+        if lo <= o <= hi:
+            if e > hi:
+                hi = e
+        else:
+            if hi > lo:
+                m[lo:hi] = fill * (hi - lo)
+            lo, hi = o, e
+    if hi > lo:
+        m[lo:hi] = fill * (hi - lo)
+
+
+def _body_spans(explorer: Explorer, bodies: dict[int, Body]) -> list[tuple[int, int]]:
+    """(entry, size) of the contiguous run of blocks from each function's entry."""
+    out = []
+    chunks = explorer.chunks
+    for f, b in bodies.items():
+        end = f
+        for a in sorted([a for a in b.chunks if a >= f and a in chunks]):
+            if a > end + 16:
+                break
+            e = chunks[a][0]
+            if e > end:
+                end = e
+        if end > f:
+            out.append((f, end - f))
+    return out
+
+
+def _instruction_start(codemap: CodeMap, va: int) -> bool:
+    r = codemap.region(va)
+    return r is not None and r.state[va - r.va] in (1, 3)
+
+
+def _starts_like_function(codemap: CodeMap, va: int) -> bool:
+    r = codemap.region(va)
+    return r is not None and r.data.startswith(_X86_PROLOGUES, va - r.va)
+
+
+def _self_contained(
+    explorer: Explorer,
+    start: int,
+    gap_end: int,
+    starts: dict[int, set[str]],
+    elsewhere: Callable[[int, int, int], bool] = lambda va, lo, hi: False,
+) -> tuple[bool, set[int]]:
+    """Does code decoded from `start` stay inside its gap (leaving only by calls and tail calls)?
+
+    Unreached blocks of a function (cases of an unresolved switch, code after a call wrongly
+    thought to return) jump back into explored code; a function that nothing calls does not.
+    """
+    stack = [start]
+    seen: set[int] = set()
+    rets = 0
+    while stack:
+        a = stack.pop()
+        if a in seen:
+            continue
+        seen.add(a)
+        if len(seen) > 4096:
+            return False, seen
+        if a != start and a in starts:
+            continue
+        if not start <= a < gap_end:
+            return False, seen
+        c = explorer.chunk(a)
+        if c is None or c[1] == T_BAD:
+            return False, seen
+        _end, term, t, _last = c
+        if term == T_JUMP and t[0] != start and (t[0] in starts or elsewhere(t[0], start, gap_end)):
+            rets += 1  # a tail call to a known function, or to an aligned entry in another gap
+        elif term in (T_FALL, T_JUMP):
+            stack.append(t[0])
+        elif term == T_COND:
+            stack.extend(t)
+        elif term in (T_CALL, T_ICALL):
+            stack.append(t[1])
+        elif term == T_RET:
+            rets += 1
+    return rets > 0, seen
+
+
+def _gap_candidates(
+    codemap: CodeMap,
+    arch: str,
+    covered: dict[int, bytearray],
+    memo: dict[int, dict[tuple[int, int], tuple[int, bool, int] | None]] | None = None,
+) -> list[tuple[int, bool, int]]:
+    """First non-padding address of each gap (code no function covers), whether it starts like a
+    function, and where the gap ends. `memo` keeps the answer per gap between rounds (it depends
+    on the gap's bounds and the code bytes only)."""
+    out = []
+    memo = {} if memo is None else memo
+    for r in codemap.regions:
+        seen = memo.setdefault(r.va, {})
+        for span in _zero_runs(covered[r.va]):
+            hit = seen.get(span, _MISS)
+            if hit is _MISS:
+                hit = seen[span] = _gap_candidate(r, arch, *span)
+            if hit is not None:
+                out.append(hit)
+    return out
+
+
+def _zero_runs(m: bytearray) -> Iterator[tuple[int, int]]:
+    """(start, end) of each maximal run of two or more zero bytes in a map of 0s and 1s (C-speed finds)."""
+    find = m.find
+    pos = 0
+    while True:
+        start = find(b"\x00\x00", pos)
+        if start < 0:
+            return
+        end = find(b"\x01", start)
+        if end < 0:
+            end = len(m)
+        yield start, end
+        pos = end
+
+
+def _gap_candidate(r: CodeRegion, arch: str, off: int, end: int) -> tuple[int, bool, int] | None:
+    """The candidate of the gap [off, end) of region `r` (offsets), or None when it is all padding."""
+    if arch in ("x86-64", "x86"):
+        p = _PAD_X86.match(r.data, off, end)
+        off = p.end() if p else off
+        if off >= end:
+            return None
+        return (r.va + off, r.data.startswith(_X86_PROLOGUES, off), r.va + end)
+    while off + 4 <= end and r.data[off : off + 4] in (b"\x1f\x20\x03\xd5", b"\0\0\0\0"):
+        off += 4
+    if off + 4 > end or off % 4:
+        return None
+    (w,) = struct.unpack_from("<I", r.data, off)
+    ok = w & 0xFFC07FFF == 0xA9807BFD or w in (0xD503233F, 0xD503245F) or w & 0xFF0003FF == 0xD10003FF
+    return (r.va + off, ok, r.va + end)
