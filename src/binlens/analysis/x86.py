@@ -83,7 +83,7 @@ class X86Backend:
         self._fmt: ix.Formatter | None = None
         self._r: CodeRegion | None = None  # the region of the last chunk, and its decoder
         self._dec: ix.Decoder | None = None
-        min_ref = 0 if self.got else 4  # shorter instructions cannot hold an address operand
+        self._min_ref = min_ref = 0 if self.got else 4  # shorter instructions cannot hold an address operand
         self._ctx = (self.lo, self.hi, self.got, self.gotreg, min_ref, self.x_src, self.x_dst, self.x_kind)
         self._ctx += (image.is_mapped,)
 
@@ -118,7 +118,8 @@ class X86Backend:
         dec.position = off
         dec.ip = va
         data = r.data
-        lo, hi, got, gotreg, min_ref, x_src, x_dst, x_kind, is_mapped = self._ctx
+        min_ref, x_src, x_dst, x_kind = self._min_ref, self.x_src, self.x_dst, self.x_kind
+        data_ref, ending = self._data_ref, self._ending
         nx = len(x_kind)
         marks: list[bytes] = []
         add_mark = marks.append
@@ -139,83 +140,14 @@ class X86Backend:
             nxt = cur + ln
             if fc == _FC_NEXT:
                 if ln >= min_ref:
-                    t = 0
-                    if ins.is_ip_rel_memory_operand:
-                        t = ins.ip_rel_memory_address
-                    else:
-                        mb = ins.memory_base
-                        if mb == REG_NONE:
-                            d = ins.memory_displacement
-                            if lo <= d < hi:
-                                t = d
-                        elif mb == gotreg and ins.memory_index == REG_NONE:
-                            t = (got + ins.memory_displacement) & 0xFFFFFFFF  # i386 PIC: [ebx + x] is GOT-relative
-                    if t:
-                        if is_mapped(t):
-                            m = ins.mnemonic
-                            x_src.append(cur)
-                            x_dst.append(t)
-                            if m == MN.LEA:
-                                x_kind.append(K_OFFSET)
-                            elif ins.op0_kind == OK.MEMORY and m not in _NO_WRITE:
-                                x_kind.append(K_WRITE)
-                            else:
-                                x_kind.append(K_READ)
-                    else:
-                        k1 = ins.op1_kind
-                        if k1 in _IMM_ADDR:
-                            v = ins.immediate(1)
-                            if lo <= v < hi and is_mapped(v):
-                                x_src.append(cur)
-                                x_dst.append(v)
-                                x_kind.append(K_OFFSET)
-                        elif ins.op0_kind in _IMM_ADDR:
-                            v = ins.immediate(0)
-                            if lo <= v < hi and is_mapped(v):
-                                x_src.append(cur)
-                                x_dst.append(v)
-                                x_kind.append(K_OFFSET)
+                    data_ref(ins, cur)
                 if data[off + ln - 1] == 0xF4 and ins.code in _STOP_CODES:
                     res = (nxt, T_STOP, (), last)
                     break
-            elif fc == _FC_COND:
-                res = (nxt, T_COND, (ins.near_branch_target, nxt), last)
-                break
-            elif fc == _FC_JUMP:
-                if ins.op0_kind in _NEAR:
-                    res = (nxt, T_JUMP, (ins.near_branch_target,), last)
-                else:
-                    res = (nxt, T_STOP, (), last)
-                break
-            elif fc == _FC_CALL:
-                if ins.op0_kind in _NEAR:
-                    res = (nxt, T_CALL, (ins.near_branch_target, nxt), last)
+            else:
+                res = ending(ins, fc, cur, nxt, last)
+                if res is not None:
                     break
-            elif fc == _FC_RETURN:
-                res = (nxt, T_RET, (), last)
-                break
-            elif fc == _FC_IJUMP:
-                slot = self._slot(ins)
-                if slot >= 0:
-                    x_src.append(cur)
-                    x_dst.append(slot)
-                    x_kind.append(K_JUMP)
-                res = (nxt, T_IJUMP, (slot,), last)
-                break
-            elif fc == _FC_ICALL:
-                slot = self._slot(ins)
-                if slot >= 0:
-                    x_src.append(cur)
-                    x_dst.append(slot)
-                    x_kind.append(K_CALL)
-                res = (nxt, T_ICALL, (slot, nxt), last)
-                break
-            elif fc == _FC_EXCEPTION or fc == _FC_INTERRUPT and ins.mnemonic in _STOP_MNEMONICS:
-                res = (nxt, T_STOP, (), last)
-                break
-            elif fc == _FC_XBEGIN and ins.op0_kind in _NEAR:
-                res = (nxt, T_COND, (ins.near_branch_target, nxt), last)
-                break
             cur = nxt
             off += ln
         if res is None:
@@ -246,10 +178,7 @@ class X86Backend:
         dec.position = off
         dec.ip = va
         ins = self._ins
-        lo, hi = self.lo, self.hi
-        got, gotreg = self.got, self.gotreg
-        x_src, x_dst, x_kind = self.x_src, self.x_dst, self.x_kind
-        is_mapped = self.image.is_mapped
+        data_ref, ending = self._data_ref, self._ending
         state[off] = CHUNK
         cur = va
         last = va
@@ -278,75 +207,80 @@ class X86Backend:
             nxt = cur + ln
             fc = ins.flow_control
             if fc == FC.NEXT:
-                t = 0
-                if ins.is_ip_rel_memory_operand:
-                    t = ins.ip_rel_memory_address
-                else:
-                    mb = ins.memory_base
-                    if mb == REG_NONE:
-                        d = ins.memory_displacement
-                        if lo <= d < hi:
-                            t = d
-                    elif mb == gotreg and ins.memory_index == REG_NONE:
-                        t = (got + ins.memory_displacement) & 0xFFFFFFFF  # i386 PIC: [ebx + x] is GOT-relative
-                if t:
-                    if is_mapped(t):
-                        m = ins.mnemonic
-                        x_src.append(cur)
-                        x_dst.append(t)
-                        if m == MN.LEA:
-                            x_kind.append(K_OFFSET)
-                        elif ins.op0_kind == OK.MEMORY and m not in _NO_WRITE:
-                            x_kind.append(K_WRITE)
-                        else:
-                            x_kind.append(K_READ)
-                else:
-                    k1 = ins.op1_kind
-                    if k1 in _IMM_ADDR:
-                        v = ins.immediate(1)
-                        if lo <= v < hi and is_mapped(v):
-                            x_src.append(cur)
-                            x_dst.append(v)
-                            x_kind.append(K_OFFSET)
-                    elif ins.op0_kind in _IMM_ADDR:
-                        v = ins.immediate(0)
-                        if lo <= v < hi and is_mapped(v):
-                            x_src.append(cur)
-                            x_dst.append(v)
-                            x_kind.append(K_OFFSET)
+                data_ref(ins, cur)
                 if ins.code in _STOP_CODES:
                     return nxt, T_STOP, (), last
-            elif fc == FC.CONDITIONAL_BRANCH:
-                return nxt, T_COND, (ins.near_branch_target, nxt), last
-            elif fc == FC.UNCONDITIONAL_BRANCH:
-                if ins.op0_kind in _NEAR:
-                    return nxt, T_JUMP, (ins.near_branch_target,), last
-                return nxt, T_STOP, (), last
-            elif fc == FC.CALL:
-                if ins.op0_kind in _NEAR:
-                    return nxt, T_CALL, (ins.near_branch_target, nxt), last
-            elif fc == FC.RETURN:
-                return nxt, T_RET, (), last
-            elif fc == FC.INDIRECT_BRANCH:
-                slot = self._slot(ins)
-                if slot >= 0:
-                    x_src.append(cur)
-                    x_dst.append(slot)
-                    x_kind.append(K_JUMP)
-                return nxt, T_IJUMP, (slot,), last
-            elif fc == FC.INDIRECT_CALL:
-                slot = self._slot(ins)
-                if slot >= 0:
-                    x_src.append(cur)
-                    x_dst.append(slot)
-                    x_kind.append(K_CALL)
-                return nxt, T_ICALL, (slot, nxt), last
-            elif fc == FC.EXCEPTION or fc == FC.INTERRUPT and ins.mnemonic in _STOP_MNEMONICS:
-                return nxt, T_STOP, (), last
-            elif fc == FC.XBEGIN_XABORT_XEND and ins.op0_kind in _NEAR:
-                return nxt, T_COND, (ins.near_branch_target, nxt), last
+            else:
+                res = ending(ins, fc, cur, nxt, last)
+                if res is not None:
+                    return res
             cur = nxt
             off += ln
+
+    def _data_ref(self, ins: ix.Instruction, cur: int) -> None:
+        """Record the address a fall-through instruction at `cur` reads, writes or takes, if any."""
+        lo, hi, got, gotreg, _min_ref, x_src, x_dst, x_kind, is_mapped = self._ctx
+        t = 0
+        if ins.is_ip_rel_memory_operand:
+            t = ins.ip_rel_memory_address
+        else:
+            mb = ins.memory_base
+            if mb == REG_NONE:
+                d = ins.memory_displacement
+                if lo <= d < hi:
+                    t = d
+            elif mb == gotreg and ins.memory_index == REG_NONE:
+                t = (got + ins.memory_displacement) & 0xFFFFFFFF  # i386 PIC: [ebx + x] is GOT-relative
+        if t:
+            if is_mapped(t):
+                m = ins.mnemonic
+                x_src.append(cur)
+                x_dst.append(t)
+                if m == MN.LEA:
+                    x_kind.append(K_OFFSET)
+                elif ins.op0_kind == OK.MEMORY and m not in _NO_WRITE:
+                    x_kind.append(K_WRITE)
+                else:
+                    x_kind.append(K_READ)
+            return
+        k1 = ins.op1_kind
+        if k1 in _IMM_ADDR:
+            v = ins.immediate(1)
+        elif ins.op0_kind in _IMM_ADDR:
+            v = ins.immediate(0)
+        else:
+            return
+        if lo <= v < hi and is_mapped(v):
+            x_src.append(cur)
+            x_dst.append(v)
+            x_kind.append(K_OFFSET)
+
+    def _ending(
+        self, ins: ix.Instruction, fc: int, cur: int, nxt: int, last: int
+    ) -> tuple[int, int, tuple[int, ...], int] | None:
+        """How an instruction that is not plain fall-through ends its chunk; None when it does not."""
+        if fc == _FC_COND:
+            return nxt, T_COND, (ins.near_branch_target, nxt), last
+        if fc == _FC_JUMP:
+            if ins.op0_kind in _NEAR:
+                return nxt, T_JUMP, (ins.near_branch_target,), last
+            return nxt, T_STOP, (), last
+        if fc == _FC_CALL:
+            return (nxt, T_CALL, (ins.near_branch_target, nxt), last) if ins.op0_kind in _NEAR else None
+        if fc == _FC_RETURN:
+            return nxt, T_RET, (), last
+        if fc in (_FC_IJUMP, _FC_ICALL):
+            slot = self._slot(ins)
+            if slot >= 0:
+                self.x_src.append(cur)
+                self.x_dst.append(slot)
+                self.x_kind.append(K_JUMP if fc == _FC_IJUMP else K_CALL)
+            return (nxt, T_IJUMP, (slot,), last) if fc == _FC_IJUMP else (nxt, T_ICALL, (slot, nxt), last)
+        if fc == _FC_EXCEPTION or fc == _FC_INTERRUPT and ins.mnemonic in _STOP_MNEMONICS:
+            return nxt, T_STOP, (), last
+        if fc == _FC_XBEGIN and ins.op0_kind in _NEAR:
+            return nxt, T_COND, (ins.near_branch_target, nxt), last
+        return None
 
     def _slot(self, ins: ix.Instruction) -> int:
         """The constant memory address an indirect jump/call reads its target from, else -1."""
