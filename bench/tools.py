@@ -39,13 +39,10 @@ class Run:
     cpu: float | None = None  # user + system seconds, children included
     rss_kb: int | None = None  # peak resident set size of the largest process, KiB
     error: str | None = None  # the run failed (timeout, crash); starts is then empty
-    stderr: str = field(default="", repr=False)  # what the process wrote to stderr (not cached)
 
     def to_json(self) -> dict:
         """Plain dict for the result cache."""
-        data = self.__dict__.copy()
-        data.pop("stderr", None)
-        return data
+        return self.__dict__.copy()
 
 
 def _parse_time_v(text: str) -> tuple[float | None, float | None, int | None]:
@@ -88,7 +85,7 @@ def measure(cmd: list[str], timeout: float, env: dict | None = None, stdout_path
             if stdout_path:
                 out.close()
         wall, cpu, rss = _parse_time_v(Path(tf.name).read_text())
-    run = Run(tool=cmd[0], wall=wall, cpu=cpu, rss_kb=rss, error=err, stderr=stderr)
+    run = Run(tool=cmd[0], wall=wall, cpu=cpu, rss_kb=rss, error=err)
     if err and err.startswith("timeout"):
         run.wall = timeout
     return run
