@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import importlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -320,13 +321,21 @@ def _metadata_seeds(image: Image, seeds: _Seeds) -> dict[int, str]:
     return thunks
 
 
+# architecture -> (module, function) of its jump-table resolver: called as
+# `fn(backend, codemap, slice_start, jump_va, earlier)` -> (case targets, table address or 0, guarded)
+_JUMP_TABLE_RESOLVERS: dict[str, tuple[str, str]] = {
+    "x86-64": ("binlens.analysis.jumptable", "jump_table_targets"),
+    "x86": ("binlens.analysis.jumptable", "jump_table_targets"),
+    "aarch64": ("binlens.analysis.jumptable_a64", "a64_jump_table_targets"),
+}
+
+
 def _jump_table_fn(image: Image, codemap: CodeMap, backend: object, tables: dict[int, int]) -> Callable | None:
-    if image.identity.arch == "aarch64":
-        from binlens.analysis.jumptable_a64 import a64_jump_table_targets as jump_table_targets
-    elif image.identity.arch in ("x86-64", "x86"):
-        from binlens.analysis.jumptable import jump_table_targets
-    else:
+    where = _JUMP_TABLE_RESOLVERS.get(image.identity.arch)
+    if where is None:
         return None
+    module, name = where
+    jump_table_targets = getattr(importlib.import_module(module), name)
 
     def resolve(slice_start: int, jump_va: int, earlier: list[tuple[int, int]]) -> tuple[list[int], bool]:
         targets, table, guarded = jump_table_targets(backend, codemap, slice_start, jump_va, earlier)
