@@ -172,6 +172,24 @@ class Explorer:
                 self.unguarded.add(last)
         return t
 
+    def trial_cases(self, chunk_start: int, last: int) -> list[int]:
+        """Case targets of the bounded table behind the jump at `last`, for a heuristic trial.
+
+        A trial decodes code nothing has reached yet, so the recorded path may be short: an
+        answer without a bound check is not kept (the descent that reaches the jump for real
+        resolves it again), a bounded one is."""
+        t = self.jt.get(last)
+        if t is not None:
+            return [] if last in self.unguarded else t
+        if self._jump_tables is None:
+            return []
+        t, guarded = self._resolve_table(chunk_start, last)
+        if not (t and guarded):
+            return []
+        self.jt[last] = t
+        self.unresolved.pop(last, None)
+        return t
+
     def retry_tables(self) -> list[int]:
         """Resolve again the jump tables that failed; returns the new case targets to walk."""
         out: list[int] = []

@@ -30,7 +30,7 @@ from binlens.analysis.model import (
 )
 from binlens.analysis.strings import find_strings
 from binlens.analysis.thunks import find_thunks
-from binlens.analysis.xrefs import collect_xrefs
+from binlens.analysis.xrefs import collect_xrefs, pointers_in_data
 from binlens.errors import BinlensError
 from binlens.loader.image import Image
 
@@ -190,6 +190,14 @@ def _analyze(
                 if va not in excluded:
                     seeds.starts.setdefault(va, set()).add(src)
             bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret, noret_slots, excluded)
+            if stage in ("data_prologues", "data_pointers"):
+                entries = _table_entry_seeds(image, codemap, explorer, backend, jt_tables, seeds.starts)
+                if entries:
+                    for va in entries:
+                        del seeds.starts[va]
+                    bodies, starts, noret = _discover(
+                        explorer, seeds.starts, extents, frag, noret, noret_slots, excluded
+                    )
     del gaps  # its coverage map and counts are of no further use
     explorer.finish()
     covered = _covered(codemap, explorer, bodies)  # here, its set reuses the memory just freed
@@ -388,6 +396,46 @@ def _discover(
             return bodies, starts, noret
         noret |= found
     return bodies, starts, noret
+
+
+def _table_entry_seeds(
+    image: Image,
+    codemap: CodeMap,
+    explorer: Explorer,
+    backend: object,
+    tables: dict[int, int],
+    seeds: dict[int, set[str]],
+) -> set[int]:
+    """Starts guessed from data pointers that turned out to be entries of a switch table.
+
+    The data-pointer heuristic runs before the functions those pointers lead into are known, so
+    an absolute-pointer switch table in `.rodata` looks like a list of function pointers. Once
+    discovery has reached the switch and resolved its table (with a bound check), a start whose
+    only evidence is pointers that all lie inside such tables, and no reference from code, is
+    a case label: it is dropped, and the discovery that follows gives it back to its function.
+    """
+    guessed = {va for va, src in seeds.items() if src == {"pointer"}}
+    if not guessed:
+        return set()
+    ptr = 8 if image.identity.bits == 64 else 4
+    spans = []
+    for jump, table in tables.items():
+        cases = explorer.jt.get(jump)
+        if cases and jump not in explorer.unguarded and guessed.intersection(cases):
+            spans.append((table, table + ptr * len(cases)))
+    if not spans:
+        return set()
+    inside = FragmentIndex([(lo, hi - lo) for lo, hi in spans])
+    in_table: dict[int, bool] = {}
+    for src, dst in pointers_in_data(image, codemap, set()):
+        if dst in guessed:
+            in_table[dst] = in_table.get(dst, True) and inside(src)
+    from_code = {
+        dst
+        for dst, kind in zip(backend.x_dst, backend.x_kind, strict=True)  # type: ignore[attr-defined]
+        if kind == _K_OFFSET and dst in guessed
+    }
+    return {va for va, ok in in_table.items() if ok and va not in from_code}
 
 
 def _cold_parts(bodies: dict[int, Body], starts: dict[int, set[str]], extents: dict[int, int]) -> set[int]:

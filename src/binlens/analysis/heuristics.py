@@ -15,7 +15,7 @@ from itertools import chain
 
 from binlens.analysis.codemap import CodeMap, CodeRegion
 from binlens.analysis.discovery import Body, Explorer, FragmentIndex
-from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_JUMP, T_RET, XREF_KINDS
+from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET, XREF_KINDS
 from binlens.analysis.xrefs import pointers_in_data
 from binlens.loader.image import Image
 
@@ -126,6 +126,8 @@ def heuristic_starts(
             r = codemap.region(target)
             return r is not None and not covered[r.va][target - r.va] and r.state[target - r.va] != 2
 
+        unguarded = explorer.unguarded
+        case_labels = {x for j, cases in explorer.jt.items() if j not in unguarded for x in cases}
         cands = _gap_candidates(codemap, image.identity.arch, covered, gaps.memo)
         for va, prologue, _gap_end in cands:
             if prologue and va not in starts and free(va):
@@ -141,9 +143,15 @@ def heuristic_starts(
                 break
             for va, gap_end in fresh:
                 tried.add(va)
-                if not (x86 and va % 16 == 0 and va not in starts and free(va)):
+                if x86 and va % 16 and va not in starts and free(va):
+                    # not an entry (x86 compilers align those) but the unreached rest of a function:
+                    # its first chunk is claimed, so that what follows it is tried as a gap of its own
+                    if explorer.chunk(va) is not None:
+                        _cover(codemap, covered, explorer, [va])
                     continue
-                ok, seen = _self_contained(explorer, va, gap_end, starts, other_gap)
+                if not (x86 and va % 16 == 0 and va not in starts and free(va)) or va in case_labels:
+                    continue  # an aligned case label of a switch found in an earlier trial is not an entry
+                ok, seen = _self_contained(explorer, va, gap_end, starts, other_gap, case_labels)
                 if ok:
                     out[va] = "prologue"
                 else:
@@ -308,17 +316,21 @@ def _self_contained(
     gap_end: int,
     starts: dict[int, set[str]],
     elsewhere: Callable[[int, int, int], bool] = lambda va, lo, hi: False,
+    case_labels: set[int] | None = None,
 ) -> tuple[bool, set[int]]:
     """Does code decoded from `start` stay inside its gap (leaving only by calls and tail calls)?
 
     Unreached blocks of a function (cases of an unresolved switch, code after a call wrongly
     thought to return) jump back into explored code; a function that nothing calls does not.
+    The cases of a bounded switch met on the way are part of the trial (and added to `case_labels`).
     """
-    stack = [start]
+    # (address, soft): code reached through a switch's cases is soft: a case that leaves the gap
+    # or runs into bytes decoded otherwise before is skipped, not taken as evidence against
+    stack = [(start, False)]
     seen: set[int] = set()
     rets = 0
     while stack:
-        a = stack.pop()
+        a, soft = stack.pop()
         if a in seen:
             continue
         seen.add(a)
@@ -327,21 +339,34 @@ def _self_contained(
         if a != start and a in starts:
             continue
         if not start <= a < gap_end:
+            if soft:
+                continue
             return False, seen
         c = explorer.chunk(a)
         if c is None or c[1] == T_BAD:
+            if soft:
+                continue
             return False, seen
-        _end, term, t, _last = c
+        _end, term, t, last = c
         if term == T_JUMP and t[0] != start and (t[0] in starts or elsewhere(t[0], start, gap_end)):
             rets += 1  # a tail call to a known function, or to an aligned entry in another gap
         elif term in (T_FALL, T_JUMP):
-            stack.append(t[0])
+            if term == T_FALL:
+                explorer.pred.setdefault(t[0], a)  # the path a switch's bound check is found on
+            stack.append((t[0], soft))
         elif term == T_COND:
-            stack.extend(t)
+            explorer.pred.setdefault(t[1], a)
+            stack.extend((x, soft) for x in t)
         elif term in (T_CALL, T_ICALL):
-            stack.append(t[1])
+            stack.append((t[1], soft))
         elif term == T_RET:
             rets += 1
+        elif term == T_IJUMP:
+            cases = explorer.trial_cases(a, last)
+            if cases:
+                stack.extend((x, True) for x in cases)
+                if case_labels is not None:
+                    case_labels.update(cases)
     return rets > 0, seen
 
 

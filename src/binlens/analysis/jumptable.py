@@ -21,6 +21,11 @@ MN = ix.Mnemonic
 FC = ix.FlowControl
 _MAX_ENTRIES = 1024
 _WINDOW = 1 << 20  # case targets lie within 1 MiB of the jump
+_MAX_MASK = 256  # `and idx, 2^k - 1` bounds a table of at most this many entries
+_FULL = ix.RegisterExt.full_register
+_IMMEDIATES = {OK.IMMEDIATE8, OK.IMMEDIATE8TO32, OK.IMMEDIATE8TO64, OK.IMMEDIATE32, OK.IMMEDIATE32TO64}
+_FRAME = {ix.Register.RBP, ix.Register.RSP, ix.Register.EBP, ix.Register.ESP}
+_MOVES = {MN.MOV, MN.MOVZX, MN.MOVSXD, MN.MOVSX, MN.LEA, MN.SHL, MN.ADD, MN.CDQE}
 
 
 def jump_table_targets(
@@ -37,6 +42,12 @@ def jump_table_targets(
     if not insns or insns[-1].ip != jump_va:
         return [], 0, True
     jmp = insns[-1]
+    if jmp.op0_kind == OK.REGISTER and earlier and _set_before(insns[:-1], _FULL(jmp.op0_register)):
+        # gcc merges a function's computed gotos into one `jmp reg` that every handler jumps to
+        # (clang -O0: `mov reg, [rbp - x]; jmp reg`): the table load is in the chunk that jumped there
+        start, end = earlier[0]
+        insns = b.raw_instructions(start, end) + insns  # type: ignore[attr-defined]
+        earlier = earlier[1:]
     image = b.image  # type: ignore[attr-defined]
     ptr = b.ptr_size  # type: ignore[attr-defined]
     base = image.identity.image_base
@@ -46,8 +57,8 @@ def jump_table_targets(
     scale = 0
     if jmp.op0_kind == OK.MEMORY:
         scale = jmp.memory_index_scale
-        if jmp.memory_index != ix.Register.NONE:
-            bases.append(jmp.memory_displacement)
+        if jmp.memory_index != ix.Register.NONE and (jmp.memory_base == ix.Register.NONE or jmp.memory_displacement):
+            bases.append(jmp.memory_displacement)  # (`jmp [reg + idx*8]`: the table is in reg)
     for ins in reversed(insns[:-1]):
         if ins.is_ip_rel_memory_operand:
             bases.append(ins.ip_rel_memory_address)
@@ -69,15 +80,20 @@ def jump_table_targets(
             if found is not None:
                 bases.append(found)
     count = _bound(insns)
+    if count is None:
+        count = _mask_bound(insns)
     region = codemap.region(jump_va)
     if region is None:
         return [], 0, True
+    sectioned = bool(image.sections)
     best: list[int] = []
     best_base = 0
     seen = set()
     for t in bases:
-        if t in seen or not image.is_mapped(t) or _writable(image, t):
-            continue  # switch tables are read-only; a writable table is an array of function pointers
+        if t in seen or not image.is_mapped(t) or _writable(image, t) or (sectioned and image.section_at(t) is None):
+            # switch tables are read-only; a writable table is an array of function pointers; a
+            # table lies in a section (not in the file's headers)
+            continue
         seen.add(t)
         for fmt in ["gotrel32"] if t in gotrel else _formats(ptr, scale):
             targets = _read(image, region, t, fmt, count, jump_va, got if fmt == "gotrel32" else base)
@@ -133,13 +149,13 @@ def _formats(ptr: int, scale: int) -> list[str]:
 
 
 def _bound(insns: list[ix.Instruction]) -> int | None:
-    """Number of entries from the guard `cmp r, N` + `ja/jae` closest to the jump."""
+    """Number of entries from the guard `cmp r, N` (or `sub r, N`) + `ja/jae` closest to the jump."""
     for k in range(len(insns) - 2, 0, -1):
         j = insns[k]
         if j.flow_control != FC.CONDITIONAL_BRANCH:
             continue
         c = insns[k - 1]
-        if c.mnemonic == MN.CMP and c.op1_kind in (
+        if c.mnemonic in (MN.CMP, MN.SUB) and c.op1_kind in (  # clang -O0: `sub rax, N; ja default`
             OK.IMMEDIATE8,
             OK.IMMEDIATE8TO32,
             OK.IMMEDIATE8TO64,
@@ -153,6 +169,101 @@ def _bound(insns: list[ix.Instruction]) -> int | None:
                 return n + 1 if n < _MAX_ENTRIES else None
             if j.mnemonic == MN.JAE:
                 return n if n <= _MAX_ENTRIES else None
+            return None
+    return None
+
+
+def _stack_slot(ins: ix.Instruction) -> tuple[int, int] | None:
+    """(base register, displacement) of a plain `[rbp/rsp/ebp/esp + d]` memory operand, else None."""
+    if ins.memory_index != ix.Register.NONE or ins.memory_base == ix.Register.NONE:
+        return None
+    base = _FULL(ins.memory_base)
+    return (base, ins.memory_displacement) if base in _FRAME else None
+
+
+def _set_before(insns: list[ix.Instruction], reg: int) -> bool:
+    """Is `reg` set before these instructions run: not written by them, or only reloaded from a
+    stack slot (clang -O0 keeps the loaded target in a local)?"""
+    for ins in reversed(insns):
+        if ins.mnemonic == MN.CDQE and reg == ix.Register.RAX:
+            return False
+        if (
+            ins.op_count
+            and ins.op0_kind == OK.REGISTER
+            and _FULL(ins.op0_register) == reg
+            and ins.mnemonic not in (MN.CMP, MN.TEST, MN.PUSH)
+        ):
+            return ins.mnemonic == MN.MOV and ins.op1_kind == OK.MEMORY and _stack_slot(ins) is not None
+    return True
+
+
+def _mask_bound(insns: list[ix.Instruction]) -> int | None:
+    """Number of entries from `and idx, 2^k - 1` on the table index (`goto *tbl[op & 0x7f]`).
+
+    Walks back from the jump through the registers its target is computed from: the load from
+    the table turns the tracked register into the load's base and index registers; moves,
+    extensions, shifts and adds carry the tracking to their sources; a constant (`lea` of a
+    fixed address, `mov` of an immediate) or any other write ends it. The first `and` with a
+    mask met on a tracked register after the load gives the bound.
+    """
+    jmp = insns[-1]
+    loaded = False
+    regs: set[int | tuple[int, int]] = set()  # registers, and stack slots (base, displacement)
+    if jmp.op0_kind == OK.MEMORY:
+        if jmp.memory_index == ix.Register.NONE:
+            return None
+        regs.add(_FULL(jmp.memory_index))
+        loaded = True
+    elif jmp.op0_kind == OK.REGISTER:
+        regs.add(_FULL(jmp.op0_register))
+    else:
+        return None
+    for ins in reversed(insns[:-1]):
+        m = ins.mnemonic
+        if m == MN.CDQE:
+            continue  # rax from eax: the same value, tracked or not
+        if ins.op_count == 2 and ins.op0_kind == OK.MEMORY and m == MN.MOV:
+            slot = _stack_slot(ins)
+            if slot is not None and slot in regs:  # a spill of a tracked value: track what was stored
+                regs.discard(slot)
+                if ins.op1_kind != OK.REGISTER:
+                    return None
+                regs.add(_FULL(ins.op1_register))
+            continue
+        if not ins.op_count or ins.op0_kind != OK.REGISTER:
+            continue
+        r = _FULL(ins.op0_register)
+        if r not in regs or m in (MN.CMP, MN.TEST, MN.PUSH):
+            continue
+        regs.discard(r)
+        if ins.op_count >= 2 and ins.op1_kind == OK.MEMORY and m != MN.LEA:
+            if m not in (MN.MOV, MN.MOVSXD, MN.MOVZX, MN.MOVSX) or ins.is_ip_rel_memory_operand:
+                return None
+            slot = _stack_slot(ins)
+            if slot is not None:
+                regs.add(slot)  # a reload of a local (-O0)
+            else:
+                regs.update(_FULL(x) for x in (ins.memory_base, ins.memory_index) if x != ix.Register.NONE)
+                loaded = True
+        elif m == MN.AND and ins.op1_kind in _IMMEDIATES:
+            n = (ins.immediate(1) & 0xFFFFFFFF) + 1
+            if loaded and n & (n - 1) == 0 and 2 <= n <= _MAX_MASK:
+                return n
+            return None
+        elif m == MN.LEA:
+            if ins.is_ip_rel_memory_operand or ins.memory_base == ix.Register.NONE == ins.memory_index:
+                continue  # a constant address: the table, not the index
+            regs.update(_FULL(x) for x in (ins.memory_base, ins.memory_index) if x != ix.Register.NONE)
+        elif m in _MOVES:
+            if ins.op_count >= 2 and ins.op1_kind == OK.REGISTER:
+                regs.add(_FULL(ins.op1_register))
+            if m in (MN.SHL, MN.ADD):
+                regs.add(r)  # the register is read as well as written
+            elif ins.op_count >= 2 and ins.op1_kind != OK.REGISTER:
+                continue  # `mov r, imm`: a constant
+        else:
+            return None
+        if not regs:
             return None
     return None
 
