@@ -137,28 +137,33 @@ def heuristic_starts(
         if out:
             return out  # let descent from these claim their gaps before weaker guesses
         tried: set[int] = set()
-        for _ in range(64):  # a rejected trial leaves the rest of its gap as a new gap
-            fresh = [(va, end) for va, pro, end in cands if not pro and va not in tried]
-            if not fresh:
-                break
-            for va, gap_end in fresh:
-                tried.add(va)
-                if x86 and va % 16 and va not in starts and free(va):
-                    # not an entry (x86 compilers align those) but the unreached rest of a function:
-                    # its first chunk is claimed, so that what follows it is tried as a gap of its own
-                    if explorer.chunk(va) is not None:
-                        _cover(codemap, covered, explorer, [va])
+        # a rejected trial (or claimed unaligned code) leaves the rest of its gap as new gaps:
+        # their candidates join the work list, found within that gap alone
+        work = [(va, end) for va, pro, end in reversed(cands) if not pro]
+        while work:
+            va, gap_end = work.pop()
+            if va in tried:
+                continue
+            tried.add(va)
+            if x86 and va % 16 and va not in starts and free(va):
+                # not an entry (x86 compilers align those) but the unreached rest of a function:
+                # its chunks are claimed up to the first aligned address after one of them,
+                # which is tried like the first address of a gap
+                va = _claim_unaligned(codemap, explorer, covered, va, gap_end)
+                if va is None or va in tried:
                     continue
-                if not (x86 and va % 16 == 0 and va not in starts and free(va)) or va in case_labels:
-                    continue  # an aligned case label of a switch found in an earlier trial is not an entry
-                ok, seen = _self_contained(explorer, va, gap_end, starts, other_gap, case_labels)
-                if ok:
+                tried.add(va)
+                if _starts_like_function(codemap, va) and va not in starts and free(va):
                     out[va] = "prologue"
-                else:
-                    _cover(codemap, covered, explorer, seen)
-            if out:
-                break
-            cands = _gap_candidates(codemap, image.identity.arch, covered, gaps.memo)
+                    continue
+            if not (x86 and va % 16 == 0 and va not in starts and free(va)) or va in case_labels:
+                continue  # an aligned case label of a switch found in an earlier trial is not an entry
+            ok, seen = _self_contained(explorer, va, gap_end, starts, other_gap, case_labels)
+            if ok:
+                out[va] = "prologue"
+                continue
+            _cover(codemap, covered, explorer, seen)
+            work.extend(reversed(_candidates_within(codemap, image.identity.arch, covered, va, gap_end)))
     return out
 
 
@@ -392,19 +397,62 @@ def _gap_candidates(
     return out
 
 
-def _zero_runs(m: bytearray) -> Iterator[tuple[int, int]]:
-    """(start, end) of each maximal run of two or more zero bytes in a map of 0s and 1s (C-speed finds)."""
+def _candidates_within(
+    codemap: CodeMap, arch: str, covered: dict[int, bytearray], lo: int, hi: int
+) -> list[tuple[int, int]]:
+    """(candidate, gap end) of the gaps left inside [lo, hi) of one region (address order)."""
+    r = codemap.region(lo)
+    if r is None:
+        return []
+    out = []
+    m = covered[r.va]
+    for a, b in _zero_runs(m, lo - r.va, min(hi, r.end) - r.va):
+        hit = _gap_candidate(r, arch, a, b)
+        if hit is not None and not hit[1]:
+            out.append((hit[0], hit[2]))
+    return out
+
+
+def _zero_runs(m: bytearray, pos: int = 0, stop: int | None = None) -> Iterator[tuple[int, int]]:
+    """(start, end) of each maximal run of two or more zero bytes in a map of 0s and 1s (C-speed
+    finds), within [pos, stop) when given (a run is cut at `stop`)."""
     find = m.find
-    pos = 0
+    stop = len(m) if stop is None else stop
     while True:
-        start = find(b"\x00\x00", pos)
+        start = find(b"\x00\x00", pos, stop)
         if start < 0:
             return
-        end = find(b"\x01", start)
+        end = find(b"\x01", start, stop)
         if end < 0:
-            end = len(m)
+            end = stop
         yield start, end
         pos = end
+
+
+def _claim_unaligned(
+    codemap: CodeMap, explorer: Explorer, covered: dict[int, bytearray], va: int, gap_end: int
+) -> int | None:
+    """Claim the chunks of x86 code from the unaligned `va` on, one after the other, until one is
+    followed by (padding and) a 16-byte aligned address inside the gap: that address, or None."""
+    r = codemap.region(va)
+    if r is None:
+        return None
+    while True:
+        c = explorer.chunk(va)
+        if c is None or c[1] == T_BAD:
+            return None
+        _cover(codemap, covered, explorer, [va])
+        end = c[0]
+        if end >= gap_end or end >= r.end:
+            return None
+        nxt = _gap_candidate(r, "x86", end - r.va, gap_end - r.va)
+        if nxt is None:
+            return None
+        va = nxt[0]
+        if va % 16 == 0:
+            return va
+        if covered[r.va][va - r.va] or r.state[va - r.va] != 0:
+            return None
 
 
 def _gap_candidate(r: CodeRegion, arch: str, off: int, end: int) -> tuple[int, bool, int] | None:
