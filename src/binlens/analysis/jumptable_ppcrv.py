@@ -45,7 +45,7 @@ from binlens.analysis.codemap import CodeMap
 from binlens.analysis.jumptable import _writable
 
 _MAX_ENTRIES = 4096
-_MAX_CHUNKS = 8  # earlier chunks evaluated before the jump's own slice
+_MAX_CHUNKS = 32  # earlier chunks evaluated before the jump's own slice (the PPC GOT register is set once, at entry)
 _WINDOW = 1 << 20  # case targets lie within 1 MiB of the jump
 _SIZE_CODE = {1: "B", 2: "H", 4: "I", 8: "Q"}
 
