@@ -36,12 +36,14 @@ path bounds it. Anything else leaves the jump unresolved.
 
 from __future__ import annotations
 
+import bisect
 import struct
 from collections.abc import Iterator
 
 import capstone as cs
 
 from binlens.analysis.codemap import CodeMap
+from binlens.analysis.ehframe import parse_eh_frame
 from binlens.analysis.jumptable import _writable
 
 _MAX_ENTRIES = 4096
@@ -83,6 +85,7 @@ def _resolve(
         return [], 0, True  # no table load next to the jump: a tail call or a call through a pointer
     insns = [*_decode_path(md, image, list(reversed(earlier[:_MAX_CHUNKS]))), *own]
     state = state_cls(image)
+    state.seed(backend, jump_va)
     for k, ins in enumerate(insns[:-1]):
         state.step(ins, insns[k + 1].address)
     target = state.jump_value(insns[-1])
@@ -150,6 +153,9 @@ class _State:
     def jump_value(self, ins: cs.CsInsn) -> Value:  # pragma: no cover - overridden
         """The value the indirect jump `ins` goes to."""
         raise NotImplementedError
+
+    def seed(self, backend: object, jump_va: int) -> None:
+        """Set what holds throughout the function of `jump_va` before the path is walked (nothing here)."""
 
     # ------------------------------------------------------------------ values
     def fresh(self) -> Value:
@@ -261,6 +267,26 @@ class _State:
 
 
 # --------------------------------------------------------------------------- PowerPC
+_PROLOGUE = 128  # bytes of a function's start searched for the PIC register's setup
+
+
+def _function_start(backend: object, va: int) -> int | None:
+    """Start of the innermost FDE or FUNC symbol extent holding `va` (computed once per backend)."""
+    extents = getattr(backend, "_jt_extents", None)
+    if extents is None:
+        image = backend.image  # type: ignore[attr-defined]
+        spans = {(f.start, f.start + f.size) for f in parse_eh_frame(image) if f.entry and f.size}
+        spans |= {(s.address, s.address + s.size) for s in image.symbols if s.kind == "function" and s.size}
+        extents = sorted(spans)
+        backend._jt_extents = extents  # type: ignore[attr-defined]
+    k = bisect.bisect_right(extents, (va, 1 << 64))
+    best = None
+    for lo, hi in reversed(extents[max(0, k - 8) : k]):
+        if lo <= va < hi and (best is None or lo > best):
+            best = lo
+    return best
+
+
 _PPC_LOADS = {
     "lbz": (1, False),
     "lhz": (2, False),
@@ -299,6 +325,34 @@ class _PpcState(_State):
         if not m.startswith("l") or m in ("li", "lis", "la"):
             return False
         return _ppc_base(m)[0] in _PPC_LOADS
+
+    def seed(self, backend: object, jump_va: int) -> None:
+        """The PIC register r30 (gcc `bcl 20,31,1f; 1: mflr r30; addis/addi r30, r30, .LCTOC1-1b`, clang
+        `bl 1f; 1: mflr r30; lwz r4, off(r30); add r30, r4, r30`) is set once in the prologue and
+        holds for the whole function: evaluate the straight-line start of the function holding the
+        jump (its FDE or FUNC symbol extent) and keep r30 when it is a constant there. The walked
+        path may begin far from the prologue (large functions, loops)."""
+        if self.ptr_size != 4:
+            return
+        start = _function_start(backend, jump_va)
+        if start is None:
+            return
+        image = self.image
+        md = backend.md(False)  # type: ignore[attr-defined]
+        data = image.read(start, min(_PROLOGUE, jump_va - start))  # type: ignore[attr-defined]
+        if not data:
+            return
+        prologue = _PpcState(image)
+        insns = list(md.disasm(data, start))
+        for k, ins in enumerate(insns):
+            m = ins.mnemonic.rstrip("+-")
+            pic_idiom = m.endswith("l") and ins.operands and ins.operands[-1].imm == ins.address + 4
+            if m.startswith("b") and not pic_idiom:
+                break  # straight-line code only
+            prologue.step(ins, insns[k + 1].address if k + 1 < len(insns) else ins.address + 4)
+        value = prologue.regs.get("r30")
+        if value is not None and value[0] == "c":
+            self.regs["r30"] = value
 
     def jump_value(self, ins: cs.CsInsn) -> Value:
         """`bctr` jumps to the count register."""
