@@ -138,6 +138,8 @@ class _State:
         self.regs: dict[str, Value] = {}
         self.slots: dict[tuple[str, int, int], Value] = {}
         self.bounds: dict[Value, int] = {}
+        self.fixed: set[str] = set()  # registers holding one value throughout the function (PPC64 TOC)
+        self.memo: dict[tuple, Value] = {}  # (address, size, signed) -> value loaded, until a store or call
         self._next = 0
         self._relocs: dict[int, int | None] | None = None
 
@@ -169,6 +171,8 @@ class _State:
         return v
 
     def write(self, reg: str, value: Value | None = None) -> None:
+        if reg in self.fixed:
+            return
         self.regs[reg] = value if value is not None else self.fresh()
         if reg in self.FRAME:
             self.slots = {s: v for s, v in self.slots.items() if s[0] != reg}
@@ -213,6 +217,17 @@ class _State:
         if addr[0] == "c":
             return self._constant_word(addr[1], size, signed)
         return self.fresh()
+
+    def pointer_load(self, addr: Value, size: int, signed: bool) -> Value:
+        """A load through a pointer: a table entry or constant word when the address is known, else
+        the value an earlier load from the same address gave (gcc reloads `*p` after comparing it)."""
+        if addr[0] in ("c", "a"):
+            return self.load(addr, size, signed)
+        key = (addr, size, signed)
+        value = self.memo.get(key)
+        if value is None:
+            value = self.memo[key] = self.fresh()
+        return value
 
     def _constant_word(self, va: int, size: int, signed: bool) -> Value:
         """A word at a constant address: a PIC base's offset word in code, a GOT/TOC slot holding
@@ -268,6 +283,30 @@ class _State:
 
 # --------------------------------------------------------------------------- PowerPC
 _PROLOGUE = 128  # bytes of a function's start searched for the PIC register's setup
+
+
+_GEP_SCAN = 1 << 16  # bytes before a PPC64 jump searched for its function's global entry
+
+
+def _toc_before(image: object, va: int, lowest: int) -> int | None:
+    """The PPC64 ELFv2 TOC pointer set by the nearest global entry point before `va`:
+    `addis r2, r12, hi` (0x3c4c....) or, in executables, `lis r2, hi` (0x3c40....), followed by
+    `addi r2, r2, lo` (0x3842....). Searched back to `lowest` (the code region's start)."""
+    start = max(va - _GEP_SCAN, lowest)
+    start += (va - start) & 3
+    data = image.read(start, va - start)  # type: ignore[attr-defined]
+    if not data:
+        return None
+    endian = "<" if image.identity.endian == "little" else ">"  # type: ignore[attr-defined]
+    words = struct.unpack(f"{endian}{len(data) // 4}I", data[: len(data) // 4 * 4])
+    for k in range(len(words) - 2, -1, -1):
+        if words[k] >> 16 in (0x3C4C, 0x3C40) and words[k + 1] >> 16 == 0x3842:
+            hi, lo = words[k] & 0xFFFF, words[k + 1] & 0xFFFF
+            hi -= (hi & 0x8000) << 1
+            lo -= (lo & 0x8000) << 1
+            base = start + 4 * k if words[k] >> 16 == 0x3C4C else 0  # `lis r2, hi`: ld's absolute form
+            return (base + (hi << 16) + lo) & ((1 << 64) - 1)
+    return None
 
 
 def _function_start(backend: object, va: int) -> int | None:
@@ -327,12 +366,22 @@ class _PpcState(_State):
         return _ppc_base(m)[0] in _PPC_LOADS
 
     def seed(self, backend: object, jump_va: int) -> None:
-        """The PIC register r30 (gcc `bcl 20,31,1f; 1: mflr r30; addis/addi r30, r30, .LCTOC1-1b`, clang
-        `bl 1f; 1: mflr r30; lwz r4, off(r30); add r30, r4, r30`) is set once in the prologue and
-        holds for the whole function: evaluate the straight-line start of the function holding the
-        jump (its FDE or FUNC symbol extent) and keep r30 when it is a constant there. The walked
-        path may begin far from the prologue (large functions, loops)."""
-        if self.ptr_size != 4:
+        """Registers set once at the start of the function holding the jump that hold throughout it,
+        so the walked path need not reach the prologue:
+
+        - PowerPC 32 PIC register r30 (gcc `bcl 20,31,1f; 1: mflr r30; addis/addi r30, r30,
+          .LCTOC1-1b`, clang `bl 1f; 1: mflr r30; lwz r4, off(r30); add r30, r4, r30`): the
+          straight-line start of the function (its FDE or FUNC symbol extent) is evaluated and r30
+          kept when it is a constant there;
+        - PPC64 ELFv2 TOC pointer r2, from the nearest global entry before the jump (`addis r2, r12,
+          .TOC.-gep@ha; addi r2, r2, .TOC.-gep@l`, r12 = the entry): kept fixed for the whole walk
+          (the TOC is the module's, restored after calls)."""
+        if self.ptr_size == 8:
+            region = backend.codemap.region(jump_va)  # type: ignore[attr-defined]
+            toc = _toc_before(self.image, jump_va, region.va if region is not None else jump_va)
+            if toc is not None:
+                self.regs["r2"] = self.const(toc)
+                self.fixed.add("r2")
             return
         start = _function_start(backend, jump_va)
         if start is None:
@@ -346,7 +395,8 @@ class _PpcState(_State):
         insns = list(md.disasm(data, start))
         for k, ins in enumerate(insns):
             m = ins.mnemonic.rstrip("+-")
-            pic_idiom = m.endswith("l") and ins.operands and ins.operands[-1].imm == ins.address + 4
+            ops = ins.operands
+            pic_idiom = m.endswith("l") and ops and ops[-1].type == cs.CS_OP_IMM and ops[-1].imm == ins.address + 4
             if m.startswith("b") and not pic_idiom:
                 break  # straight-line code only
             prologue.step(ins, insns[k + 1].address if k + 1 < len(insns) else ins.address + 4)
@@ -375,6 +425,7 @@ class _PpcState(_State):
                 return
         if m in ("bl", "bla"):
             nxt = ins.address + 4
+            self.memo = {}
             for r in _PPC_CALL_CLOBBERS:
                 self.write(r)
             self.write("lr", self.const(nxt))
@@ -396,6 +447,9 @@ class _PpcState(_State):
             return
         if m.startswith("l") and len(ops) == 2 and ops[1].type == cs.CS_OP_MEM and _ppc_base(m)[1]:
             self.write(ins.reg_name(ops[1].mem.base))  # an update-form load (lfdu ...) moves its base
+        if m.startswith("dcbz"):  # zeroes a cache block of memory
+            self.memo = {}
+            self.slots = {}
         if not self._arith(ins, m, ops):
             if m.startswith(("mtcr", "mcrf", "cr", "mtfsf")):
                 self.cr = {}
@@ -462,9 +516,9 @@ class _PpcState(_State):
         if indexed and len(ops) == 3 and ops[1].type == ops[2].type == cs.CS_OP_REG:
             ra, rb = self._reg(ins, ops[1]), self._reg(ins, ops[2])
             addr = self.add(self.const(0) if ra == "r0" else self.read(ra), self.read(rb))
-            value = self.load(addr, size, signed)
+            value = self.pointer_load(addr, size, signed)
             if update:
-                self.write(ra)
+                self.write(ra, addr)
             self.write(dst, value)
             return
         if len(ops) == 2 and ops[1].type == cs.CS_OP_MEM:
@@ -475,9 +529,9 @@ class _PpcState(_State):
                 return
             b = self.const(0) if base == "r0" else self.read(base)
             addr = self.add(b, self.const(mem.disp)) if mem.disp else b
-            value = self.load(addr, size, signed) if b[0] in ("c", "a") else self.fresh()
+            value = self.pointer_load(addr, size, signed)
             if update:
-                self.write(base)
+                self.write(base, addr)  # the update form leaves the effective address in the base
             self.write(dst, value)
             return
         for op in ops:
@@ -485,6 +539,7 @@ class _PpcState(_State):
                 self.write(self._reg(ins, op))
 
     def _store(self, ins: cs.CsInsn, m: str, ops: list) -> None:
+        self.memo = {}  # a store may change what any pointer reads
         base_m, update, indexed = _ppc_base(m)
         size = _PPC_STORES.get(base_m, 0)
         if indexed or len(ops) != 2 or ops[1].type != cs.CS_OP_MEM or ops[0].type != cs.CS_OP_REG:
@@ -528,14 +583,14 @@ class _PpcState(_State):
                 v = self.fresh()
             self.write(dst, v)
             return True
-        if n != 3 or ops[1].type != cs.CS_OP_REG:
+        if n not in (3, 4) or ops[1].type != cs.CS_OP_REG:
             return False
         src = self._reg(ins, ops[1])
         a = self.const(0) if src == "r0" and m in ("addi", "addis") else self.read(src)
-        if m in ("addi", "addis", "la") and ops[2].type == cs.CS_OP_IMM:
+        if n == 3 and m in ("addi", "addis", "la") and ops[2].type == cs.CS_OP_IMM:
             self.write(dst, self.add(a, self.const(ops[2].imm << (16 if m == "addis" else 0))))
             return True
-        if m == "add" and ops[2].type == cs.CS_OP_REG:
+        if n == 3 and m == "add" and ops[2].type == cs.CS_OP_REG:
             self.write(dst, self.add(a, self.read(self._reg(ins, ops[2]))))
             return True
         if m in ("slwi", "sldi") and ops[2].type == cs.CS_OP_IMM:
@@ -544,8 +599,12 @@ class _PpcState(_State):
             else:
                 self.write(dst, self.shift_left(a, ops[2].imm))
             return True
-        if m == "clrldi" and ops[2].type == cs.CS_OP_IMM and ops[2].imm == 32:
-            self.write(dst, a if a[0] == "v" else self.fresh())  # zero-extending the index word
+        if m == "rldic" and n == 4 and ops[2].type == ops[3].type == cs.CS_OP_IMM and ops[2].imm + ops[3].imm == 32:
+            # `rldic rD, rS, s, 32 - s`: the zero-extended low word shifted left by s
+            self.write(dst, self.shift_left(a, ops[2].imm) if a[0] in ("v", "d") else None)
+            return True
+        if n == 3 and m == "clrldi" and ops[2].type == cs.CS_OP_IMM and ops[2].imm == 32:
+            self.write(dst, a if a[0] in ("v", "d") else self.fresh())  # zero-extending the index word
             return True
         return False
 
@@ -629,6 +688,7 @@ class _RvState(_State):
             regs = [self._reg(ins, op) for op in ops if op.type == cs.CS_OP_REG]
             if m == "jal" and regs[:1] == ["zero"] or m == "jalr" and regs[:1] == ["zero"]:
                 return
+            self.memo = {}
             for r in _RV_CALL_CLOBBERS:
                 self.write(r)
             self.slots = {s: v for s, v in self.slots.items() if s[0] in self.FRAME}
@@ -644,6 +704,9 @@ class _RvState(_State):
         if m in _RV_LOADS:
             self._load(ins, m, ops)
             return
+        if m.startswith(("amo", "sc.")):  # atomics write memory
+            self.memo = {}
+            self.slots = {}
         if not self._arith(ins, m, ops) and ops and ops[0].type == cs.CS_OP_REG:
             self.write(self._reg(ins, ops[0]))
 
@@ -694,9 +757,10 @@ class _RvState(_State):
             return
         b = self.read(base)
         addr = self.add(b, self.const(disp)) if disp else b
-        self.write(dst, self.load(addr, size, signed) if b[0] in ("c", "a") else None)
+        self.write(dst, self.pointer_load(addr, size, signed))
 
     def _store(self, ins: cs.CsInsn, m: str, ops: list) -> None:
+        self.memo = {}  # a store may change what any pointer reads
         where = self._mem(ins, ops)
         if where is None or not ops or ops[0].type != cs.CS_OP_REG:
             self.slots = {}
