@@ -200,6 +200,7 @@ def test_the_builds_cover_relative_absolute_and_pic_forms(ppcrv_build):
                 "ppc lis/addi": r"\blis\b",
                 "ppc pic base": r"\b(bcl|mflr)\b",
                 "ppc got load": r"lwz \d+, ?\.LC0-",
+                "ppc64 toc": r"@toc@ha",
                 "rv lui": r"\blui\b",
                 "rv auipc": r"\b(auipc|lla)\b",
             }.items()
@@ -208,6 +209,8 @@ def test_the_builds_cover_relative_absolute_and_pic_forms(ppcrv_build):
         entries = b.asm.split(b.tables["small_switch"][0] + ":", 1)[1].splitlines()[1]
         seen.add(f"{arch} {'relative' if '-' in entries else 'absolute'} entries")
     assert {"ppc lwzx", "ppc lis/addi", "ppc pic base", "ppc got load", "rv lui", "rv auipc"} <= seen
+    if shutil.which("powerpc64le-linux-gnu-gcc"):
+        assert "ppc64 toc" in seen
     assert {"ppc relative entries", "ppc absolute entries", "riscv relative entries", "riscv absolute entries"} <= seen
 
 
