@@ -81,8 +81,8 @@ def _resolve(
         own.append(ins)
         if ins.address >= jump_va:
             break
-    if not own or own[-1].address != jump_va or not is_jump(own[-1]) or not any(map(state_cls.is_load, own)):
-        return [], 0, True  # no table load next to the jump: a tail call or a call through a pointer
+    if not own or own[-1].address != jump_va or not is_jump(own[-1]) or not any(map(state_cls.indexes, own)):
+        return [], 0, True  # no indexing next to the jump: a PLT stub, a tail call or a call through a pointer
     insns = [*_decode_path(md, image, list(reversed(earlier[:_MAX_CHUNKS]))), *own]
     state = state_cls(image)
     state.seed(backend, jump_va)
@@ -148,6 +148,11 @@ class _State:
         """Does `ins` load from memory?"""
         raise NotImplementedError
 
+    @staticmethod
+    def indexes(ins: cs.CsInsn) -> bool:  # pragma: no cover - overridden
+        """Can `ins` index a table (an indexed load, an add)? A dispatch has one in the jump's slice."""
+        raise NotImplementedError
+
     def step(self, ins: cs.CsInsn, next_va: int) -> None:  # pragma: no cover - overridden
         """Evaluate `ins`; `next_va` is the address executed after it on this path."""
         raise NotImplementedError
@@ -161,16 +166,19 @@ class _State:
 
     # ------------------------------------------------------------------ values
     def fresh(self) -> Value:
+        """A new unknown value."""
         self._next += 1
         return ("v", self._next)
 
     def read(self, reg: str) -> Value:
+        """The register's value; an unread input gets one identity for the whole path."""
         v = self.regs.get(reg)
         if v is None:
             v = self.regs[reg] = self.fresh()  # an unknown input keeps one identity along the path
         return v
 
     def write(self, reg: str, value: Value | None = None) -> None:
+        """Set a register (a new unknown when `value` is None); frame slots based on it are forgotten."""
         if reg in self.fixed:
             return
         self.regs[reg] = value if value is not None else self.fresh()
@@ -178,6 +186,7 @@ class _State:
             self.slots = {s: v for s, v in self.slots.items() if s[0] != reg}
 
     def const(self, k: int) -> Value:
+        """A constant, wrapped to the register width."""
         return ("c", k & self.mask)
 
     def add(self, a: Value, b: Value) -> Value:
@@ -200,6 +209,7 @@ class _State:
         return self.fresh()
 
     def shift_left(self, a: Value, s: int) -> Value:
+        """a << s, keeping a scaled index (s <= 3) and the first half of a zero extension."""
         if a[0] == "c":
             return self.const(a[1] << s)
         if a[0] in ("v", "d") and s == 32 and self.mask != 0xFFFFFFFF:
@@ -263,12 +273,15 @@ class _State:
 
     # ------------------------------------------------------------------ memory
     def slot_load(self, base: str, disp: int, size: int) -> Value:
+        """The value last stored to the frame slot [base + disp] of `size` bytes (a new unknown once)."""
         value = self.slots.get((base, disp, size))
         if value is None:
             value = self.slots[(base, disp, size)] = self.fresh()
         return value
 
     def slot_store(self, base: str, disp: int, size: int, value: Value | None) -> None:
+        """A store to [base + disp]: forget the slots it overlaps (all of them through a non-frame
+        pointer) and remember a stored register of 4 or 8 bytes."""
         if base not in self.FRAME:
             self.slots = {}  # a store through a pointer may alias any slot
             return
@@ -365,6 +378,15 @@ class _PpcState(_State):
             return False
         return _ppc_base(m)[0] in _PPC_LOADS
 
+    @staticmethod
+    def indexes(ins: cs.CsInsn) -> bool:
+        """`lwzx`/`lwax`/`ldx` ... or `add` (before `lwz rE, 0(rA)`)."""
+        m = ins.mnemonic
+        if m == "add":
+            return True
+        base, _update, indexed = _ppc_base(m)
+        return indexed and m.startswith("l") and base in _PPC_LOADS
+
     def seed(self, backend: object, jump_va: int) -> None:
         """Registers set once at the start of the function holding the jump that hold throughout it,
         so the walked path need not reach the prologue:
@@ -386,11 +408,19 @@ class _PpcState(_State):
         start = _function_start(backend, jump_va)
         if start is None:
             return
+        cache = backend.__dict__.setdefault("_jt_pic", {})
+        if start not in cache:
+            cache[start] = self._pic_register(backend, start, jump_va)
+        if cache[start] is not None:
+            self.regs["r30"] = cache[start]
+
+    def _pic_register(self, backend: object, start: int, jump_va: int) -> Value | None:
+        """r30 after the straight-line start of the function at `start` when it is a constant there."""
         image = self.image
         md = backend.md(False)  # type: ignore[attr-defined]
         data = image.read(start, min(_PROLOGUE, jump_va - start))  # type: ignore[attr-defined]
         if not data:
-            return
+            return None
         prologue = _PpcState(image)
         insns = list(md.disasm(data, start))
         for k, ins in enumerate(insns):
@@ -401,8 +431,7 @@ class _PpcState(_State):
                 break  # straight-line code only
             prologue.step(ins, insns[k + 1].address if k + 1 < len(insns) else ins.address + 4)
         value = prologue.regs.get("r30")
-        if value is not None and value[0] == "c":
-            self.regs["r30"] = value
+        return value if value is not None and value[0] == "c" else None
 
     def jump_value(self, ins: cs.CsInsn) -> Value:
         """`bctr` jumps to the count register."""
@@ -423,7 +452,8 @@ class _PpcState(_State):
             if ops[-1].imm == nxt:  # `bcl 20,31,1f` (capstone: bdnzl) or `bl 1f`: the PIC base idiom
                 self.write("lr", self.const(nxt))
                 return
-        if m in ("bl", "bla"):
+        if m.startswith("b") and (m.endswith("l") or m == "bla") and m not in _PPC_BRANCH:
+            # a call: bl, bla, bctrl, blrl, conditional `b<cc>l` (taken or not: forget alike)
             nxt = ins.address + 4
             self.memo = {}
             for r in _PPC_CALL_CLOBBERS:
@@ -434,6 +464,8 @@ class _PpcState(_State):
             self.slots = {s: v for s, v in self.slots.items() if s[0] == "r31" or s[0] == "r1"}
             return
         if m.startswith("b"):
+            if m.startswith("bd"):  # bdnz/bdz count down the ctr
+                self.write("ctr")
             self._branch(ins, m, ops, next_va)
             return
         if m.startswith("cmp"):
@@ -654,16 +686,23 @@ class _RvState(_State):
         """A load into an integer register."""
         return ins.mnemonic.removeprefix("c.") in _RV_LOADS
 
+    @staticmethod
+    def indexes(ins: cs.CsInsn) -> bool:
+        """`add` (RISC-V has no indexed loads)."""
+        return ins.mnemonic.removeprefix("c.") == "add"
+
     def _reg(self, ins: cs.CsInsn, op: object) -> str:
         name = ins.reg_name(op.reg) or ""  # type: ignore[attr-defined]
         return _RV_ALIASES.get(name, name)
 
     def read(self, reg: str) -> Value:
+        """The register's value; `zero` reads 0."""
         if reg == "zero":
             return ("c", 0)
         return super().read(reg)
 
     def write(self, reg: str, value: Value | None = None) -> None:
+        """Set a register; writes to `zero` are dropped."""
         if reg != "zero":
             super().write(reg, value)
 
