@@ -30,7 +30,7 @@ TRIPLES = {"ppc": "powerpc-linux-gnu", "ppc64": "powerpc64le-linux-gnu", "riscv"
 PACKAGES = {"ppc": "gcc-powerpc-linux-gnu", "ppc64": "gcc-powerpc64le-linux-gnu", "riscv": "gcc-riscv64-linux-gnu"}
 _ENTRY = re.compile(r"^\s*\.(?:long|word|4byte|quad|8byte)\s+(\.L\w+)(?:\s*-\s*(\.L\w+))?\s*(?:#.*)?$")
 _LABEL = re.compile(r"^(\.?[A-Za-z_][\w.$]*):")
-SWITCHES = ("small_switch", "wide_switch", "interpret")
+SWITCHES = ("small_switch", "wide_switch", "interpret", "far_switch")
 
 
 @dataclass
@@ -164,10 +164,15 @@ def test_every_case_label_is_a_jump_table_target_of_its_switch(ppcrv_build, arch
         analysis = analyze(parse_path(str(b.stripped if eh else b.no_eh)))
         starts = {f.address for f in analysis.functions}
         for func in SWITCHES:
+            if func == "far_switch" and arch == "ppc" and pic and not eh:
+                # 40 blocks from the r30 setup: without the function's extent (FDE, FUNC symbol) the
+                # PIC register is unknown and the table stays unresolved (a known limit)
+                assert not _case_edges(analysis, b, func)
+                continue
             assert func in b.tables, f"{arch} {compiler} {opt} emitted no table for {func}"
             assert _guarded(b, func)
             table_label, cases = b.tables[func]
-            assert len(cases) == 12
+            assert len(cases) == 12, (func, len(cases))
             expected = {b.labels[c] for c in cases}
             f = _holder(analysis, b, func)
             got = _case_edges(analysis, b, func)
@@ -177,11 +182,11 @@ def test_every_case_label_is_a_jump_table_target_of_its_switch(ppcrv_build, arch
             assert len({e.src for e in f.edges if e.kind == "jump_table"}) == 1
         for func in (*SWITCHES, "unchecked_switch", "main"):
             _holder(analysis, b, func)
-        if eh:  # nothing but the five functions of the source (without unwind information the
+        if eh:  # nothing but the six functions of the source (without unwind information the
             # unresolved `unchecked_switch`'s case blocks are found by the gap and pointer heuristics;
             # on PPC64 the global entry's two-instruction TOC setup stays apart from the local entry)
             primary = {s for s in starts if not (arch == "ppc64" and s + 8 in starts)}
-            assert len(primary) == 5, sorted(map(hex, starts))
+            assert len(primary) == 6, sorted(map(hex, starts))
 
 
 def test_the_builds_cover_relative_absolute_and_pic_forms(ppcrv_build):
