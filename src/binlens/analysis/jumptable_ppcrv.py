@@ -77,7 +77,8 @@ def _resolve(
     image = backend.image  # type: ignore[attr-defined]
     md = backend.md(False)  # type: ignore[attr-defined]
     own = []
-    for ins in _decode_path(md, image, [(slice_start, jump_va + 4)]):
+    end = jump_va + 4 if image.is_mapped(jump_va + 3) else jump_va + 2  # (a 2-byte `c.jr` may end the code)
+    for ins in _decode_path(md, image, [(slice_start, end)]):
         own.append(ins)
         if ins.address >= jump_va:
             break
