@@ -130,7 +130,8 @@ class CapstoneBackend:
             if m == "b" or m == "ba":
                 return F_JUMP, tgt
             if m in ("bl", "bla"):
-                return F_CALL, tgt
+                # `bl 1f; 1: mflr rP` reads the PC (clang's PIC base): not a call
+                return (F_NEXT, -1) if tgt == ins.address + 4 else (F_CALL, tgt)
             if m == "blr":
                 return F_RET, -1
             if m == "bctr":
