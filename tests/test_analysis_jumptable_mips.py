@@ -25,7 +25,7 @@ from binlens.loader.parse_lief import parse_path
 SRC = Path(__file__).resolve().parent / "fixtures" / "src" / "switch_mips.c"
 _ENTRY = re.compile(r"^\s*\.(?:gpword|gpdword|word|4byte|8byte|dword)\s+\(?\s*(\$\w+)\s*\)?\s*$")
 _LABEL = re.compile(r"^([$.]?[A-Za-z_][\w.$]*):")
-FUNCS = ("small_switch", "wide_switch", "interpret", "pointer_switch")
+FUNCS = ("small_switch", "wide_switch", "interpret", "pointer_switch", "masked_switch")
 
 
 @dataclass
@@ -141,9 +141,12 @@ def test_every_case_label_is_a_jump_table_target_of_its_switch(mips_build, compi
     starts = {f.address for f in analysis.functions}
     for func in FUNCS:
         assert func in b.tables, f"{compiler} {opt} emitted no table for {func}"
-        assert _guarded(b, func)
+        if func == "masked_switch":  # bounded by `andi $i, $x, 7` (and a compare at -O0)
+            assert re.search(r"\bandi\b.*,\s*(7|0x7)\s*$", _dispatch(b, func), re.M)
+        else:
+            assert _guarded(b, func)
         table_label, cases = b.tables[func]
-        assert len(cases) == 12
+        assert len(cases) == (8 if func == "masked_switch" else 12)
         expected = {b.labels[c] for c in cases}
         f = _function(analysis, b.labels[func])
         got = {e.dst for e in f.edges if e.kind == "jump_table"}
@@ -152,7 +155,7 @@ def test_every_case_label_is_a_jump_table_target_of_its_switch(mips_build, compi
         assert not expected & starts, f"case labels taken for functions: {sorted(map(hex, expected & starts))}"
         assert len({e.src for e in f.edges if e.kind == "jump_table"}) == 1
     # no other function of the fixture is cut short by a case label taken for a function
-    assert len([f for f in analysis.functions if f.address in {b.labels[n] for n in (*FUNCS, "main")}]) == 5
+    assert len([f for f in analysis.functions if f.address in {b.labels[n] for n in (*FUNCS, "main")}]) == 6
 
 
 def test_the_builds_cover_gp_relative_and_absolute_tables(mips_build):

@@ -39,7 +39,7 @@ from binlens.analysis.codemap import CodeMap
 from binlens.analysis.jumptable import _writable
 
 _MAX_ENTRIES = 4096
-_MAX_CHUNKS = 8  # earlier chunks evaluated before the jump's own slice
+_MAX_CHUNKS = 32  # earlier chunks evaluated before the jump's own slice
 _WINDOW = 1 << 20  # case targets lie within 1 MiB of the jump
 _GP_BIAS = 0x7FF0  # _gp lies this far past the start of the GOT
 _PT_MIPS_REGINFO = 0x70000000
@@ -331,6 +331,15 @@ class _State:
                 self.write(dst, ("s", a, imm))
             else:
                 self.write(dst)
+            return True
+        if m in ("andi", "ext", "dext") and len(src) == 1:
+            # `andi $d, $s, 2^k - 1` (or `ext $d, $s, 0, k`): an index below 2^k, as `switch (x & 7)` has
+            ints = [op.imm for op in ops if op.type == mp.MIPS_OP_IMM]
+            count = ints[0] + 1 if m == "andi" else 1 << ints[1] if len(ints) == 2 and ints[0] == 0 else 0
+            value = self.fresh()
+            if 2 <= count <= _MAX_ENTRIES and count & (count - 1) == 0:
+                self.bounds[value] = count
+            self.write(dst, value)
             return True
         if m in ("sltiu", "sltu") and len(src) >= 1:
             bound = imm if m == "sltiu" else None
