@@ -39,7 +39,7 @@ from binlens.analysis.codemap import CodeMap
 from binlens.analysis.jumptable import _writable
 
 _MAX_ENTRIES = 4096
-_MAX_CHUNKS = 32  # earlier chunks evaluated before the jump's own slice
+_MAX_CHUNKS = 8  # earlier chunks evaluated before the jump's own slice
 _WINDOW = 1 << 20  # case targets lie within 1 MiB of the jump
 _GP_BIAS = 0x7FF0  # _gp lies this far past the start of the GOT
 _PT_MIPS_REGINFO = 0x70000000
