@@ -23,7 +23,7 @@ from binlens.analysis import ProgramAnalysis, analyze
 from binlens.loader.parse_lief import parse_path
 
 SRC = Path(__file__).resolve().parent / "fixtures" / "src" / "switch_mips.c"
-_ENTRY = re.compile(r"^\s*\.(?:gpword|gpdword|word|4byte|8byte|dword)\s+\(?\s*(\$\w+)\s*\)?\s*$")
+_ENTRY = re.compile(r"^\s*\.(?:gpword|gpdword|word|4byte|8byte|dword)\s+\(?\s*(\$\w+|\.L\w+)\s*\)?\s*$")
 _LABEL = re.compile(r"^([$.]?[A-Za-z_][\w.$]*):")
 FUNCS = ("small_switch", "wide_switch", "interpret", "pointer_switch", "masked_switch")
 
@@ -76,7 +76,8 @@ def _build(out_dir: Path, compiler: str, triple: str, opt: str, pic: bool) -> Bu
     subprocess.run([*cc, opt, *flags, "-S", "-o", str(asm_path), str(SRC)], check=True, capture_output=True)
     asm = asm_path.read_text()
     obj, exe = out_dir / f"{tag}.o", out_dir / tag
-    subprocess.run([f"{triple}-as", "-L", "-o", str(obj), str(asm_path)], check=True, capture_output=True)
+    arch = ["-march=mips64r2"] if triple == N64 else []  # clang's n64 output uses `dext`
+    subprocess.run([f"{triple}-as", "-L", *arch, "-o", str(obj), str(asm_path)], check=True, capture_output=True)
     subprocess.run([f"{triple}-ld", "-e", "main", "-o", str(exe), str(obj)], check=True, capture_output=True)
     stripped, no_eh = out_dir / f"{tag}.stripped", out_dir / f"{tag}.noeh"
     subprocess.run([f"{triple}-strip", "-s", "-o", str(stripped), str(exe)], check=True, capture_output=True)
@@ -122,15 +123,17 @@ def _guarded(build: Build, func: str) -> bool:
     return re.search(r"\bsltu?i?u?\b", dispatch) is not None and re.search(r"\bb(eq|ne)z?\b", dispatch) is not None
 
 
-BE, LE = "mips-linux-gnu", "mipsel-linux-gnu"
+BE, LE, N64 = "mips-linux-gnu", "mipsel-linux-gnu", "mips64-linux-gnuabi64"
 BUILDS = [
     (compiler, BE, opt, pic) for compiler in ("gcc", "clang") for opt in ("-O0", "-O2") for pic in (True, False)
 ] + [("gcc", LE, "-O2", True), ("clang", LE, "-O0", True), ("clang", LE, "-O2", False)]
+# MIPS64 (n64): `.gpdword` entries, `ld`, `dsll`, _gp from `lui` + `daddu $t9` + `daddiu`
+BUILDS += [(compiler, N64, opt, True) for compiler in ("gcc", "clang") for opt in ("-O0", "-O2")]
 
 
 def _id(b: tuple) -> str:
     compiler, triple, opt, pic = b
-    return f"{compiler}-{'be' if triple == BE else 'le'}{opt}-{'pic' if pic else 'nopic'}"
+    return f"{compiler}-{ {BE: 'be', LE: 'le', N64: 'n64'}[triple]}{opt}-{'pic' if pic else 'nopic'}"
 
 
 @pytest.mark.parametrize("compiler,triple,opt,pic", BUILDS, ids=[_id(b) for b in BUILDS])
@@ -167,13 +170,15 @@ def test_the_builds_cover_gp_relative_and_absolute_tables(mips_build):
             b = mips_build(compiler, triple, opt, pic)
         except pytest.skip.Exception:
             continue
-        seen.update(re.findall(r"\.(gpword|4byte|word)\s", b.asm))
+        seen.update(re.findall(r"\.(gpword|gpdword|4byte|word)\s", b.asm))
         dispatch = _dispatch(b, "small_switch")
         if "%got(" in dispatch:
             seen.add("got")
         if "%hi(" in dispatch:
             seen.add("hi")
     assert {"gpword", "got", "hi"} <= seen
+    if shutil.which(f"{N64}-ld"):
+        assert "gpdword" in seen
     assert seen & {"4byte", "word"}
 
 

@@ -13,18 +13,19 @@ included):
     addiu $t, $t, %lo(tbl)     ;   (or folded into the load)
     addu  $t, $t, $s
     lw    $e, 0($t)            ; (ld for 8-byte entries)
-    addu  $e, $e, $gp          ; PIC only: `.gpword` entries are offsets from _gp
+    addu  $e, $e, $gp          ; PIC only: `.gpword` (n64: `.gpdword`) entries are offsets from _gp
     jr    $e
 
 They are recognised by a small forward evaluation over the recorded path to the jump (the jump's
 chunk, the chunk before it and up to `_MAX_CHUNKS` earlier ones), as in `jumptable_a64.py`:
 registers and stack slots hold symbolic values, so an index spilled to the stack and reloaded at
 `-O0` keeps its identity. `$gp` is `_gp` (from `PT_MIPS_REGINFO`, the `_gp` symbol or `.got` +
-0x7ff0) unless the path computes it: the `lui`/`addiu` of `_gp_disp` plus `$t9`, where `$t9` is the
-address of that `lui` (the function's entry, where `.cpload` and clang put it). A table is resolved
-only when everything is known: the jump register is an entry loaded from a constant read-only
-table at the index (or such an entry plus a constant), and a compare-and-branch on that same index
-on the path bounds it. Anything else leaves the jump unresolved.
+0x7ff0) unless the path computes it: the `lui`/`addiu` of `_gp_disp` plus `$t9` (n64: `lui`, plus
+`$t9`, `daddiu`), where `$t9` is the address of that `lui` (the function's entry, where `.cpload`
+and clang put it). A table is resolved only when everything is known: the jump register is an
+entry loaded from a constant read-only table at the index (or such an entry plus a constant), and a
+compare-and-branch (or a mask: `andi $i, $x, 2^k - 1`) on that same index on the path bounds it.
+Anything else leaves the jump unresolved.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ _NO_DEST = frozenset(
 # Symbolic values (tuples, hashable): ("c", k) a constant; ("v", n) an unknown value with an
 # identity; ("s", v, s) the value v shifted left by s; ("x", k, v, s) the constant k plus (v << s);
 # ("e", table, size, v) an entry loaded from table[v]; ("t", k, entry) the constant k plus an
-# entry; ("lt", v, n) the truth of v < n (unsigned).
+# entry; ("lt", v, n) the truth of v < n (unsigned); ("g", k) `%hi` of _gp plus $t9 (n64), _gp
+# once its `%lo` is added.
 Value = tuple
 
 
@@ -183,6 +185,10 @@ class _State:
         self.regs: dict[str, Value] = {}
         self.lui_at: dict[str, int] = {}  # register -> address of the `lui` its constant began with
         self.slots: dict[tuple[str, int, int], Value] = {}
+        # loads through other pointers: (root value, offset, mnemonic) -> the value read, forgotten at
+        # any store or call; `offsets` knows unknown values that are another one plus a constant
+        self.memory: dict[tuple[Value, int, str], Value] = {}
+        self.offsets: dict[Value, tuple[Value, int]] = {}
         self.bounds: dict[Value, int] = {}
         self.pending: tuple[cs.CsInsn, Value | None] | None = None  # a branch whose delay slot is next
         self._next = 0
@@ -242,6 +248,7 @@ class _State:
             if branch.mnemonic in ("jal", "jalr", "bal", "jalr.hb", "bgezal", "bltzal", "jalx"):
                 for r in _CLOBBERED_BY_CALL:
                     self.write(r)
+                self.memory = {}
                 self.write("gp")
             return
         m = ins.mnemonic
@@ -317,6 +324,17 @@ class _State:
                 self.write(dst, ("c", self._word(v, wide)), self.lui_at.get(self.name(src[0])))
             elif a[0] == "x" and m != "ori":
                 self.write(dst, ("x", self._word(a[1] + imm, wide), a[2], a[3]))
+            elif (
+                a[0] == "g" and m != "ori" and self.gp is not None and 0 <= self._word(a[1] + imm, wide) - self.gp < 256
+            ):
+                # n64 `%gp_rel(f)` is relative to the function's entry ($t9), which can lie a few
+                # instructions before the `lui` (gcc -O0 sets up the frame first)
+                self.write(dst, ("c", self.gp))
+            elif a[0] == "v" and m != "ori":
+                value = self.fresh()  # a pointer moved on (`addiu $p, $p, 1`): same memory, new offset
+                root, k = self.offsets.get(a, (a, 0))
+                self.offsets[value] = (root, k + imm)
+                self.write(dst, value)
             else:
                 self.write(dst)
             return True
@@ -335,6 +353,10 @@ class _State:
         if m in ("andi", "ext", "dext") and len(src) == 1:
             # `andi $d, $s, 2^k - 1` (or `ext $d, $s, 0, k`): an index below 2^k, as `switch (x & 7)` has
             ints = [op.imm for op in ops if op.type == mp.MIPS_OP_IMM]
+            a = self.read(src[0])
+            if m != "andi" and len(ints) == 2 and ints[0] == 0 and ints[1] >= 32 and a[0] == "v":
+                self.write(dst, a)  # `dext $d, $s, 0, 32`: the 32-bit index zero-extended keeps its bound
+                return True
             count = ints[0] + 1 if m == "andi" else 1 << ints[1] if len(ints) == 2 and ints[0] == 0 else 0
             value = self.fresh()
             if 2 <= count <= _MAX_ENTRIES and count & (count - 1) == 0:
@@ -373,6 +395,7 @@ class _State:
                 gp = self._word(x[1] + lui, wide)
                 if self.gp is None or gp == self.gp:
                     return ("c", gp)
+                return ("g", gp)  # n64: `lui; daddu $t9; daddiu %lo`: _gp once the %lo is added
         return self.fresh()
 
     # ------------------------------------------------------------------ memory
@@ -400,6 +423,13 @@ class _State:
                 value = self.slots[(base, disp, size)] = self.fresh()
             self.write(dst, value)
             return
+        if b[0] == "v":  # the same bytes loaded again read the same value (gcc re-reads `*p` after `p++`)
+            root, k = self.offsets.get(b, (b, 0))
+            value = self.memory.get((root, k + disp, m))
+            if value is None:
+                value = self.memory[(root, k + disp, m)] = self.fresh()
+            self.write(dst, value)
+            return
         self.write(dst)
 
     def _constant_word(self, addr: int, size: int) -> int | None:
@@ -416,6 +446,7 @@ class _State:
     def _store(self, m: str, ops: list) -> None:
         mem = ops[1].mem
         base = self.name(mem.base)
+        self.memory = {}  # any store may change what a pointer reads (it may point into the stack)
         if base not in _STACK:
             self.slots = {}  # a store through a pointer may alias any slot
         else:
