@@ -68,13 +68,19 @@ def _tables(asm: str) -> dict[str, tuple[str, list[str]]]:
     return out
 
 
-def _build(out_dir: Path, compiler: str, triple: str, opt: str, pic: bool) -> Build:
+def _build(
+    out_dir: Path, compiler: str, triple: str, opt: str, pic: bool, asm_edit: tuple[str, str] | None = None
+) -> Build:
     cc = _toolchain(compiler, triple)
     flags = ["-fasynchronous-unwind-tables"] + ([] if pic else ["-fno-pic", "-mno-abicalls"])
-    tag = f"{compiler}-{triple}{opt}-{'pic' if pic else 'nopic'}"
+    tag = f"{compiler}-{triple}{opt}-{'pic' if pic else 'nopic'}" + (f"-edit{abs(hash(asm_edit))}" if asm_edit else "")
     asm_path = out_dir / f"{tag}.s"
     subprocess.run([*cc, opt, *flags, "-S", "-o", str(asm_path), str(SRC)], check=True, capture_output=True)
     asm = asm_path.read_text()
+    if asm_edit is not None:
+        assert asm_edit[0] in asm, f"{asm_edit[0]!r} is not in the {tag} output"
+        asm = asm.replace(asm_edit[0], asm_edit[1], 1)  # the first one: in small_switch
+        asm_path.write_text(asm)
     obj, exe = out_dir / f"{tag}.o", out_dir / tag
     arch = ["-march=mips64r2"] if triple == N64 else []  # clang's n64 output uses `dext`
     subprocess.run([f"{triple}-as", "-L", *arch, "-o", str(obj), str(asm_path)], check=True, capture_output=True)
@@ -92,14 +98,14 @@ def _build(out_dir: Path, compiler: str, triple: str, opt: str, pic: bool) -> Bu
 
 @pytest.fixture(scope="session")
 def mips_build(tmp_path_factory: pytest.TempPathFactory):
-    """mips_build(compiler, triple, opt, pic) -> Build (cached per session)."""
+    """mips_build(compiler, triple, opt, pic, asm_edit=None) -> Build (cached per session)."""
     out_dir = tmp_path_factory.mktemp("mips")
     cache: dict[tuple, Build] = {}
 
-    def get(compiler: str, triple: str, opt: str, pic: bool) -> Build:
-        key = (compiler, triple, opt, pic)
+    def get(compiler: str, triple: str, opt: str, pic: bool, asm_edit: tuple[str, str] | None = None) -> Build:
+        key = (compiler, triple, opt, pic, asm_edit)
         if key not in cache:
-            cache[key] = _build(out_dir, compiler, triple, opt, pic)
+            cache[key] = _build(out_dir, compiler, triple, opt, pic, asm_edit)
         return cache[key]
 
     return get
@@ -133,7 +139,7 @@ BUILDS += [(compiler, N64, opt, True) for compiler in ("gcc", "clang") for opt i
 
 def _id(b: tuple) -> str:
     compiler, triple, opt, pic = b
-    return f"{compiler}-{ {BE: 'be', LE: 'le', N64: 'n64'}[triple]}{opt}-{'pic' if pic else 'nopic'}"
+    return f"{compiler}-{ {BE: 'be', LE: 'le', N64: 'n64'}[triple] }{opt}-{'pic' if pic else 'nopic'}"
 
 
 @pytest.mark.parametrize("compiler,triple,opt,pic", BUILDS, ids=[_id(b) for b in BUILDS])
@@ -192,3 +198,22 @@ def test_a_table_without_a_bound_check_stays_unresolved(mips_build, opt, pic):
     assert not [e for e in f.edges if e.kind == "jump_table"]
     # the guarded switches of the same binary are resolved
     assert [e for e in _function(analysis, b.labels["small_switch"]).edges if e.kind == "jump_table"]
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        ("\tsltu\t$2,$4,12\n", "\tsltu\t$2,$5,12\n"),  # the bound is on another register
+        ("\tbeq\t$2,$0,$L16\n", "\tnop\n"),  # a compare, but no branch on it
+        ("\tbeq\t$2,$0,$L16\n", "\tbne\t$2,$0,$L16\n"),  # a branch that does not bound the index
+        ("\tsltu\t$2,$4,12\n", "\tsltu\t$2,$4,$5\n"),  # a compare with an unknown value
+    ],
+    ids=["other_register", "no_branch", "wrong_condition", "unknown_bound"],
+)
+def test_incomplete_dispatch_patterns_stay_unresolved(mips_build, edit):
+    b = mips_build("gcc", BE, "-O2", False, edit)
+    analysis = analyze(parse_path(str(b.stripped)))
+    small = _function(analysis, b.labels["small_switch"])
+    assert not [e for e in small.edges if e.kind == "jump_table"]
+    wide = _function(analysis, b.labels["wide_switch"])
+    assert {e.dst for e in wide.edges if e.kind == "jump_table"} == {b.labels[c] for c in b.tables["wide_switch"][1]}
