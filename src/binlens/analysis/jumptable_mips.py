@@ -291,6 +291,10 @@ class _State:
     def _evaluate(self, ins: cs.CsInsn) -> None:
         m = ins.mnemonic
         ops = ins.operands
+        if m == "syscall":
+            for r in ("v0", "v1", "a3"):
+                self.write(r)  # the result and the error flag
+            return
         if m in _NO_DEST or not ops or ops[0].type != mp.MIPS_OP_REG:
             return
         if len(ops) == 2 and ops[1].type == mp.MIPS_OP_MEM:
