@@ -156,7 +156,7 @@ def _analyze(
         codemap,
         backend,
         _jump_table_fn(image, codemap, backend, jt_tables),
-        cond_preds=image.identity.arch == "aarch64",
+        cond_preds=image.identity.arch in ("aarch64", "mips"),
     )
     code_total = max(1, codemap.total_bytes)
     explorer.progress = lambda done, _t, _m: report(
@@ -266,7 +266,7 @@ def _analyze_functions(
         codemap,
         backend,
         _jump_table_fn(image, codemap, backend, jt_tables),
-        cond_preds=image.identity.arch == "aarch64",
+        cond_preds=image.identity.arch in ("aarch64", "mips"),
     )
     explorer.traverse(entries, noret)
     for _ in range(4):
@@ -337,6 +337,7 @@ _JUMP_TABLE_RESOLVERS: dict[str, tuple[str, str]] = {
     "aarch64": ("binlens.analysis.jumptable_a64", "a64_jump_table_targets"),
     "ppc": ("binlens.analysis.jumptable_ppcrv", "ppc_jump_table_targets"),
     "riscv": ("binlens.analysis.jumptable_ppcrv", "riscv_jump_table_targets"),
+    "mips": ("binlens.analysis.jumptable_mips", "mips_jump_table_targets"),
 }
 
 

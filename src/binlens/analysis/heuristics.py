@@ -74,6 +74,7 @@ def heuristic_starts(
         return r is not None and r.state[va - r.va] == 0 and not (inside(va) and va not in extents)
 
     x86 = image.identity.arch in ("x86-64", "x86")
+    mips = _mips_prologue(image, codemap) if image.identity.arch == "mips" else None
 
     def accept(va: int, source: str, need_ret: bool = False) -> None:
         if va in starts or va in out:
@@ -108,7 +109,7 @@ def heuristic_starts(
                     accept(dst, "pointer")
     elif stage in ("data_prologues", "data_pointers"):
         for _src, dst in pointers_in_data(image, codemap, set()):
-            if stage == "data_pointers" or (x86 and _starts_like_function(codemap, dst)):
+            if stage == "data_pointers" or (x86 and _starts_like_function(codemap, dst)) or (mips and mips(dst)):
                 accept(dst, "pointer")
     elif image.identity.arch in ("x86-64", "x86", "aarch64"):
         # Gaps are code no function covers (code decoded on a path later found dead counts too).
@@ -313,6 +314,22 @@ def _instruction_start(codemap: CodeMap, va: int) -> bool:
 def _starts_like_function(codemap: CodeMap, va: int) -> bool:
     r = codemap.region(va)
     return r is not None and r.data.startswith(_X86_PROLOGUES, va - r.va)
+
+
+def _mips_prologue(image: Image, codemap: CodeMap) -> Callable[[int], bool]:
+    """A test for MIPS code that starts like a function: `addiu`/`daddiu $sp, $sp, -N` or `lui $gp, ...`
+    (`.cpload`). Used to take function pointers in data before the rest (case labels in switch tables)."""
+    word = struct.Struct("<I" if image.identity.endian == "little" else ">I")
+
+    def test(va: int) -> bool:
+        r = codemap.region(va)
+        off = va - r.va if r is not None else -1
+        if r is None or va & 3 or off + 4 > len(r.data):
+            return False
+        (w,) = word.unpack_from(r.data, off)
+        return (w >> 16) in (0x27BD, 0x67BD) and w & 0x8000 != 0 or w >> 16 == 0x3C1C
+
+    return test
 
 
 def _self_contained(
