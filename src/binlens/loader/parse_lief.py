@@ -152,9 +152,13 @@ def _parse_elf(data: bytes, sha: str, file_name: str) -> Image:
         if s.value
     ]
     relocations = []
-    for r in b.relocations:
-        sym = _text(r.symbol.name) if r.has_symbol and _text(r.symbol.name) else None
-        relocations.append(Relocation(address=r.address, type=_enum_name(r.type), symbol=sym, addend=r.addend))
+    with warnings.catch_warnings():
+        # LIEF warns on relocation types its enum does not know (PowerPC's, some vendors'): they
+        # keep their number as their name
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for r in b.relocations:
+            sym = _text(r.symbol.name) if r.has_symbol and _text(r.symbol.name) else None
+            relocations.append(Relocation(address=r.address, type=_enum_name(r.type), symbol=sym, addend=r.addend))
     hints: dict[str, list[int]] = {}
     hints["init_array"] = sorted({f.address for f in b.ctor_functions if f.address})
     hints["fini_array"] = sorted({f.address for f in b.dtor_functions if f.address})
