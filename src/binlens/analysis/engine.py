@@ -335,8 +335,8 @@ _JUMP_TABLE_RESOLVERS: dict[str, tuple[str, str]] = {
     "x86-64": ("binlens.analysis.jumptable", "jump_table_targets"),
     "x86": ("binlens.analysis.jumptable", "jump_table_targets"),
     "aarch64": ("binlens.analysis.jumptable_a64", "a64_jump_table_targets"),
-    "ppc": ("binlens.analysis.jumptable_ppcrv", "ppc_jump_table_targets"),
-    "riscv": ("binlens.analysis.jumptable_ppcrv", "riscv_jump_table_targets"),
+    "ppc": ("binlens.analysis.jumptable_ppc", "ppc_jump_table_targets"),
+    "riscv": ("binlens.analysis.jumptable_riscv", "riscv_jump_table_targets"),
     "mips": ("binlens.analysis.jumptable_mips", "mips_jump_table_targets"),
 }
 

@@ -1,0 +1,269 @@
+"""The forward evaluation shared by the PowerPC and RISC-V jump-table resolvers.
+
+Dispatches are recognised by a small forward evaluation over the recorded path to the jump (the same
+walk as the AArch64 resolver, `jumptable_a64.py`): registers and stack slots hold symbolic values
+(a constant, an unknown value with an identity, a scaled index, a table address at an index, a
+table entry, a computed target), so `-O0` code that spills the index and reloads it keeps the
+identity its compare bounded. A table is resolved only when the jump register is an entry of a
+constant, read-only table (absolute) or a constant plus such an entry (relative), the entry is
+loaded at an index scaled by the entry size, and a compare-and-branch on that same index on the
+path bounds it. Anything else leaves the jump unresolved.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+
+import capstone as cs
+
+from binlens.analysis.codemap import CodeMap
+from binlens.analysis.jumptable import _writable
+
+_MAX_ENTRIES = 4096
+_MAX_CHUNKS = 32  # earlier chunks evaluated before the jump's own slice (the PPC GOT register is set once, at entry)
+_WINDOW = 1 << 20  # case targets lie within 1 MiB of the jump
+_SIZE_CODE = {1: "B", 2: "H", 4: "I", 8: "Q"}
+
+# Symbolic values (hashable tuples): ("c", k) a constant; ("v", n) an unknown value with an
+# identity; ("d", v, k) that value plus k (a rebased index); ("h", index) index << 32 (RV64's
+# zero extension in two shifts); ("x", index, shift) index << shift; ("a", table, index, shift) the address of
+# table[index] for entries of 1 << shift bytes; ("e", table, size, signed, index) the entry
+# loaded from there; ("t", base, entry) the target base + entry.
+Value = tuple
+
+# the bound an unsigned `index <cond> N` gives: "le" index <= N, "lt" index < N
+_NEGATE = {"gt": "le", "ge": "lt", "le": "gt", "lt": "ge"}
+_SWAP = {"gt": "lt", "ge": "le", "lt": "gt", "le": "ge"}
+
+
+# --------------------------------------------------------------------------- shared driver
+def _resolve(
+    backend: object,
+    codemap: CodeMap,
+    slice_start: int,
+    jump_va: int,
+    earlier: list[tuple[int, int]],
+    state_cls: type[_State],
+    is_jump: object,
+    align: int,
+) -> tuple[list[int], int, bool]:
+    image = backend.image  # type: ignore[attr-defined]
+    md = backend.md(False)  # type: ignore[attr-defined]
+    own = []
+    end = jump_va + 4 if image.is_mapped(jump_va + 3) else jump_va + 2  # (a 2-byte `c.jr` may end the code)
+    for ins in _decode_path(md, image, [(slice_start, end)]):
+        own.append(ins)
+        if ins.address >= jump_va:
+            break
+    if not own or own[-1].address != jump_va or not is_jump(own[-1]) or not any(map(state_cls.indexes, own)):
+        return [], 0, True  # no indexing next to the jump: a PLT stub, a tail call or a call through a pointer
+    insns = [*_decode_path(md, image, list(reversed(earlier[:_MAX_CHUNKS]))), *own]
+    state = state_cls(image)
+    state.seed(backend, jump_va)
+    for k, ins in enumerate(insns[:-1]):
+        state.step(ins, insns[k + 1].address)
+    target = state.jump_value(insns[-1])
+    if target[0] == "t":
+        base, entry = target[1], target[2]
+    elif target[0] == "e" and target[2] in (4, state.ptr_size):
+        base, entry = 0, target  # absolute entries (32-bit ones on RV64 medlow: `.word .L5`, loaded by `lw`)
+    else:
+        return [], 0, True
+    _e, table, size, signed, index = entry
+    count = state.bounds.get(index)
+    if count is None or count <= 0 or count > _MAX_ENTRIES:
+        return [], 0, True
+    if not image.is_mapped(table) or _writable(image, table):
+        return [], 0, True
+    raw = image.read(table, size * count)
+    if raw is None or len(raw) < size * count:
+        return [], 0, True
+    endian = "<" if image.identity.endian == "little" else ">"
+    mask = state.mask
+    targets = []
+    for (v,) in struct.iter_unpack(endian + _SIZE_CODE[size], raw):
+        if signed and v >> (size * 8 - 1):
+            v -= 1 << (size * 8)
+        t = (base + v) & mask
+        if t % align or abs(t - jump_va) > _WINDOW or not codemap.contains(t):
+            continue  # only targets in code next to the jump
+        targets.append(t)
+    return targets, table, True
+
+
+def _decode_path(md: cs.Cs, image: object, segments: list[tuple[int, int]]) -> Iterator[cs.CsInsn]:
+    for start, end in segments:
+        data = image.read(start, end - start) if end > start else None  # type: ignore[attr-defined]
+        if data is None:
+            continue
+        yield from md.disasm(data, start)
+
+
+class _State:
+    """Registers, stack slots, the pending compares and the bounds learnt along one path."""
+
+    FRAME: tuple[str, ...] = ()  # registers whose [reg + disp] words are tracked as stack slots
+
+    def __init__(self, image: object) -> None:
+        self.image = image
+        bits = image.identity.bits  # type: ignore[attr-defined]
+        self.ptr_size = 8 if bits == 64 else 4
+        self.mask = (1 << bits) - 1
+        self.regs: dict[str, Value] = {}
+        self.slots: dict[tuple[str, int, int], Value] = {}
+        self.bounds: dict[Value, int] = {}
+        self.fixed: set[str] = set()  # registers holding one value throughout the function (PPC64 TOC)
+        self.memo: dict[tuple, Value] = {}  # (address, size, signed) -> value loaded, until a store or call
+        self._next = 0
+        self._relocs: dict[int, int | None] | None = None
+
+    @staticmethod
+    def is_load(ins: cs.CsInsn) -> bool:  # pragma: no cover - overridden
+        """Does `ins` load from memory?"""
+        raise NotImplementedError
+
+    @staticmethod
+    def indexes(ins: cs.CsInsn) -> bool:  # pragma: no cover - overridden
+        """Can `ins` index a table (an indexed load, an add)? A dispatch has one in the jump's slice."""
+        raise NotImplementedError
+
+    def step(self, ins: cs.CsInsn, next_va: int) -> None:  # pragma: no cover - overridden
+        """Evaluate `ins`; `next_va` is the address executed after it on this path."""
+        raise NotImplementedError
+
+    def jump_value(self, ins: cs.CsInsn) -> Value:  # pragma: no cover - overridden
+        """The value the indirect jump `ins` goes to."""
+        raise NotImplementedError
+
+    def seed(self, backend: object, jump_va: int) -> None:
+        """Set what holds throughout the function of `jump_va` before the path is walked (nothing here)."""
+
+    # ------------------------------------------------------------------ values
+    def fresh(self) -> Value:
+        """A new unknown value."""
+        self._next += 1
+        return ("v", self._next)
+
+    def read(self, reg: str) -> Value:
+        """The register's value; an unread input gets one identity for the whole path."""
+        v = self.regs.get(reg)
+        if v is None:
+            v = self.regs[reg] = self.fresh()  # an unknown input keeps one identity along the path
+        return v
+
+    def write(self, reg: str, value: Value | None = None) -> None:
+        """Set a register (a new unknown when `value` is None); frame slots based on it are forgotten."""
+        if reg in self.fixed:
+            return
+        self.regs[reg] = value if value is not None else self.fresh()
+        if reg in self.FRAME:
+            self.slots = {s: v for s, v in self.slots.items() if s[0] != reg}
+
+    def const(self, k: int) -> Value:
+        """A constant, wrapped to the register width."""
+        return ("c", k & self.mask)
+
+    def add(self, a: Value, b: Value) -> Value:
+        """a + b, keeping the shapes a table dispatch builds."""
+        if a[0] == "c" and b[0] == "c":
+            return self.const(a[1] + b[1])
+        if b[0] == "c":
+            a, b = b, a
+        if a[0] == "c":
+            if b[0] == "x":
+                return ("a", a[1], b[1], b[2])
+            if b[0] == "v":
+                return ("d", b, a[1])  # a rebased index (x - 100) or an address: kept apart from both
+            if b[0] == "d":
+                return ("d", b[1], (b[2] + a[1]) & self.mask)
+            if b[0] == "e":
+                return ("t", a[1], b)
+            if b[0] == "a":
+                return ("a", (a[1] + b[1]) & self.mask, b[2], b[3]) if a[1] == 0 else self.fresh()
+        return self.fresh()
+
+    def shift_left(self, a: Value, s: int) -> Value:
+        """a << s, keeping a scaled index (s <= 3) and the first half of a zero extension."""
+        if a[0] == "c":
+            return self.const(a[1] << s)
+        if a[0] in ("v", "d") and s == 32 and self.mask != 0xFFFFFFFF:
+            return ("h", a)  # the first half of a zero extension: `slli rd, rs, 32; srli rd, rd, 32 - s`
+        if a[0] in ("v", "d") and s <= 3:
+            return ("x", a, s)
+        if a[0] == "x" and a[2] + s <= 3:
+            return ("x", a[1], a[2] + s)
+        return self.fresh()
+
+    def load(self, addr: Value, size: int, signed: bool) -> Value:
+        """The value loaded from `addr` (already including the displacement)."""
+        if addr[0] == "a" and 1 << addr[3] == size:
+            return ("e", addr[1], size, signed, addr[2])
+        if addr[0] == "c":
+            return self._constant_word(addr[1], size, signed)
+        return self.fresh()
+
+    def pointer_load(self, addr: Value, size: int, signed: bool) -> Value:
+        """A load through a pointer: a table entry or constant word when the address is known, else
+        the value an earlier load from the same address gave (gcc reloads `*p` after comparing it)."""
+        if addr[0] in ("c", "a"):
+            return self.load(addr, size, signed)
+        key = (addr, size, signed)
+        value = self.memo.get(key)
+        if value is None:
+            value = self.memo[key] = self.fresh()
+        return value
+
+    def _constant_word(self, va: int, size: int, signed: bool) -> Value:
+        """A word at a constant address: a PIC base's offset word in code, a GOT/TOC slot holding
+        a table address (its relocation's addend when a relative relocation fills it)."""
+        if size != self.ptr_size and size != 4:
+            return self.fresh()
+        image = self.image
+        if self._relocs is None:
+            self._relocs = {}
+            for r in image.relocations:  # type: ignore[attr-defined]
+                self._relocs[r.address] = r.addend if r.symbol is None and "RELATIVE" in r.type.upper() else None
+        if va in self._relocs:
+            addend = self._relocs[va]
+            return self.const(addend) if addend is not None and size == self.ptr_size else self.fresh()
+        raw = image.read(va, size) if image.is_mapped(va) else None  # type: ignore[attr-defined]
+        if raw is None or len(raw) < size:
+            return self.fresh()
+        endian = "little" if image.identity.endian == "little" else "big"  # type: ignore[attr-defined]
+        return self.const(int.from_bytes(raw, endian, signed=signed))
+
+    def bound(self, value: Value, cond: str, n: int, reversed_: bool) -> None:
+        """Learn `value <cond> n` (or `n <cond> value` when `reversed_`) as a bound on value."""
+        if reversed_:
+            cond = _SWAP[cond]
+        if cond == "le":
+            count = n + 1
+        elif cond == "lt":
+            count = n
+        else:
+            return
+        if value[0] in ("v", "d"):
+            self.bounds[value] = min(count, self.bounds.get(value, count))
+
+    # ------------------------------------------------------------------ memory
+    def slot_load(self, base: str, disp: int, size: int) -> Value:
+        """The value last stored to the frame slot [base + disp] of `size` bytes (a new unknown once)."""
+        value = self.slots.get((base, disp, size))
+        if value is None:
+            value = self.slots[(base, disp, size)] = self.fresh()
+        return value
+
+    def slot_store(self, base: str, disp: int, size: int, value: Value | None) -> None:
+        """A store to [base + disp]: forget the slots it overlaps (all of them through a non-frame
+        pointer) and remember a stored register of 4 or 8 bytes."""
+        if base not in self.FRAME:
+            self.slots = {}  # a store through a pointer may alias any slot
+            return
+        if not size:  # unknown width (store multiple): forget the frame
+            self.slots = {s: v for s, v in self.slots.items() if s[0] != base}
+            return
+        lo, hi = disp, disp + size
+        self.slots = {s: v for s, v in self.slots.items() if s[0] != base or not (s[1] < hi and lo < s[1] + s[2])}
+        if value is not None and size in (4, 8):
+            self.slots[(base, disp, size)] = value
