@@ -74,12 +74,13 @@ def heuristic_starts(
         return r is not None and r.state[va - r.va] == 0 and not (inside(va) and va not in extents)
 
     x86 = image.identity.arch in ("x86-64", "x86")
+    elf_x86 = x86 and image.identity.format == "ELF"
     mips = _mips_prologue(image, codemap) if image.identity.arch == "mips" else None
 
     def accept(va: int, source: str, need_ret: bool = False) -> None:
         if va in starts or va in out:
             return
-        if not unexplored(va):
+        if not unexplored(va) and va not in explorer.claimed:
             # an address-taken prologue that descent ran into (the fall-through after a call that
             # does not return) is still a function of its own
             if (
@@ -127,6 +128,8 @@ def heuristic_starts(
             r = codemap.region(target)
             return r is not None and not covered[r.va][target - r.va] and r.state[target - r.va] != 2
 
+        # do this program's known entries follow the 16-byte alignment of gcc/clang's default?
+        aligned_entries = elf_x86 and len(starts) >= 8 and sum(1 for a in starts if a % 16 == 0) >= 0.9 * len(starts)
         unguarded = explorer.unguarded
         case_labels = {x for j, cases in explorer.jt.items() if j not in unguarded for x in cases}
         cands = _gap_candidates(codemap, image.identity.arch, covered, gaps.memo)
@@ -146,8 +149,9 @@ def heuristic_starts(
             if va in tried:
                 continue
             tried.add(va)
-            if x86 and va % 16 and va not in starts and free(va):
-                # not an entry (x86 compilers align those) but the unreached rest of a function:
+            if aligned_entries and va % 16 and va not in starts and free(va):
+                # not an entry (gcc and clang align those on ELF; MSVC and -Os builds do not, so
+                # their code is left alone: its data pointers come later) but the unreached rest of a function:
                 # its chunks are claimed up to the first aligned address after one of them,
                 # which is tried like the first address of a gap
                 va = _claim_unaligned(codemap, explorer, covered, va, gap_end)
@@ -458,6 +462,7 @@ def _claim_unaligned(
         c = explorer.chunk(va)
         if c is None or c[1] == T_BAD:
             return None
+        explorer.claimed.add(va)  # decoded, but still open to a later data pointer
         _cover(codemap, covered, explorer, [va])
         end = c[0]
         if end >= gap_end or end >= r.end:
