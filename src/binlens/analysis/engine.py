@@ -327,6 +327,7 @@ _JUMP_TABLE_RESOLVERS: dict[str, tuple[str, str]] = {
     "x86-64": ("binlens.analysis.jumptable", "jump_table_targets"),
     "x86": ("binlens.analysis.jumptable", "jump_table_targets"),
     "aarch64": ("binlens.analysis.jumptable_a64", "a64_jump_table_targets"),
+    "arm": ("binlens.analysis.jumptable_arm", "arm_jump_table_targets"),
 }
 
 
