@@ -202,7 +202,7 @@ class CapstoneBackend:
             if cond:
                 return F_NEXT, -1
             return (F_RET if base == "mov" and ops.endswith("lr") else F_IJUMP), -1
-        if base in ("udf", "bkpt"):
+        if base in ("udf", "bkpt", "trap"):
             return F_STOP, -1
         return _arm_table_jump(ins, cond), -1
 

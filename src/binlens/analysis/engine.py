@@ -156,7 +156,7 @@ def _analyze(
         codemap,
         backend,
         _jump_table_fn(image, codemap, backend, jt_tables),
-        cond_preds=image.identity.arch == "aarch64",
+        cond_preds=image.identity.arch in ("aarch64", "arm"),
     )
     code_total = max(1, codemap.total_bytes)
     explorer.progress = lambda done, _t, _m: report(
@@ -258,7 +258,7 @@ def _analyze_functions(
         codemap,
         backend,
         _jump_table_fn(image, codemap, backend, jt_tables),
-        cond_preds=image.identity.arch == "aarch64",
+        cond_preds=image.identity.arch in ("aarch64", "arm"),
     )
     explorer.traverse(entries, noret)
     for _ in range(4):

@@ -64,7 +64,7 @@ _NONE: tuple[list[int], int, bool] = ([], 0, True)
 # Symbolic values (tuples, hashable): ("c", k) a constant; ("v", n) an unknown value with an
 # identity; ("e", table, size, signed, index) an entry loaded from table[index];
 # ("t", base, inner, shift) the computed address base + (inner << shift), inner an entry (a table
-# of offsets) or an index (a table of `b` instructions).
+# of offsets) or an index (a table of `b` instructions); ("x", index, s) an index shifted left by s.
 Value = tuple
 
 
@@ -85,16 +85,15 @@ def arm_jump_table_targets(
     own = [i for i in _decode_path(md, image, [(slice_start, jump_va + 4)]) if i.address <= jump_va]
     if not own or own[-1].address != jump_va or not _reads_a_table(own):
         return _NONE  # no table next to the jump: a return, a call or tail call through a pointer
-    insns = [*_decode_path(md, image, list(reversed(earlier[:_MAX_CHUNKS]))), *own]
-    state = _State(image, thumb, _known_false(insns))
-    for k, ins in enumerate(insns[:-1]):
-        state.step(k, ins)
-    jump = insns[-1]
-    target, interworking = state.jump_target(jump)
-    found = _table(state, target)
+    # The jump's own slice first; then with the earlier chunks (a table address set before a loop).
+    # Not the other way round: an earlier chunk of one path may make the index a constant
+    # (`mov r1, #75; b dispatch`), and a constant index is no table.
+    found = _evaluate(image, thumb, own)
+    if found is None and earlier:
+        found = _evaluate(image, thumb, [*_decode_path(md, image, list(reversed(earlier[:_MAX_CHUNKS]))), *own])
     if found is None:
         return _NONE
-    table, size, signed, count, base, shift, entries = found
+    (table, size, signed, count, base, shift, entries), interworking = found
     if not image.is_mapped(table) or (entries and _writable(image, table)):
         return _NONE
     if entries:
@@ -120,6 +119,16 @@ def arm_jump_table_targets(
         return list(dict.fromkeys(targets)), 0, True  # the slots are code, nothing is read
     _mark_data(codemap, table, size * count)
     return list(dict.fromkeys(targets)), table, True
+
+
+def _evaluate(image: object, thumb: bool, insns: list[cs.CsInsn]) -> tuple[tuple, bool] | None:
+    """The table behind the path `insns` (ending at the jump) and whether its targets interwork."""
+    state = _State(image, thumb, _known_false(insns))
+    for k, ins in enumerate(insns[:-1]):
+        state.step(k, ins)
+    target, interworking = state.jump_target(insns[-1])
+    found = _table(state, target)
+    return None if found is None else (found, interworking)
 
 
 def _table(state: _State, target: Value) -> tuple[int, int, bool, int, int, int, bool] | None:
@@ -193,6 +202,15 @@ def _writes_pc(ins: cs.CsInsn) -> bool:
     if ins.id in (arm.ARM_INS_POP, arm.ARM_INS_LDM) or ins.mnemonic.startswith(("pop", "ldm")):
         return any(op.type == arm.ARM_OP_REG and op.reg == _PC for op in ops)
     return bool(ops) and ops[0].type == arm.ARM_OP_REG and ops[0].reg == _PC and ins.id not in _COMPARES
+
+
+def _shifted(ops: list) -> tuple[int, int] | None:
+    """(register, s) of `lsl rD, rS, #s` (Thumb: three operands; ARM: `rS, lsl #s` as one)."""
+    if len(ops) == 3 and ops[1].type == arm.ARM_OP_REG and ops[2].type == arm.ARM_OP_IMM and not ops[1].shift.type:
+        return ops[1].reg, ops[2].imm
+    if len(ops) == 2 and ops[1].type == arm.ARM_OP_REG and ops[1].shift.type == arm.ARM_SFT_LSL:
+        return ops[1].reg, ops[1].shift.value
+    return None
 
 
 def _stores(ins: cs.CsInsn) -> bool:
@@ -341,8 +359,8 @@ class _State:
         """adr/mov/movw/movt/add/sub whose result can be followed; False when not modelled."""
         ops = ins.operands
         i = ins.id
-        if ins.update_flags or len(ops) < 2 or ops[0].type != arm.ARM_OP_REG:
-            return False
+        if len(ops) < 2 or ops[0].type != arm.ARM_OP_REG:
+            return False  # (flags a `movs`/`adds`/`lsls` sets are followed by _known_false)
         dst = ops[0].reg
         if i == arm.ARM_INS_ADR and ops[1].type == arm.ARM_OP_IMM:
             self.write(dst, ("c", (self._aligned_pc() + ops[1].imm) & _MASK))
@@ -353,6 +371,11 @@ class _State:
         if i == arm.ARM_INS_MOVT and ops[1].type == arm.ARM_OP_IMM:
             v = self.read(dst)
             self.write(dst, ("c", (v[1] & 0xFFFF) | ((ops[1].imm & 0xFFFF) << 16)) if v[0] == "c" else None)
+            return True
+        shifted = _shifted(ops)
+        if i in (arm.ARM_INS_LSL, arm.ARM_INS_MOV) and shifted is not None:
+            v, s = self.read(shifted[0]), shifted[1]  # `lsl rD, rI, #s`: a scaled index (`ldr rE, [rD, rT]`)
+            self.write(dst, ("c", (v[1] << s) & _MASK) if v[0] == "c" else ("x", v, s) if v[0] == "v" else None)
             return True
         if i == arm.ARM_INS_MOV and len(ops) == 2:
             if ops[1].type == arm.ARM_OP_IMM:
@@ -393,6 +416,9 @@ class _State:
             return self.fresh()
         if a[0] == "c" and b[0] == "c":
             return ("c", (a[1] + (b[1] << shift)) & _MASK)
+        if shift == 0 and {a[0], b[0]} == {"c", "x"}:
+            c, x = (a, b) if a[0] == "c" else (b, a)
+            return ("t", c[1], x[1], x[2])  # table + (index << s)
         if a[0] == "c" and (b[0] == "e" or (b[0] == "v" and shift)):
             return ("t", a[1], b, shift)
         if b[0] == "c" and a[0] == "e" and shift == 0:
@@ -411,17 +437,20 @@ class _State:
 
     def _loaded(self, op: object, mem: object, size: int, signed: bool) -> Value | None:
         """The value a load from `mem` gives (None: unknown)."""
+        log2 = {1: 0, 2: 1, 4: 2}[size]
         if mem.index:  # type: ignore[attr-defined]
             table, index = self.read(mem.base), self.read(mem.index)  # type: ignore[attr-defined]
             scale = op.shift.value if op.shift.type == arm.ARM_SFT_LSL else 0  # type: ignore[attr-defined]
-            ok = (
-                table[0] == "c"
-                and mem.disp == 0  # type: ignore[attr-defined]
-                and not op.subtracted  # type: ignore[attr-defined]
-                and op.shift.type in (0, arm.ARM_SFT_LSL)  # type: ignore[attr-defined]
-                and scale == {1: 0, 2: 1, 4: 2}[size]
-            )
-            return ("e", table[1], size, signed, index) if ok else None
+            if mem.disp or op.subtracted or op.shift.type not in (0, arm.ARM_SFT_LSL):  # type: ignore[attr-defined]
+                return None
+            if scale == 0 and index[0] == "c" and table[0] == "x":
+                table, index = index, table  # `ldr rE, [rI << s, rT]`
+            if scale == 0 and index[0] == "x":
+                index, scale = index[1], index[2]
+            return ("e", table[1], size, signed, index) if table[0] == "c" and scale == log2 else None
+        base = self.read(mem.base)  # type: ignore[attr-defined]
+        if base[0] == "t" and base[2][0] == "v" and base[3] == log2 and not mem.disp:  # type: ignore[attr-defined]
+            return ("e", base[1], size, signed, base[2])  # `add rA, rT, rI, lsl #s; ldr rE, [rA]`
         if mem.base == _PC and size == 4:  # type: ignore[attr-defined]
             va = self._aligned_pc() + mem.disp  # type: ignore[attr-defined]
             raw = self.image.read(va, 4)  # type: ignore[attr-defined]
