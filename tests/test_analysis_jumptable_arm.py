@@ -279,8 +279,14 @@ def test_a_table_without_a_bound_check_stays_unresolved(arm_build, mode, opt):
         ("clang", ("-marm", "-O2"), ("\tmovhi\tr0, #0\n\tbxhi\tlr", "\tmovlo\tr0, #0\n\tbxlo\tlr")),
         # a compare, but no branch on it
         ("gcc", ("-mthumb", "-O2"), ("\tcmp\tr0, #11\n\tbhi\t.L16\n", "\tcmp\tr0, #11\n")),
+        # `mov lr, pc` first: a call through a table of function pointers, not a switch
+        (
+            "gcc",
+            ("-marm", "-O2", "-fno-pic"),
+            ("\tcmp\tr0, #11\n\tldrls\tpc,", "\tcmp\tr0, #11\n\tmovls\tlr, pc\n\tldrls\tpc,"),
+        ),
     ],
-    ids=["tbb_other_register", "addls_other_register", "wrong_condition", "no_branch"],
+    ids=["tbb_other_register", "addls_other_register", "wrong_condition", "no_branch", "call_through_table"],
 )
 def test_incomplete_dispatch_patterns_stay_unresolved(arm_build, compiler, flags, edit):
     b = arm_build(compiler, flags, edit)

@@ -85,6 +85,8 @@ def arm_jump_table_targets(
     own = [i for i in _decode_path(md, image, [(slice_start, jump_va + 4)]) if i.address <= jump_va]
     if not own or own[-1].address != jump_va or not _reads_a_table(own):
         return _NONE  # no table next to the jump: a return, a call or tail call through a pointer
+    if len(own) > 1 and _sets_return_address(own[-2]):
+        return _NONE  # `mov lr, pc; ldr pc, [rT, rI, lsl #2]`: a call through a table of function pointers
     # The jump's own slice first; then with the earlier chunks (a table address set before a loop).
     # Not the other way round: an earlier chunk of one path may make the index a constant
     # (`mov r1, #75; b dispatch`), and a constant index is no table.
@@ -180,6 +182,19 @@ def _reads_a_table(insns: list[cs.CsInsn]) -> bool:
         if ins.id in _LOADS and ops and ops[-1].type == arm.ARM_OP_MEM and ops[-1].mem.index != 0:
             return True
     return False
+
+
+def _sets_return_address(ins: cs.CsInsn) -> bool:
+    """`mov lr, pc` (or `add lr, pc, #k`): the next jump is a call (ARMv4 style)."""
+    ops = ins.operands
+    return (
+        ins.id in (arm.ARM_INS_MOV, arm.ARM_INS_ADD)
+        and len(ops) >= 2
+        and ops[0].type == arm.ARM_OP_REG
+        and ops[0].reg == _LR
+        and ops[1].type == arm.ARM_OP_REG
+        and ops[1].reg == _PC
+    )
 
 
 def _decode_path(md: cs.Cs, image: object, segments: list[tuple[int, int]]) -> Iterator[cs.CsInsn]:
