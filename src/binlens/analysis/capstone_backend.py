@@ -10,6 +10,7 @@ from __future__ import annotations
 from array import array
 
 import capstone as cs
+from capstone import arm as _ARM
 
 from binlens.analysis.codemap import BODY, CHUNK, INSN, CodeMap
 from binlens.analysis.model import (
@@ -28,7 +29,20 @@ from binlens.analysis.model import (
 from binlens.loader.image import Image
 
 F_NEXT, F_JUMP, F_COND, F_CALL, F_RET, F_IJUMP, F_ICALL, F_STOP = range(8)
-_FLOW_NAMES = ("fallthrough", "jump", "conditional", "call", "return", "indirect_jump", "indirect_call", "stop")
+# a conditional indirect jump (ARM `addls pc, pc, rI, lsl #2`, `ldrls pc, [pc, rI, lsl #2]`): the
+# chunk ends there, and the path where the condition fails falls through
+F_CIJUMP = 8
+_FLOW_NAMES = (
+    "fallthrough",
+    "jump",
+    "conditional",
+    "call",
+    "return",
+    "indirect_jump",
+    "indirect_call",
+    "stop",
+    "indirect_jump",
+)
 K_READ, K_OFFSET = XREF_KINDS.index("read"), XREF_KINDS.index("offset")
 
 
@@ -189,9 +203,9 @@ class CapstoneBackend:
             if cond:
                 return F_NEXT, -1
             return (F_RET if base == "mov" and ops.endswith("lr") else F_IJUMP), -1
-        if base in ("udf", "bkpt"):
+        if base in ("udf", "bkpt", "trap"):
             return F_STOP, -1
-        return F_NEXT, -1
+        return _arm_table_jump(ins, cond), -1
 
     # ------------------------------------------------------------------ chunks
     def decode_chunk(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
@@ -243,6 +257,8 @@ class CapstoneBackend:
                     pass  # switches to ARM state
                 elif tgt != -1:
                     self.thumb.add(tgt)
+                elif flow in (F_IJUMP, F_CIJUMP):
+                    self.thumb.add(ins.address)  # the jump-table resolver decodes its path in this mode
                 self.thumb.add(nxt + self.delay * 4)
             term, targets = _TERMS[flow](tgt)
             if self.delay and flow not in (F_RET, F_STOP) or self.delay and flow == F_RET:
@@ -293,12 +309,35 @@ class CapstoneBackend:
         return out
 
 
+def _arm_table_jump(ins: cs.CsInsn, cond: bool) -> int:
+    """F_IJUMP/F_CIJUMP for the ARM and Thumb-2 switch dispatches the mnemonic rules above miss:
+    `tbb`/`tbh`, `add pc, rT, rE` and the conditional `addls pc, pc, rI, lsl #2` and
+    `ldrls pc, [rT, rI, lsl #2]` (the next instruction is then the default); F_NEXT otherwise."""
+    i = ins.id
+    if i in (_ARM.ARM_INS_TBB, _ARM.ARM_INS_TBH):
+        return F_CIJUMP if cond else F_IJUMP
+    ops = ins.operands
+    if i not in (_ARM.ARM_INS_ADD, _ARM.ARM_INS_LDR) or len(ops) < 2:
+        return F_NEXT
+    if ops[0].type != _ARM.ARM_OP_REG or ops[0].reg != _ARM.ARM_REG_PC:
+        return F_NEXT
+    last = ops[-1]
+    if i == _ARM.ARM_INS_ADD:
+        if not cond:
+            return F_IJUMP  # clang's `add pc, rT, rE` (ldr and mov to pc are handled above)
+        indexed = len(ops) == 3 and ops[1].reg == _ARM.ARM_REG_PC and last.type == _ARM.ARM_OP_REG
+    else:
+        indexed = last.type == _ARM.ARM_OP_MEM and last.mem.index != 0
+    return F_CIJUMP if cond and indexed else F_NEXT
+
+
 _TERMS = {
     F_JUMP: lambda t: (T_JUMP, (t,)) if t != -1 else (T_IJUMP, (-1,)),
     F_COND: lambda t: (T_COND, (t, -2)) if t != -1 else (T_FALL, (-2,)),
     F_CALL: lambda t: (T_CALL, (t, -2)) if t != -1 else (T_ICALL, (-1, -2)),
     F_RET: lambda t: (T_RET, ()),
     F_IJUMP: lambda t: (T_IJUMP, (-1,)),
+    F_CIJUMP: lambda t: (T_IJUMP, (-1, -2)),
     F_ICALL: lambda t: (T_ICALL, (-1, -2)),
     F_STOP: lambda t: (T_STOP, ()),
 }

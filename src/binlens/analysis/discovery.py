@@ -316,6 +316,10 @@ class Explorer:
                     push(t[1])
             elif term == T_IJUMP:
                 stack.extend(self.case_targets(a, last))
+                if len(t) > 1:  # a conditional indirect jump (ARM `addls pc, ...`) also falls through
+                    x = t[1]
+                    pred[x] = a
+                    push(x)
             if progress is not None:
                 covered += end - a
                 tick += 1
@@ -452,6 +456,8 @@ class Explorer:
                 continue
             elif term == T_IJUMP:
                 cases = self.jt.get(last)
+                # a conditional indirect jump (ARM `addls pc, ...`) also falls through
+                fall = ((t[1], "conditional_fallthrough"),) if len(t) > 1 else ()
                 if cases:
                     # a table of function entries is a dispatch through pointers: tail calls;
                     # so are entries of an unguarded table that lie below the function
@@ -468,13 +474,15 @@ class Explorer:
                     entries = [x for x in cases if x in starts and x != f]
                     hits.update(entries)
                     b.tails.extend((last, x) for x in entries)
-                    succ = tuple((x, "jump_table") for x in cases if x not in starts or x == f)
+                    succ = tuple((x, "jump_table") for x in cases if x not in starts or x == f) + fall
                 else:
                     if t[0] >= 0:
                         b.tails.append((last, t[0]))
                     else:
                         b.open_end = True
-                    continue
+                    if not fall:
+                        continue
+                    succ = fall
             else:
                 if term == T_BAD:
                     b.open_end = True

@@ -156,7 +156,7 @@ def _analyze(
         codemap,
         backend,
         _jump_table_fn(image, codemap, backend, jt_tables),
-        cond_preds=image.identity.arch in ("aarch64", "mips"),
+        cond_preds=image.identity.arch in ("aarch64", "arm", "mips"),
     )
     code_total = max(1, codemap.total_bytes)
     explorer.progress = lambda done, _t, _m: report(
@@ -266,7 +266,7 @@ def _analyze_functions(
         codemap,
         backend,
         _jump_table_fn(image, codemap, backend, jt_tables),
-        cond_preds=image.identity.arch in ("aarch64", "mips"),
+        cond_preds=image.identity.arch in ("aarch64", "arm", "mips"),
     )
     explorer.traverse(entries, noret)
     for _ in range(4):
@@ -335,9 +335,10 @@ _JUMP_TABLE_RESOLVERS: dict[str, tuple[str, str]] = {
     "x86-64": ("binlens.analysis.jumptable", "jump_table_targets"),
     "x86": ("binlens.analysis.jumptable", "jump_table_targets"),
     "aarch64": ("binlens.analysis.jumptable_a64", "a64_jump_table_targets"),
+    "arm": ("binlens.analysis.jumptable_arm", "arm_jump_table_targets"),
+    "mips": ("binlens.analysis.jumptable_mips", "mips_jump_table_targets"),
     "ppc": ("binlens.analysis.jumptable_ppc", "ppc_jump_table_targets"),
     "riscv": ("binlens.analysis.jumptable_riscv", "riscv_jump_table_targets"),
-    "mips": ("binlens.analysis.jumptable_mips", "mips_jump_table_targets"),
 }
 
 
