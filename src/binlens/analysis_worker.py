@@ -275,12 +275,14 @@ def analyse_early(req: AnalysisRequest, stdin: Any, send: Callable[[Any], None])
 
 
 def _save(req: AnalysisRequest, result: Any, send: Callable[[Any], None]) -> None:
+    from binlens.analysis.engine import gc_paused
     from binlens.store import ProgramDatabase
     from binlens.store.analysis import save_analysis
 
     send(("progress", 1, 1, "saving to the program database"))
     db = ProgramDatabase(Path(req.db_path))
-    save_analysis(db, result)
+    with gc_paused():  # the rows are acyclic tuples; collections would re-scan the whole analysis
+        save_analysis(db, result)
     db.close()
     send(("done", len(result.functions)))
 
