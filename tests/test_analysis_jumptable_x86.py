@@ -87,7 +87,7 @@ def x86_build(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _owner(b: Build, va: int) -> str:
-    for name in ("interpret", "masked"):
+    for name in ("interpret", "masked", "forward"):
         if b.labels[name] <= va < b.labels[name] + b.sizes[name]:
             return name
     raise AssertionError(f"label at {va:#x} is in neither function")
@@ -130,6 +130,17 @@ def test_the_builds_exercise_each_dispatch_shape(x86_build):
         if re.search(r"andl\t\$7, %e\w+\n(?:.*\n)*?\tjmpq?\t\*\.L", masked) and "cmp" not in masked.split("jmp")[0]:
             shapes.add(f"mask bound {compiler}")
     assert shapes == {"shared jmp reg", "reloaded target", "mask bound gcc", "mask bound clang"}
+
+
+@pytest.mark.parametrize("compiler", ["gcc", "clang"])
+def test_a_pointer_names_a_function_whose_gap_trial_failed(x86_build, compiler):
+    """`forward` ends in `jmp rax` (no `ret`): the gap heuristic tries it first and cannot prove it
+    an entry; the pointer to it in `entry_points` still makes it a function."""
+    b = x86_build(compiler, "-O2")
+    body = b.asm.split("\nforward:", 1)[1].split("\t.size", 1)[0]
+    assert re.search(r"\tjmpq?\t\*%r\w+", body) and "ret" not in body
+    analysis = analyze(parse_path(str(b.stripped)))
+    assert b.labels["forward"] in {f.address for f in analysis.functions}
 
 
 def test_a_function_pointer_array_is_not_a_switch(x86_build):

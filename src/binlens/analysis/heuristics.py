@@ -167,6 +167,7 @@ def heuristic_starts(
             if ok:
                 out[va] = "prologue"
                 continue
+            explorer.claimed.add(va)  # not proven an entry, but a data pointer may still name it
             _cover(codemap, covered, explorer, seen)
             work.extend(reversed(_candidates_within(codemap, image.identity.arch, covered, va, gap_end)))
     return out
