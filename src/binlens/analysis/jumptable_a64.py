@@ -33,6 +33,7 @@ from binlens.analysis.codemap import CodeMap
 from binlens.analysis.jumptable import _writable
 
 _MAX_ENTRIES = 4096
+_MAX_MASK = 256  # `and` with a mask of at most this many values bounds a table
 _MAX_CHUNKS = 8  # earlier chunks evaluated before the jump's own slice
 _WINDOW = 1 << 20  # case targets lie within 1 MiB of the jump
 _MASK = (1 << 64) - 1
@@ -78,16 +79,25 @@ def a64_jump_table_targets(
     image = backend.image  # type: ignore[attr-defined]
     md = backend.md(False)  # type: ignore[attr-defined]
     own = list(_decode_path(md, image, [(slice_start, jump_va + 4)]))
-    if not own or own[-1].address != jump_va or own[-1].mnemonic != "br" or not any(map(_indexed_load, own)):
+    if not own or own[-1].address != jump_va or own[-1].mnemonic != "br":
+        return [], 0, True
+    # the load is next to the jump, or (gcc -O0 merges a function's computed gotos into one `br`
+    # that every handler jumps to) in the chunk that jumped there
+    if not any(map(_indexed_load, own)) and not any(map(_indexed_load, _decode_path(md, image, earlier[:1]))):
         return [], 0, True  # no table load next to the jump: a tail call or a call through a pointer
     insns = [*_decode_path(md, image, list(reversed(earlier[:_MAX_CHUNKS]))), *own]
     state = _State(md)
     for k, ins in enumerate(insns[:-1]):
         state.step(ins, insns[k + 1].address)
     target = state.read(insns[-1].operands[0].reg)
-    if target[0] != "t":
+    if target[0] == "e" and target[2] == 8:
+        # `br` to the entry itself: a table of absolute code pointers (`goto *tbl[op & 0x7f]`)
+        entry, base, ext, shift, absolute = target, 0, 0, 0, True
+    elif target[0] == "t":
+        _t, base, entry, ext, shift = target
+        absolute = False
+    else:
         return [], 0, True
-    _t, base, entry, ext, shift = target
     _e, table, size, signed, width, index = entry
     count = state.bounds.get(index)
     if count is None or count <= 0 or count > _MAX_ENTRIES:
@@ -101,7 +111,7 @@ def a64_jump_table_targets(
     code = {1: "B", 2: "H", 4: "I", 8: "Q"}[size]
     targets = []
     for (v,) in struct.iter_unpack(endian + code, raw):
-        t = (base + (_extend(_register_value(v, size, signed, width), ext) << shift)) & _MASK
+        t = v if absolute else (base + (_extend(_register_value(v, size, signed, width), ext) << shift)) & _MASK
         if t & 3 or abs(t - jump_va) > _WINDOW or not codemap.contains(t):
             continue  # only targets in code next to the jump
         targets.append(t)
@@ -277,6 +287,13 @@ class _State:
             return True
         if m in ("add", "sub") and len(ops) == 3 and ops[1].type == a64.ARM64_OP_REG:
             self.write(dst, self._sum(m, dst, ops))
+            return True
+        if m == "and" and len(ops) == 3 and ops[1].type == a64.ARM64_OP_REG and ops[2].type == a64.ARM64_OP_IMM:
+            value = self.fresh()
+            n = ops[2].imm + 1
+            if n & (n - 1) == 0 and 2 <= n <= _MAX_MASK:
+                self.bounds[value] = n  # `and wI, wX, #2^k - 1` bounds an index like a compare
+            self.write(dst, value)
             return True
         return False
 
