@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -237,3 +238,36 @@ def test_an_early_start_that_failed_is_replaced(workspace, compile_c, home, tmp_
     st = _state(workspace, copy)
     st.require(None, timeout_s=60)  # the exited early process is not taken: a fresh one does the work
     assert st.status == "done" and len(st.view.functions) >= 16
+
+
+def test_the_callers_parsed_image_is_used_not_parsed_again(workspace, compile_c, tmp_path) -> None:  # noqa: ANN001
+    """The request carries the image the caller parsed (`encode_image`): the analysis process decodes
+    it instead of parsing the file again (so PE and Mach-O do not import LIEF twice). Shown by handing
+    it an image whose symbols were removed: the saved functions then have no symbol names, which a
+    fresh parse of the (unstripped) file would give them."""
+    import dataclasses
+
+    from binlens.analysis_worker import AnalysisProcess, AnalysisRequest
+    from binlens.loader.image import encode_image
+    from binlens.store import ProgramDatabase
+    from binlens.store.analysis import AnalysisView
+
+    path = compile_c("sample.c", "-O2", True)  # unstripped: a reparse names the functions
+    prog = workspace.open(path, check_roots=False)
+    assert any(s.kind == "function" for s in prog.image.symbols)
+    blind = dataclasses.replace(prog.image, symbols=[], exports=[])
+    db_path = tmp_path / "blind.db"
+    ProgramDatabase(db_path).connect()  # created and migrated, as the caller does
+    ident = prog.image.identity
+    request = AnalysisRequest(str(path), ident.sha256, str(db_path), ident.slice, image=encode_image(blind))
+    saved = AnalysisProcess(request).run(lambda *_a: None, threading.Event(), 120)
+    view = AnalysisView(ProgramDatabase(db_path))
+    assert saved == len(view.functions) > 0
+    assert all(f.symbol is None for f in view.functions)
+    # the same request without the image parses the file and finds the names
+    db2 = tmp_path / "named.db"
+    ProgramDatabase(db2).connect()
+    AnalysisProcess(dataclasses.replace(request, image=None, db_path=str(db2))).run(
+        lambda *_a: None, threading.Event(), 120
+    )
+    assert any(f.symbol for f in AnalysisView(ProgramDatabase(db2)).functions)

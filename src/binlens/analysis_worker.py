@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import os
 import pickle
 import queue
@@ -52,6 +53,7 @@ class AnalysisRequest:
     parse_timeout_s: float = 8.0
     data: bytes | None = None  # the bytes themselves, when the file changed on disk since it was opened
     home: str | None = None  # an early start (the CLI, before it opened the program): the database's home
+    image: tuple | None = None  # the caller's parsed image (`encode_image`): no second parse here
 
 
 # ---------------------------------------------------------------------------------- caller side
@@ -207,6 +209,12 @@ def _load(req: AnalysisRequest) -> Any:
                 data = fh.read()
         except OSError as err:
             raise BinlensError("conflict", f"cannot read {req.path} again: {err.strerror}") from None
+    if req.image is not None:
+        # the caller parsed these bytes already (in its own isolated child): reuse its answer, once
+        # the bytes are shown to be the same (PE and Mach-O would otherwise import LIEF here again)
+        if hashlib.sha256(data).hexdigest() != req.sha256:
+            raise BinlensError("conflict", f"{req.path} changed on disk since it was opened")
+        return decode_image(req.image, data)
     answer = parse_isolated(data, os.path.basename(req.path), req.slice_name, req.parse_timeout_s)
     payload = pickle.loads(memoryview(answer)[1:])  # noqa: S301 - our own forked child's answer
     if answer[:1] != STATUS_OK:

@@ -25,6 +25,7 @@ from binlens.analysis import ENGINE_VERSION
 from binlens.analysis.engine import analyze_functions
 from binlens.analysis_worker import AnalysisProcess, AnalysisRequest
 from binlens.errors import BinlensError
+from binlens.loader.image import encode_image
 from binlens.store.analysis import (
     AnalysisView,
     FunctionRow,
@@ -96,6 +97,7 @@ class ProgramAnalysisState:
             db_path=str(self.prog.db.path),
             slice_name=ident.slice,
             data=bytes(self.prog.image.data) if with_bytes else None,
+            image=encode_image(self.prog.image),
             **self._user_starts(),
         )
 
