@@ -227,10 +227,11 @@ def test_cli_functions_with_the_early_analysis(home, compile_c) -> None:  # noqa
     assert again.returncode == 0 and json.loads(again.stdout)["functions"] == json.loads(out.stdout)["functions"]
 
 
-def test_an_early_start_that_failed_is_replaced(workspace, compile_c, home, tmp_path) -> None:  # noqa: ANN001
+def test_an_early_start_that_failed_is_replaced(workspace, compile_c, home, tmp_path, monkeypatch) -> None:  # noqa: ANN001
     from binlens import analysis_worker
 
     copy = tmp_path / "prog"
+    monkeypatch.setattr(analysis_worker, "_fast_format", lambda path: True)  # start early though it is absent
     analysis_worker.prestart(str(copy), None, str(home))  # the file is not there yet: it fails and exits
     early = analysis_worker._spare
     assert early.wait(10) == 0
@@ -271,3 +272,21 @@ def test_the_callers_parsed_image_is_used_not_parsed_again(workspace, compile_c,
         lambda *_a: None, threading.Event(), 120
     )
     assert any(f.symbol for f in AnalysisView(ProgramDatabase(db2)).functions)
+
+
+def test_only_fast_reader_formats_start_early(home, tmp_path) -> None:  # noqa: ANN001
+    """The CLI's early start is for x86/x86-64 ELF only: another format would make the early process
+    import LIEF beside the parser worker; its request comes later, with the parsed image."""
+    from binlens import analysis_worker
+
+    pe = tmp_path / "prog.exe"
+    pe.write_bytes(b"MZ" + bytes(200))
+    analysis_worker.prestart(str(pe), None, str(home))
+    spare = analysis_worker._spare
+    assert analysis_worker._spare_key is None and spare.poll() is None  # warm, idle, not analysing
+    analysis_worker._drop_spare()
+    elf = tmp_path / "prog"
+    elf.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(9) + b"\x03\x00\x3e\x00" + bytes(44))
+    analysis_worker.prestart(str(elf), None, str(home))
+    assert analysis_worker._spare_key == (os.path.realpath(elf), None)
+    analysis_worker._drop_spare()

@@ -88,13 +88,26 @@ def prestart(path: str | None = None, slice_name: str | None = None, home: str |
         if _spare is not None and _spare.poll() is None:
             return
         _spare, _spare_key = _spawn(), None
-        if path is not None and home is not None:
+        if path is not None and home is not None and _fast_format(path):
             real = os.path.realpath(os.path.expanduser(path))
             try:
                 write_frame(_spare.stdin, AnalysisRequest(real, "", "", slice_name, home=home))
             except OSError:
                 return
             _spare_key = (real, slice_name)
+
+
+def _fast_format(path: str) -> bool:
+    """Is `path` a file the fast ELF reader takes (x86/x86-64 ELF)? Only those start early: any
+    other format would make the early process import LIEF beside the CLI's parser worker, while
+    the CLI's own request hands over the image that worker parsed."""
+    from binlens.loader.worker import _fast_candidate
+
+    try:
+        with open(os.path.expanduser(path), "rb") as fh:
+            return _fast_candidate(fh.read(20))
+    except OSError:
+        return False
 
 
 @atexit.register
