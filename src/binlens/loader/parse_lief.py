@@ -77,11 +77,15 @@ def parse_image(data: bytes, file_name: str, slice_name: str | None = None) -> I
     """Parse `data` into an Image; raise BinlensError for bad or unsupported input."""
     fmt = sniff_format(data)
     sha = hashlib.sha256(data).hexdigest()
-    if fmt == "ELF":
-        return _parse_elf(data, sha, file_name)
-    if fmt == "PE":
-        return _parse_pe(data, sha, file_name)
-    return _parse_macho(data, sha, file_name, slice_name)
+    with warnings.catch_warnings():
+        # LIEF warns on enum values it does not know (vendor segment, relocation and section types):
+        # they keep their number as their name, which is all binlens needs
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if fmt == "ELF":
+            return _parse_elf(data, sha, file_name)
+        if fmt == "PE":
+            return _parse_pe(data, sha, file_name)
+        return _parse_macho(data, sha, file_name, slice_name)
 
 
 def _perms(r: bool, w: bool, x: bool) -> str:
@@ -152,13 +156,9 @@ def _parse_elf(data: bytes, sha: str, file_name: str) -> Image:
         if s.value
     ]
     relocations = []
-    with warnings.catch_warnings():
-        # LIEF warns on relocation types its enum does not know (PowerPC's, some vendors'): they
-        # keep their number as their name
-        warnings.simplefilter("ignore", RuntimeWarning)
-        for r in b.relocations:
-            sym = _text(r.symbol.name) if r.has_symbol and _text(r.symbol.name) else None
-            relocations.append(Relocation(address=r.address, type=_enum_name(r.type), symbol=sym, addend=r.addend))
+    for r in b.relocations:
+        sym = _text(r.symbol.name) if r.has_symbol and _text(r.symbol.name) else None
+        relocations.append(Relocation(address=r.address, type=_enum_name(r.type), symbol=sym, addend=r.addend))
     hints: dict[str, list[int]] = {}
     hints["init_array"] = sorted({f.address for f in b.ctor_functions if f.address})
     hints["fini_array"] = sorted({f.address for f in b.dtor_functions if f.address})
