@@ -67,9 +67,7 @@ def a64_jump_table_targets(
 ) -> jt.Resolution:
     """Case targets of the AArch64 `br` at `jump_va`, the table address (0 when none), and whether a
     bound check guards it. Only complete, bounded dispatches resolve; otherwise `([], 0, True)`."""
-    image = backend.image  # type: ignore[attr-defined]
-    md = backend.md(False)  # type: ignore[attr-defined]
-    own = jt.jump_slice(md, image, slice_start, jump_va)
+    image, md, own = jt.jump_slice(backend, slice_start, jump_va)
     if not own or own[-1].address != jump_va or own[-1].mnemonic != "br":
         return jt.NONE
     # the load is next to the jump, or (gcc -O0 merges a function's computed gotos into one `br`

@@ -71,9 +71,7 @@ def arm_jump_table_targets(
     `([], 0, True)`. Thumb case targets are added to the backend's Thumb set; a table inside code
     (tbb/tbh, the words after `ldr pc`/`add pc`) is marked in the code map, so it is never decoded."""
     thumb = jump_va in backend.thumb or slice_start in backend.thumb  # type: ignore[attr-defined]
-    md = backend.md(thumb)  # type: ignore[attr-defined]
-    image = backend.image  # type: ignore[attr-defined]
-    own = jt.jump_slice(md, image, slice_start, jump_va)
+    image, md, own = jt.jump_slice(backend, slice_start, jump_va, thumb)
     if not own or own[-1].address != jump_va or not _reads_a_table(own):
         return jt.NONE  # no table next to the jump: a return, a call or tail call through a pointer
     if len(own) > 1 and _sets_return_address(own[-2]):

@@ -35,12 +35,19 @@ def decode_path(md: cs.Cs, image: object, segments: list[tuple[int, int]]) -> It
         yield from md.disasm(data, start)
 
 
-def jump_slice(md: cs.Cs, image: object, slice_start: int, jump_va: int, end: int | None = None) -> list[cs.CsInsn]:
-    """The jump's chunk decoded from `slice_start` up to and including the instruction at `jump_va`
-    (decoding stops at `end`, by default `jump_va + 4`). The caller checks that the last instruction
-    is the jump: when none starts at `jump_va` the chunk is decoded out of step."""
-    stop = jump_va + 4 if end is None else end
-    return [ins for ins in decode_path(md, image, [(slice_start, stop)]) if ins.address <= jump_va]
+def jump_slice(
+    backend: object, slice_start: int, jump_va: int, thumb: bool = False, short_end: bool = False
+) -> tuple[object, cs.Cs, list[cs.CsInsn]]:
+    """The backend's image, its disassembler (`thumb`: for Thumb code) and the jump's chunk decoded
+    from `slice_start` up to and including the instruction at `jump_va`. The caller checks that the
+    last instruction is the jump: when none starts at `jump_va` the chunk is decoded out of step.
+    `short_end`: where `jump_va + 3` is unmapped, decode only to `jump_va + 2` (a 2-byte RISC-V
+    `c.jr` may end the code)."""
+    image = backend.image  # type: ignore[attr-defined]
+    md = backend.md(thumb)  # type: ignore[attr-defined]
+    end = jump_va + 2 if short_end and not image.is_mapped(jump_va + 3) else jump_va + 4
+    own = [ins for ins in decode_path(md, image, [(slice_start, end)]) if ins.address <= jump_va]
+    return image, md, own
 
 
 def path_to_jump(md: cs.Cs, image: object, earlier: Chunks, max_chunks: int, own: list[cs.CsInsn]) -> list[cs.CsInsn]:

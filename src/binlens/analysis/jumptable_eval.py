@@ -42,10 +42,7 @@ def _resolve(
     is_jump: object,
     align: int,
 ) -> jt.Resolution:
-    image = backend.image  # type: ignore[attr-defined]
-    md = backend.md(False)  # type: ignore[attr-defined]
-    end = jump_va + 4 if image.is_mapped(jump_va + 3) else jump_va + 2  # (a 2-byte `c.jr` may end the code)
-    own = jt.jump_slice(md, image, slice_start, jump_va, end)
+    image, md, own = jt.jump_slice(backend, slice_start, jump_va, short_end=True)
     if not own or own[-1].address != jump_va or not is_jump(own[-1]) or not any(map(state_cls.indexes, own)):
         return jt.NONE  # no indexing next to the jump: a PLT stub, a tail call or a call through a pointer
     insns = jt.path_to_jump(md, image, earlier, _MAX_CHUNKS, own)

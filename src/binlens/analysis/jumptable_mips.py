@@ -75,9 +75,7 @@ def mips_jump_table_targets(
 ) -> jt.Resolution:
     """Case targets of the MIPS `jr` at `jump_va`, the table address (0 when none), and whether a
     bound check guards it. Only complete, bounded dispatches resolve; otherwise `([], 0, True)`."""
-    image = backend.image  # type: ignore[attr-defined]
-    md = backend.md(False)  # type: ignore[attr-defined]
-    own = jt.jump_slice(md, image, slice_start, jump_va)
+    image, md, own = jt.jump_slice(backend, slice_start, jump_va)
     if not own or own[-1].address != jump_va or own[-1].mnemonic not in ("jr", "jr.hb"):
         return jt.NONE
     if not own[-1].operands or md.reg_name(own[-1].operands[0].reg) == "ra":
