@@ -42,7 +42,9 @@ class Build:
     arch: str = ""
 
 
-def toolchain(compiler: str, triple: str, clang_target: str = "", tools: tuple[str, ...] = ("as", "ld", "strip")):
+def toolchain(
+    compiler: str, triple: str, clang_target: str = "", tools: tuple[str, ...] = ("as", "ld", "strip")
+) -> list[str]:
     """The compiler command for `triple` ("gcc" or "clang"); skips the test when it or one of the
     binutils `tools` is missing, naming the Debian package."""
     missing = [f"{triple}-{t}" for t in tools if shutil.which(f"{triple}-{t}") is None]

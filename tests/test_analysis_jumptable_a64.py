@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +26,7 @@ TRIPLE = "aarch64-linux-gnu"
 _ENTRY = re.compile(r"^\s*\.(?:byte|2byte|hword|short|word|4byte)\s+\(?\s*(\.L\w+)\s*-\s*(\.L\w+)")
 
 
-def _build(out_dir, compiler: str, opt: str, asm_edit: tuple[str, str] | None = None) -> xb.Build:
+def _build(out_dir: Path, compiler: str, opt: str, asm_edit: tuple[str, str] | None = None) -> xb.Build:
     cc = xb.toolchain(compiler, TRIPLE)
     tag = f"{compiler}{opt}" + ("-edited" if asm_edit else "")
     b = xb.cross_build(out_dir, TRIPLE, cc, [opt], tag, asm_edit=asm_edit)
