@@ -1,6 +1,6 @@
 """ARM32 and Thumb-2 switch tables: real gcc and clang output, checked against the build's own truth.
 
-`tests/fixtures/src/switch_arm.c` is compiled to assembly by `arm-linux-gnueabihf-gcc` and by
+`tests/fixtures/src/switch.c` is compiled to assembly by `arm-linux-gnueabihf-gcc` and by
 `clang --target=armv7a-linux-gnueabihf`, in ARM and in Thumb state, at -O0/-O2/-Os (PIC, the
 default, and a few non-PIC builds, which dispatch differently), assembled with GNU as `-L` (so the
 compilers' local labels `.LBB0_3`, `.L15`, ... stay in the symbol table) and linked with
@@ -15,20 +15,20 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+import crossbuild as xb
 from binlens.analysis import ProgramAnalysis, analyze
 from binlens.api import invoke
 from binlens.loader.parse_lief import parse_path
 from conftest import corpus_dir
 
-SRC = Path(__file__).resolve().parent / "fixtures" / "src" / "switch_arm.c"
-GCC = "arm-linux-gnueabihf-gcc"
-BINUTILS = ("arm-linux-gnueabihf-as", "arm-linux-gnueabihf-ld", "arm-linux-gnueabihf-strip")
-OBJDUMP = "arm-linux-gnueabihf-objdump"
+TRIPLE = "arm-linux-gnueabihf"
+GCC = f"{TRIPLE}-gcc"
+OBJDUMP = f"{TRIPLE}-objdump"
 _LABEL = re.compile(r"^(\.?[A-Za-z_$][\w.$]*):")
 # the instruction that reads a table (the next label is the table; a `b default` may come between)
 _DISPATCH = re.compile(r"^\t(tbb|tbh|ldr\w*\tpc,|ldr\.w\tpc,|add\w*\tpc,|mov\tpc, r\d|bx\tr\d)")
@@ -47,26 +47,10 @@ class Table:
 
 
 @dataclass
-class Build:
-    asm: str
-    stripped: Path
-    no_unwind: Path
-    labels: dict[str, int]  # every symbol of the unstripped build (local labels included), Thumb bit cleared
-    tables: dict[str, Table]  # function -> its table
-    insns: dict[int, int]  # objdump of the unstripped build: instruction address -> following address
+class ArmBuild(xb.Build):
+    """A build whose labels have the Thumb bit cleared; `tables`: function -> its Table."""
 
-
-def _toolchain(compiler: str) -> list[str]:
-    missing = [t for t in (*BINUTILS, OBJDUMP) if shutil.which(t) is None]
-    if missing:
-        pytest.skip(f"{', '.join(missing)} missing (Debian package binutils-arm-linux-gnueabihf)")
-    if compiler == "clang":
-        if shutil.which("clang") is None:
-            pytest.skip("clang is not installed")
-        return ["clang", "--target=armv7a-linux-gnueabihf", "-fno-addrsig"]
-    if shutil.which(GCC) is None:
-        pytest.skip(f"{GCC} is not installed (Debian package gcc-arm-linux-gnueabihf)")
-    return [GCC]
+    insns: dict[int, int] = field(default_factory=dict)  # objdump of the unstripped build: address -> next
 
 
 def _tables(asm: str) -> dict[str, Table]:
@@ -118,53 +102,20 @@ def _objdump(path: Path) -> dict[int, int]:
     return out
 
 
-def _build(out_dir: Path, compiler: str, flags: tuple[str, ...], asm_edit: tuple[str, str] | None = None) -> Build:
-    cc = _toolchain(compiler)
+def _build(out_dir: Path, compiler: str, flags: tuple[str, ...], asm_edit: tuple[str, str] | None = None) -> ArmBuild:
+    cc = xb.toolchain(compiler, TRIPLE, "armv7a-linux-gnueabihf", ("as", "ld", "strip", "objdump"))
     tag = compiler + "".join(flags) + ("-edited" if asm_edit else "")
-    asm_path = out_dir / f"{tag}.s"
-    subprocess.run([*cc, *flags, "-S", "-o", str(asm_path), str(SRC)], check=True, capture_output=True)
-    asm = asm_path.read_text()
-    if asm_edit is not None:
-        assert asm_edit[0] in asm, f"{asm_edit[0]!r} is not in the {tag} output"
-        asm = asm.replace(asm_edit[0], asm_edit[1], 1)
-        asm_path.write_text(asm)
-    obj, exe = out_dir / f"{tag}.o", out_dir / tag
-    subprocess.run(["arm-linux-gnueabihf-as", "-L", "-o", str(obj), str(asm_path)], check=True, capture_output=True)
-    subprocess.run(["arm-linux-gnueabihf-ld", "-e", "main", "-o", str(exe), str(obj)], check=True, capture_output=True)
-    stripped, no_unwind = out_dir / f"{tag}.stripped", out_dir / f"{tag}.nounwind"
-    strip = "arm-linux-gnueabihf-strip"
-    subprocess.run([strip, "-s", "-o", str(stripped), str(exe)], check=True, capture_output=True)
-    cut = ["-R", ".ARM.exidx", "-R", ".ARM.extab", "-R", ".eh_frame"]
-    subprocess.run([strip, "-s", *cut, "-o", str(no_unwind), str(exe)], check=True, capture_output=True)
-    labels = {s.name: s.address & ~1 for s in parse_path(str(exe)).symbols}
-    return Build(asm, stripped, no_unwind, labels, _tables(asm), _objdump(exe))
+    unwind = (".ARM.exidx", ".ARM.extab", ".eh_frame")
+    b = xb.cross_build(out_dir, TRIPLE, cc, flags, tag, asm_edit=asm_edit, unwind=unwind, thumb_bit=True)
+    return ArmBuild(**{**vars(b), "tables": _tables(b.asm)}, insns=_objdump(b.exe))
 
 
-@pytest.fixture(scope="session")
-def arm_build(tmp_path_factory: pytest.TempPathFactory):
-    """arm_build(compiler, flags, asm_edit=None) -> Build (cached per session)."""
-    out_dir = tmp_path_factory.mktemp("arm32")
-    cache: dict[tuple, Build] = {}
-
-    def get(compiler: str, flags: tuple[str, ...], asm_edit: tuple[str, str] | None = None) -> Build:
-        key = (compiler, flags, asm_edit)
-        if key not in cache:
-            cache[key] = _build(out_dir, compiler, flags, asm_edit)
-        return cache[key]
-
-    return get
+arm_build = xb.build_fixture("arm32", _build)  # arm_build(compiler, flags, asm_edit=None) -> ArmBuild
 
 
-def _function(analysis: ProgramAnalysis, va: int):
-    found = [f for f in analysis.functions if f.address == va]
-    assert found, f"no function at {hex(va)}"
-    return found[0]
-
-
-def _guarded(build: Build, func: str) -> bool:
+def _guarded(build: ArmBuild, func: str) -> bool:
     """Does the dispatch compare the index first (clang drops the check when the default is unreachable)?"""
-    body = build.asm.split(f"\n{func}:", 1)[1].split(f"\n{build.tables[func].label}:", 1)[0]
-    return re.search(r"\tcmp\t", body) is not None
+    return xb.guarded(build.asm, func, re.escape(f"\n{build.tables[func].label}:"), r"\tcmp\t")
 
 
 # (compiler, flags): every mode and level, PIC (the default) plus the non-PIC dispatches
@@ -184,11 +135,11 @@ BUILDS = [
 SWITCHES = ("small_switch", "wide_switch", "interpret", "unchecked_switch")
 
 
-def _check_table(b: Build, analysis: ProgramAnalysis, func: str) -> None:
+def _check_table(b: ArmBuild, analysis: ProgramAnalysis, func: str) -> None:
     table = b.tables[func]
     assert len(table.cases) == 12, (func, table)
-    f = _function(analysis, b.labels[func])
-    got = {e.dst for e in f.edges if e.kind == "jump_table"}
+    f = xb.function_at(analysis, b.labels[func])
+    got = xb.case_targets(f)
     cases = [b.labels[c] for c in table.cases]
     starts = {blk.start for blk in f.blocks}
     if table.size == 0:  # `addls pc, pc, rI, lsl #2`: each slot is a `b case` instruction
@@ -207,10 +158,10 @@ def _check_table(b: Build, analysis: ProgramAnalysis, func: str) -> None:
     assert len({e.src for e in f.edges if e.kind == "jump_table"}) == 1
 
 
-def _check_decoding(b: Build, analysis: ProgramAnalysis, func: str) -> None:
+def _check_decoding(b: ArmBuild, analysis: ProgramAnalysis, func: str) -> None:
     """Every block of the function decodes as objdump does by the mapping symbols: right state
     (ARM/Thumb) for every case target, no data decoded as code."""
-    f = _function(analysis, b.labels[func])
+    f = xb.function_at(analysis, b.labels[func])
     for blk in f.blocks:
         a, n = blk.start, 0
         while a < blk.end:
@@ -223,7 +174,7 @@ def _check_decoding(b: Build, analysis: ProgramAnalysis, func: str) -> None:
 @pytest.mark.parametrize("unwind", [True, False], ids=["unwind", "no_unwind"])
 def test_every_case_label_is_a_jump_table_target_of_its_switch(arm_build, compiler, flags, unwind):
     b = arm_build(compiler, flags)
-    analysis = analyze(parse_path(str(b.stripped if unwind else b.no_unwind)))
+    analysis = analyze(parse_path(str(b.stripped if unwind else b.no_eh)))
     checked = 0
     for func in SWITCHES:
         assert func in b.tables, f"{compiler} {flags} emitted no table for {func}"
@@ -232,7 +183,7 @@ def test_every_case_label_is_a_jump_table_target_of_its_switch(arm_build, compil
             continue
         _check_table(b, analysis, func)
         _check_decoding(b, analysis, func)
-        f = _function(analysis, b.labels[func])
+        f = xb.function_at(analysis, b.labels[func])
         assert (f.mode == "thumb") == ("-mthumb" in flags)
         checked += 1
     assert checked >= 3
@@ -241,11 +192,7 @@ def test_every_case_label_is_a_jump_table_target_of_its_switch(arm_build, compil
 def test_the_builds_cover_every_dispatch_form(arm_build):
     """The builds above exercise every dispatch the resolver handles (fails if a compiler changes shape)."""
     forms = set()
-    for compiler, flags in BUILDS:
-        try:
-            b = arm_build(compiler, flags)
-        except pytest.skip.Exception:
-            continue
+    for _, b in xb.available_builds(arm_build, BUILDS):
         forms.update(t.dispatch.split("\t")[0] + ("" if t.size else " slots") for t in b.tables.values())
     assert {"tbb", "tbh", "add", "mov", "ldr"} <= forms
     if shutil.which(GCC):
@@ -256,16 +203,13 @@ def test_the_builds_cover_every_dispatch_form(arm_build):
 @pytest.mark.parametrize("mode", ["-marm", "-mthumb"])
 def test_a_table_without_a_bound_check_stays_unresolved(arm_build, mode, opt):
     b = arm_build("clang", (mode, opt))
-    assert "unchecked_switch" in b.tables and not _guarded(b, "unchecked_switch")
-    analysis = analyze(parse_path(str(b.stripped)))
-    f = _function(analysis, b.labels["unchecked_switch"])
-    assert not [e for e in f.edges if e.kind == "jump_table"]
+    analysis = xb.check_unchecked_switch(b, _guarded)
+    f = xb.function_at(analysis, b.labels["unchecked_switch"])
     # the dispatch still ends its block: the table after it is not decoded as code
     table = b.labels[b.tables["unchecked_switch"].label]
     assert [blk for blk in f.blocks if blk.end == table and blk.terminator == "indirect_jump"]
     assert not [blk for g in analysis.functions for blk in g.blocks if blk.start <= table < blk.end]
     assert not f.noreturn  # an unresolved indirect jump: the function is assumed to return
-    assert [e for e in _function(analysis, b.labels["small_switch"]).edges if e.kind == "jump_table"]
 
 
 @pytest.mark.parametrize(
@@ -290,15 +234,13 @@ def test_a_table_without_a_bound_check_stays_unresolved(arm_build, mode, opt):
 )
 def test_incomplete_dispatch_patterns_stay_unresolved(arm_build, compiler, flags, edit):
     b = arm_build(compiler, flags, edit)
-    analysis = analyze(parse_path(str(b.stripped)))
-    small = _function(analysis, b.labels["small_switch"])
-    assert not [e for e in small.edges if e.kind == "jump_table"]
+    analysis = xb.check_broken_dispatch(b, None)
     _check_table(b, analysis, "wide_switch")  # the other switches of the build still resolve
 
 
 def test_function_cfg_method_shows_the_case_edges(arm_build, workspace):
     b = arm_build("gcc", ("-mthumb", "-O2"))
-    workspace.open(str(b.no_unwind), check_roots=False)
+    workspace.open(str(b.no_eh), check_roots=False)
     invoke(workspace, "analysis.start", {"wait": True})
     cfg = invoke(workspace, "function.cfg", {"selector": {"address": hex(b.labels["wide_switch"])}})
     targets = {int(e["dst"], 16) for e in cfg["edges"] if e["kind"] == "jump_table"}
@@ -327,22 +269,16 @@ def test_corpus_tables_lie_in_their_functions_and_keep_their_mode():
     if not path.is_file():
         pytest.skip(f"{path} is absent")
     img = parse_path(str(path))
-    extents = sorted(
-        (s.address & ~1, (s.address & ~1) + s.size) for s in img.symbols if s.kind == "function" and s.size
-    )
     addrs, kinds = _mapping(img)
 
     def kind(va: int) -> str:
         return kinds[bisect.bisect_right(addrs, va) - 1]
 
     analysis = analyze(img)
-    cases = [(x.src, x.dst) for x in analysis.xrefs if x.kind == "jump_table"]
+    cases = xb.assert_corpus_cases(img, analysis, thumb_bit=True)
     jumps = {src for src, _ in cases}
     assert len(jumps) >= 41, f"{len(jumps)} tables resolved (41 measured on 2026-11-30)"
     for src, dst in cases:
-        holder = [(lo, hi) for lo, hi in extents if lo <= src < hi]
-        assert holder and holder[0][0] <= dst < holder[0][1], (hex(src), hex(dst))
         assert kind(dst) == kind(src) and kind(dst) in ("$a", "$t"), (hex(src), hex(dst), kind(dst))
     reads = [x for x in analysis.xrefs if x.kind == "read" and x.src in jumps]
     assert reads and all(kind(x.dst) == "$d" for x in reads)
-    assert not {dst for _, dst in cases} & {f.address for f in analysis.functions}

@@ -1,6 +1,6 @@
 """PowerPC and RISC-V switch tables: real gcc and clang output, checked against the case labels of the build.
 
-`tests/fixtures/src/switch_ppcrv.c` is compiled to assembly for powerpc-linux-gnu (32-bit,
+`tests/fixtures/src/switch.c` is compiled to assembly for powerpc-linux-gnu (32-bit,
 big-endian), powerpc64le-linux-gnu (ELFv2: TOC-relative table addresses) and riscv64-linux-gnu by
 gcc (the Debian cross compilers) and clang, at -O0 and -O2,
 position-independent (`-fPIC`, linked `-pie`: tables reached through the PIC base and the GOT on
@@ -15,135 +15,54 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+import crossbuild as xb
 from binlens.analysis import ProgramAnalysis, analyze
 from binlens.loader.parse_lief import parse_path
 from conftest import corpus_dir
 
-SRC = Path(__file__).resolve().parent / "fixtures" / "src" / "switch_ppcrv.c"
 TRIPLES = {"ppc": "powerpc-linux-gnu", "ppc64": "powerpc64le-linux-gnu", "riscv": "riscv64-linux-gnu"}
-PACKAGES = {"ppc": "gcc-powerpc-linux-gnu", "ppc64": "gcc-powerpc64le-linux-gnu", "riscv": "gcc-riscv64-linux-gnu"}
 _ENTRY = re.compile(r"^\s*\.(?:long|word|4byte|quad|8byte)\s+(\.L\w+)(?:\s*-\s*(\.L\w+))?\s*(?:#.*)?$")
-_LABEL = re.compile(r"^(\.?[A-Za-z_][\w.$]*):")
 SWITCHES = ("small_switch", "wide_switch", "interpret", "far_switch")
 
 
-@dataclass
-class Build:
-    arch: str
-    asm: str
-    stripped: Path
-    no_eh: Path
-    labels: dict[str, int]  # every symbol of the unstripped build (local labels included)
-    tables: dict[str, tuple[str, list[str]]]  # function -> (table label, case labels in table order)
+def _entry(m: re.Match[str], label: str) -> bool:
+    """Absolute, or relative to the table itself; `.LC0: .long .L4` is gcc's GOT slot for the table."""
+    return (m.group(2) is None or m.group(2) == label) and not label.startswith(".LC")
 
 
-def _toolchain(arch: str, compiler: str) -> list[str]:
+def _build(
+    out_dir: Path, arch: str, compiler: str, opt: str, pic: bool, asm_edit: tuple[str, str] | None = None
+) -> xb.Build:
     triple = TRIPLES[arch]
-    missing = [t for t in (f"{triple}-as", f"{triple}-ld", f"{triple}-strip") if shutil.which(t) is None]
-    if missing:
-        pytest.skip(f"{', '.join(missing)} missing (Debian package binutils-{triple})")
-    if compiler == "clang":
-        if shutil.which("clang") is None:
-            pytest.skip("clang is not installed")
-        return ["clang", f"--target={triple}", "-fno-addrsig"]
-    if shutil.which(f"{triple}-gcc") is None:
-        pytest.skip(f"{triple}-gcc is not installed (Debian package {PACKAGES[arch]})")
-    return [f"{triple}-gcc"]
-
-
-def _tables(asm: str) -> dict[str, tuple[str, list[str]]]:
-    """Jump tables in compiler output: function -> (the table's label, its entries' case labels)."""
-    out: dict[str, tuple[str, list[str]]] = {}
-    func = label = ""
-    for line in asm.splitlines():
-        m = _LABEL.match(line)
-        if m:
-            label = m.group(1)
-            if not label.startswith("."):
-                func = label
-            continue
-        m = _ENTRY.match(line)
-        # absolute, or relative to the table itself; `.LC0: .long .L4` is gcc's GOT slot for the table
-        if m and (m.group(2) is None or m.group(2) == label) and not label.startswith(".LC"):
-            out.setdefault(func, (label, []))[1].append(m.group(1))
-    return out
-
-
-def _build(out_dir: Path, arch: str, compiler: str, opt: str, pic: bool, asm_edit: tuple[str, str] | None) -> Build:
-    cc = _toolchain(arch, compiler)
-    triple = TRIPLES[arch]
+    cc = xb.toolchain(compiler, triple)
     tag = f"{arch}-{compiler}{opt}-{'pic' if pic else 'nopic'}" + ("-edited" if asm_edit else "")
-    flags = ["-fPIC"] if pic else ["-fno-pic", "-fno-pie"]
-    asm_path = out_dir / f"{tag}.s"
-    subprocess.run([*cc, opt, *flags, "-S", "-o", str(asm_path), str(SRC)], check=True, capture_output=True)
-    asm = asm_path.read_text()
-    if asm_edit is not None:
-        assert asm_edit[0] in asm, f"{asm_edit[0]!r} is not in the {tag} output"
-        asm = asm.replace(asm_edit[0], asm_edit[1], 1)
-        asm_path.write_text(asm)
-    obj, exe = out_dir / f"{tag}.o", out_dir / tag
-    subprocess.run([f"{triple}-as", "-L", "-o", str(obj), str(asm_path)], check=True, capture_output=True)
+    flags = [opt, "-fPIC"] if pic else [opt, "-fno-pic", "-fno-pie"]
     # --discard-none: RISC-V ld drops `.L` labels by default
-    link = [f"{triple}-ld", "--discard-none", *(["-pie"] if pic else []), "-e", "main", "-o", str(exe), str(obj)]
-    subprocess.run(link, check=True, capture_output=True)
-    stripped, no_eh = out_dir / f"{tag}.stripped", out_dir / f"{tag}.noeh"
-    subprocess.run([f"{triple}-strip", "-s", "-o", str(stripped), str(exe)], check=True, capture_output=True)
-    subprocess.run(
-        [f"{triple}-strip", "-s", "-R", ".eh_frame", "-o", str(no_eh), str(exe)], check=True, capture_output=True
-    )
-    labels = {s.name: s.address for s in parse_path(str(exe)).symbols}
-    return Build(arch, asm, stripped, no_eh, labels, _tables(asm))
+    link = ("--discard-none", *(["-pie"] if pic else []))
+    b = xb.cross_build(out_dir, triple, cc, flags, tag, asm_edit=asm_edit, ld_flags=link)
+    b.arch = arch
+    b.tables = xb.tables_by_function(xb.asm_tables(b.asm, _ENTRY, accept=_entry))
+    return b
 
 
-@pytest.fixture(scope="session")
-def ppcrv_build(tmp_path_factory: pytest.TempPathFactory):
-    """ppcrv_build(arch, compiler, opt, pic, asm_edit=None) -> Build (cached per session)."""
-    out_dir = tmp_path_factory.mktemp("ppcrv")
-    cache: dict[tuple, Build] = {}
-
-    def get(arch: str, compiler: str, opt: str, pic: bool, asm_edit: tuple[str, str] | None = None) -> Build:
-        key = (arch, compiler, opt, pic, asm_edit)
-        if key not in cache:
-            cache[key] = _build(out_dir, arch, compiler, opt, pic, asm_edit)
-        return cache[key]
-
-    return get
+ppcrv_build = xb.build_fixture("ppcrv", _build)  # ppcrv_build(arch, compiler, opt, pic, asm_edit=None) -> xb.Build
 
 
-def _function(analysis: ProgramAnalysis, va: int):
-    found = [f for f in analysis.functions if f.address == va]
-    assert found, f"no function at {hex(va)}"
-    return found[0]
+def _case_edges(analysis: ProgramAnalysis, build: xb.Build, func: str) -> set[int]:
+    return xb.case_targets(xb.function_of(analysis, build, func))
 
 
-def _holder(analysis: ProgramAnalysis, build: Build, func: str):
-    """The function holding `func`'s code: on PPC64 ELFv2 calls land on the local entry 8 bytes past
-    the symbol (after the TOC setup), and that is where the engine starts the called function."""
-    va = build.labels[func]
-    if build.arch == "ppc64" and any(f.address == va + 8 for f in analysis.functions):
-        va += 8
-    return _function(analysis, va)
+_JUMP = r"\n\s*(?:bctr|c?\.?jr)\b"
 
 
-def _case_edges(analysis: ProgramAnalysis, build: Build, func: str) -> set[int]:
-    return {e.dst for e in _holder(analysis, build, func).edges if e.kind == "jump_table"}
-
-
-def _dispatch(build: Build, func: str) -> str:
-    body = build.asm.split(f"\n{func}:", 1)[1]
-    return re.split(r"\n\s*(?:bctr|c?\.?jr)\b", body, maxsplit=1)[0]
-
-
-def _guarded(build: Build, func: str) -> bool:
+def _guarded(build: xb.Build, func: str) -> bool:
     """Does the compiler's dispatch compare the index before the table (an unsigned compare and
     branch; clang drops it when the default is unreachable)?"""
-    return re.search(r"\b(cmplwi?|bltu|bgtu|bgeu|bleu)\b", _dispatch(build, func)) is not None
+    return xb.guarded(build.asm, func, _JUMP, r"\b(cmplwi?|bltu|bgtu|bgeu|bleu)\b")
 
 
 BUILDS = [
@@ -173,15 +92,9 @@ def test_every_case_label_is_a_jump_table_target_of_its_switch(ppcrv_build, arch
             assert _guarded(b, func)
             table_label, cases = b.tables[func]
             assert len(cases) == 12, (func, len(cases))
-            expected = {b.labels[c] for c in cases}
-            f = _holder(analysis, b, func)
-            got = _case_edges(analysis, b, func)
-            assert got == expected, (func, eh, sorted(map(hex, got ^ expected)))
-            assert expected <= {blk.start for blk in f.blocks}
-            assert not expected & starts, f"case labels taken for functions: {sorted(map(hex, expected & starts))}"
-            assert len({e.src for e in f.edges if e.kind == "jump_table"}) == 1
+            xb.assert_cases(analysis, xb.function_of(analysis, b, func), {b.labels[c] for c in cases}, (func, eh))
         for func in (*SWITCHES, "unchecked_switch", "main"):
-            _holder(analysis, b, func)
+            xb.function_of(analysis, b, func)
         if eh:  # nothing but the six functions of the source (without unwind information the
             # unresolved `unchecked_switch`'s case blocks are found by the gap and pointer heuristics;
             # on PPC64 the global entry's two-instruction TOC setup stays apart from the local entry)
@@ -192,12 +105,8 @@ def test_every_case_label_is_a_jump_table_target_of_its_switch(ppcrv_build, arch
 def test_the_builds_cover_relative_absolute_and_pic_forms(ppcrv_build):
     """The builds above exercise each dispatch form the resolver handles (fails if a compiler changes shape)."""
     seen = set()
-    for arch, compiler, opt, pic in BUILDS:
-        try:
-            b = ppcrv_build(arch, compiler, opt, pic)
-        except pytest.skip.Exception:
-            continue
-        d = _dispatch(b, "small_switch")
+    for (arch, *_), b in xb.available_builds(ppcrv_build, BUILDS):
+        d = xb.dispatch(b.asm, "small_switch", _JUMP)
         seen.update(
             form
             for form, pattern in {
@@ -223,10 +132,7 @@ def test_the_builds_cover_relative_absolute_and_pic_forms(ppcrv_build):
 @pytest.mark.parametrize("opt", ["-O0", "-O2"])
 def test_a_table_without_a_bound_check_stays_unresolved(ppcrv_build, arch, opt):
     b = ppcrv_build(arch, "clang", opt, True)
-    assert "unchecked_switch" in b.tables and not _guarded(b, "unchecked_switch")
-    analysis = analyze(parse_path(str(b.stripped)))
-    assert not _case_edges(analysis, b, "unchecked_switch")
-    assert _case_edges(analysis, b, "small_switch")  # the guarded switches of the same binary are resolved
+    xb.check_unchecked_switch(b, _guarded)
 
 
 # Edited assembly: the same dispatch with its bound check broken must stay unresolved.
@@ -246,10 +152,7 @@ EDITS = {
 def test_incomplete_dispatch_patterns_stay_unresolved(ppcrv_build, name):
     arch, compiler, old, new = EDITS[name]
     b = ppcrv_build(arch, compiler, "-O2", True, (old, new))
-    analysis = analyze(parse_path(str(b.stripped)))
-    assert not _case_edges(analysis, b, "small_switch")
-    expected = {b.labels[c] for c in b.tables["wide_switch"][1]}
-    assert _case_edges(analysis, b, "wide_switch") == expected
+    xb.check_broken_dispatch(b, b.tables["wide_switch"][1])
 
 
 def test_corpus_ppc_and_riscv_tables_stay_inside_their_functions():
@@ -269,11 +172,5 @@ def test_corpus_ppc_and_riscv_tables_stay_inside_their_functions():
             pytest.skip(f"{path} is absent")
         img = parse_path(str(path))
         analysis = analyze(img)
-        cases = [(x.src, x.dst) for x in analysis.xrefs if x.kind == "jump_table"]
+        cases = xb.assert_corpus_cases(img, analysis, symbols, (name,))  # ip keeps only its exported symbols
         assert len({src for src, _ in cases}) >= at_least, (name, len({src for src, _ in cases}))
-        extents = sorted((s.address, s.address + s.size) for s in img.symbols if s.kind == "function" and s.size)
-        for src, dst in cases:
-            holder = [(lo, hi) for lo, hi in extents if lo <= src < hi]
-            assert holder or not symbols, (name, hex(src))  # ip keeps only its exported symbols
-            assert not holder or holder[0][0] <= dst < holder[0][1], (name, hex(src), hex(dst))
-        assert not {dst for _, dst in cases} & {f.address for f in analysis.functions}

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
+import crossbuild as xb
 from binlens.analysis import analyze
 from binlens.loader.parse_lief import parse_path
 
 SRC = Path(__file__).resolve().parent / "fixtures" / "src" / "dispatch_x86.c"
-_LABEL = re.compile(r"^(\.?[A-Za-z_][\w.$]*):")
 _QUAD = re.compile(r"^\s*\.quad\s+(\.L\w+)\s*$")
 
 
@@ -37,17 +37,7 @@ class Build:
 
 
 def _tables(asm: str) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    label = ""
-    for line in asm.splitlines():
-        m = _LABEL.match(line)
-        if m:
-            label = m.group(1)
-            continue
-        m = _QUAD.match(line)
-        if m:
-            out.setdefault(label, []).append(m.group(1))
-    return out
+    return {t.label: t.cases for t in xb.asm_tables(asm, _QUAD)}
 
 
 def _build(out_dir: Path, compiler: str, opt: str) -> Build:

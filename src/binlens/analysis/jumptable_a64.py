@@ -23,19 +23,14 @@ the jump unresolved.
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Iterator
-
 import capstone as cs
 from capstone import arm64 as a64
 
+from binlens.analysis import jumptable_common as jt
 from binlens.analysis.codemap import CodeMap
-from binlens.analysis.jumptable import _writable
 
-_MAX_ENTRIES = 4096
 _MAX_MASK = 256  # `and` with a mask of at most this many values bounds a table
 _MAX_CHUNKS = 8  # earlier chunks evaluated before the jump's own slice
-_WINDOW = 1 << 20  # case targets lie within 1 MiB of the jump
 _MASK = (1 << 64) - 1
 _ZR = "zr"
 _SP, _FP = 31, 29
@@ -68,27 +63,20 @@ Value = tuple
 
 
 def a64_jump_table_targets(
-    backend: object,
-    codemap: CodeMap,
-    slice_start: int,
-    jump_va: int,
-    earlier: list[tuple[int, int]] = (),  # type: ignore[assignment]
-) -> tuple[list[int], int, bool]:
+    backend: object, codemap: CodeMap, slice_start: int, jump_va: int, earlier: jt.Chunks = ()
+) -> jt.Resolution:
     """Case targets of the AArch64 `br` at `jump_va`, the table address (0 when none), and whether a
     bound check guards it. Only complete, bounded dispatches resolve; otherwise `([], 0, True)`."""
-    image = backend.image  # type: ignore[attr-defined]
-    md = backend.md(False)  # type: ignore[attr-defined]
-    own = list(_decode_path(md, image, [(slice_start, jump_va + 4)]))
+    image, md, own = jt.jump_slice(backend, slice_start, jump_va)
     if not own or own[-1].address != jump_va or own[-1].mnemonic != "br":
-        return [], 0, True
+        return jt.NONE
     # the load is next to the jump, or (gcc -O0 merges a function's computed gotos into one `br`
     # that every handler jumps to) in the chunk that jumped there
-    if not any(map(_indexed_load, own)) and not any(map(_indexed_load, _decode_path(md, image, earlier[:1]))):
-        return [], 0, True  # no table load next to the jump: a tail call or a call through a pointer
-    insns = [*_decode_path(md, image, list(reversed(earlier[:_MAX_CHUNKS]))), *own]
+    if not any(map(_indexed_load, own)) and not any(map(_indexed_load, jt.decode_path(md, image, earlier[:1]))):
+        return jt.NONE  # no table load next to the jump: a tail call or a call through a pointer
+    insns = jt.path_to_jump(md, image, earlier, _MAX_CHUNKS, own)
     state = _State(md)
-    for k, ins in enumerate(insns[:-1]):
-        state.step(ins, insns[k + 1].address)
+    jt.walk(state, insns)
     target = state.read(insns[-1].operands[0].reg)
     if target[0] == "e" and target[2] == 8:
         # `br` to the entry itself: a table of absolute code pointers (`goto *tbl[op & 0x7f]`)
@@ -97,24 +85,17 @@ def a64_jump_table_targets(
         _t, base, entry, ext, shift = target
         absolute = False
     else:
-        return [], 0, True
+        return jt.NONE
     _e, table, size, signed, width, index = entry
-    count = state.bounds.get(index)
-    if count is None or count <= 0 or count > _MAX_ENTRIES:
-        return [], 0, True
-    if not image.is_mapped(table) or _writable(image, table):
-        return [], 0, True
-    raw = image.read(table, size * count)
-    if raw is None or len(raw) < size * count:
-        return [], 0, True
-    endian = "<" if image.identity.endian == "little" else ">"
-    code = {1: "B", 2: "H", 4: "I", 8: "Q"}[size]
+    count = jt.entry_count(state.bounds, index)
+    values = None if count is None else jt.read_entries(image, table, size, count, False)
+    if values is None:
+        return jt.NONE
     targets = []
-    for (v,) in struct.iter_unpack(endian + code, raw):
+    for v in values:
         t = v if absolute else (base + (_extend(_register_value(v, size, signed, width), ext) << shift)) & _MASK
-        if t & 3 or abs(t - jump_va) > _WINDOW or not codemap.contains(t):
-            continue  # only targets in code next to the jump
-        targets.append(t)
+        if jt.near_code(codemap, t, jump_va, 4):  # only targets in code next to the jump
+            targets.append(t)
     return targets, table, True
 
 
@@ -138,14 +119,6 @@ def _indexed_load(ins: cs.CsInsn) -> bool:
     """A load from `[xT, xI ...]` (register index): what reads a table entry."""
     ops = ins.operands
     return ins.mnemonic.startswith("ld") and bool(ops) and ops[-1].type == a64.ARM64_OP_MEM and ops[-1].mem.index != 0
-
-
-def _decode_path(md: cs.Cs, image: object, segments: list[tuple[int, int]]) -> Iterator[cs.CsInsn]:
-    for start, end in segments:
-        data = image.read(start, end - start) if end > start else None  # type: ignore[attr-defined]
-        if data is None:
-            continue
-        yield from md.disasm(data, start)
 
 
 class _State:

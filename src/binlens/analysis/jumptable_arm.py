@@ -28,18 +28,14 @@ and a compare of that same index bounds it; anything else leaves the jump unreso
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Iterator
-
 import capstone as cs
 from capstone import arm
 
+from binlens.analysis import jumptable_common as jt
 from binlens.analysis.codemap import BODY, CodeMap
 from binlens.analysis.jumptable import _writable
 
-_MAX_ENTRIES = 4096
 _MAX_CHUNKS = 8  # earlier chunks evaluated before the jump's own slice
-_WINDOW = 1 << 20  # case targets lie within 1 MiB of the jump
 _MASK = 0xFFFFFFFF
 _PC, _SP, _LR = arm.ARM_REG_PC, arm.ARM_REG_SP, arm.ARM_REG_LR
 _FRAMES = (arm.ARM_REG_SP, arm.ARM_REG_R7, arm.ARM_REG_R11)  # stack slots are kept relative to these
@@ -59,7 +55,6 @@ _LOADS = {
 }
 _STORES = {arm.ARM_INS_STR: 4, arm.ARM_INS_STRH: 2, arm.ARM_INS_STRB: 1}
 _TABLE_BRANCHES = {arm.ARM_INS_TBB: 1, arm.ARM_INS_TBH: 2}
-_NONE: tuple[list[int], int, bool] = ([], 0, True)
 
 # Symbolic values (tuples, hashable): ("c", k) a constant; ("v", n) an unknown value with an
 # identity; ("e", table, size, signed, index) an entry loaded from table[index];
@@ -69,50 +64,39 @@ Value = tuple
 
 
 def arm_jump_table_targets(
-    backend: object,
-    codemap: CodeMap,
-    slice_start: int,
-    jump_va: int,
-    earlier: list[tuple[int, int]] = (),  # type: ignore[assignment]
-) -> tuple[list[int], int, bool]:
+    backend: object, codemap: CodeMap, slice_start: int, jump_va: int, earlier: jt.Chunks = ()
+) -> jt.Resolution:
     """Case targets of the ARM/Thumb indirect jump at `jump_va`, the table address (0 when none),
     and whether a bound check guards it. Only complete, bounded dispatches resolve; otherwise
     `([], 0, True)`. Thumb case targets are added to the backend's Thumb set; a table inside code
     (tbb/tbh, the words after `ldr pc`/`add pc`) is marked in the code map, so it is never decoded."""
     thumb = jump_va in backend.thumb or slice_start in backend.thumb  # type: ignore[attr-defined]
-    md = backend.md(thumb)  # type: ignore[attr-defined]
-    image = backend.image  # type: ignore[attr-defined]
-    own = [i for i in _decode_path(md, image, [(slice_start, jump_va + 4)]) if i.address <= jump_va]
+    image, md, own = jt.jump_slice(backend, slice_start, jump_va, thumb)
     if not own or own[-1].address != jump_va or not _reads_a_table(own):
-        return _NONE  # no table next to the jump: a return, a call or tail call through a pointer
+        return jt.NONE  # no table next to the jump: a return, a call or tail call through a pointer
     if len(own) > 1 and _sets_return_address(own[-2]):
-        return _NONE  # `mov lr, pc; ldr pc, [rT, rI, lsl #2]`: a call through a table of function pointers
+        return jt.NONE  # `mov lr, pc; ldr pc, [rT, rI, lsl #2]`: a call through a table of function pointers
     # The jump's own slice first; then with the earlier chunks (a table address set before a loop).
     # Not the other way round: an earlier chunk of one path may make the index a constant
     # (`mov r1, #75; b dispatch`), and a constant index is no table.
     found = _evaluate(image, thumb, own)
     if found is None and earlier:
-        found = _evaluate(image, thumb, [*_decode_path(md, image, list(reversed(earlier[:_MAX_CHUNKS]))), *own])
+        found = _evaluate(image, thumb, jt.path_to_jump(md, image, earlier, _MAX_CHUNKS, own))
     if found is None:
-        return _NONE
+        return jt.NONE
     (table, size, signed, count, base, shift, entries), interworking = found
-    if not image.is_mapped(table) or (entries and _writable(image, table)):
-        return _NONE
-    if entries:
-        raw = image.read(table, size * count)
-        if raw is None or len(raw) < size * count:
-            return _NONE
-        endian = "<" if image.identity.endian == "little" else ">"
-        code = {1: "b", 2: "h", 4: "i"}[size] if signed else {1: "B", 2: "H", 4: "I"}[size]
-        values = [v for (v,) in struct.iter_unpack(endian + code, raw)]
-    else:
-        values = list(range(count))  # a table of `b` instructions: the index selects the slot
+    if not image.is_mapped(table):
+        return jt.NONE
+    # a table of `b` instructions (no entries): the index selects the slot
+    values = jt.read_entries(image, table, size, count, signed) if entries else list(range(count))
+    if values is None:
+        return jt.NONE
     targets = []
     for v in values:
         t = (base + (v << shift)) & _MASK
         to_thumb = bool(t & 1) if interworking else thumb
         t &= ~1
-        if (not to_thumb and t & 3) or abs(t - jump_va) > _WINDOW or not codemap.contains(t):
+        if not jt.near_code(codemap, t, jump_va, 2 if to_thumb else 4):
             continue  # only targets in code next to the jump
         if to_thumb:
             backend.thumb.add(t)  # type: ignore[attr-defined]
@@ -148,8 +132,8 @@ def _table(state: _State, target: Value) -> tuple[int, int, bool, int, int, int,
         table, size, signed, index, reads = base, 4, False, entry, False  # `addls pc, pc, rI, lsl #2`
     else:
         return None
-    count = state.bounds.get(index)
-    if count is None or count <= 0 or count > _MAX_ENTRIES:
+    count = jt.entry_count(state.bounds, index)
+    if count is None:
         return None
     return table, size, signed, count, base, shift, reads
 
@@ -195,14 +179,6 @@ def _sets_return_address(ins: cs.CsInsn) -> bool:
         and ops[1].type == arm.ARM_OP_REG
         and ops[1].reg == _PC
     )
-
-
-def _decode_path(md: cs.Cs, image: object, segments: list[tuple[int, int]]) -> Iterator[cs.CsInsn]:
-    for start, end in segments:
-        data = image.read(start, end - start) if end > start else None  # type: ignore[attr-defined]
-        if data is None:
-            continue
-        yield from md.disasm(data, start)
 
 
 def _opposite(cc: int) -> int:

@@ -12,18 +12,12 @@ path bounds it. Anything else leaves the jump unresolved.
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Iterator
-
 import capstone as cs
 
+from binlens.analysis import jumptable_common as jt
 from binlens.analysis.codemap import CodeMap
-from binlens.analysis.jumptable import _writable
 
-_MAX_ENTRIES = 4096
 _MAX_CHUNKS = 32  # earlier chunks evaluated before the jump's own slice (the PPC GOT register is set once, at entry)
-_WINDOW = 1 << 20  # case targets lie within 1 MiB of the jump
-_SIZE_CODE = {1: "B", 2: "H", 4: "I", 8: "Q"}
 
 # Symbolic values (hashable tuples): ("c", k) a constant; ("v", n) an unknown value with an
 # identity; ("d", v, k) that value plus k (a rebased index); ("h", index) index << 32 (RV64's
@@ -43,61 +37,37 @@ def _resolve(
     codemap: CodeMap,
     slice_start: int,
     jump_va: int,
-    earlier: list[tuple[int, int]],
+    earlier: jt.Chunks,
     state_cls: type[_State],
     is_jump: object,
     align: int,
-) -> tuple[list[int], int, bool]:
-    image = backend.image  # type: ignore[attr-defined]
-    md = backend.md(False)  # type: ignore[attr-defined]
-    own = []
-    end = jump_va + 4 if image.is_mapped(jump_va + 3) else jump_va + 2  # (a 2-byte `c.jr` may end the code)
-    for ins in _decode_path(md, image, [(slice_start, end)]):
-        own.append(ins)
-        if ins.address >= jump_va:
-            break
+) -> jt.Resolution:
+    image, md, own = jt.jump_slice(backend, slice_start, jump_va, short_end=True)
     if not own or own[-1].address != jump_va or not is_jump(own[-1]) or not any(map(state_cls.indexes, own)):
-        return [], 0, True  # no indexing next to the jump: a PLT stub, a tail call or a call through a pointer
-    insns = [*_decode_path(md, image, list(reversed(earlier[:_MAX_CHUNKS]))), *own]
+        return jt.NONE  # no indexing next to the jump: a PLT stub, a tail call or a call through a pointer
+    insns = jt.path_to_jump(md, image, earlier, _MAX_CHUNKS, own)
     state = state_cls(image)
     state.seed(backend, jump_va)
-    for k, ins in enumerate(insns[:-1]):
-        state.step(ins, insns[k + 1].address)
+    jt.walk(state, insns)
     target = state.jump_value(insns[-1])
     if target[0] == "t":
         base, entry = target[1], target[2]
     elif target[0] == "e" and target[2] in (4, state.ptr_size):
         base, entry = 0, target  # absolute entries (32-bit ones on RV64 medlow: `.word .L5`, loaded by `lw`)
     else:
-        return [], 0, True
+        return jt.NONE
     _e, table, size, signed, index = entry
-    count = state.bounds.get(index)
-    if count is None or count <= 0 or count > _MAX_ENTRIES:
-        return [], 0, True
-    if not image.is_mapped(table) or _writable(image, table):
-        return [], 0, True
-    raw = image.read(table, size * count)
-    if raw is None or len(raw) < size * count:
-        return [], 0, True
-    endian = "<" if image.identity.endian == "little" else ">"
+    count = jt.entry_count(state.bounds, index)
+    values = None if count is None else jt.read_entries(image, table, size, count, signed)
+    if values is None:
+        return jt.NONE
     mask = state.mask
     targets = []
-    for (v,) in struct.iter_unpack(endian + _SIZE_CODE[size], raw):
-        if signed and v >> (size * 8 - 1):
-            v -= 1 << (size * 8)
+    for v in values:
         t = (base + v) & mask
-        if t % align or abs(t - jump_va) > _WINDOW or not codemap.contains(t):
-            continue  # only targets in code next to the jump
-        targets.append(t)
+        if jt.near_code(codemap, t, jump_va, align):  # only targets in code next to the jump
+            targets.append(t)
     return targets, table, True
-
-
-def _decode_path(md: cs.Cs, image: object, segments: list[tuple[int, int]]) -> Iterator[cs.CsInsn]:
-    for start, end in segments:
-        data = image.read(start, end - start) if end > start else None  # type: ignore[attr-defined]
-        if data is None:
-            continue
-        yield from md.disasm(data, start)
 
 
 class _State:

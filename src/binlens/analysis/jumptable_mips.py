@@ -31,17 +31,15 @@ Anything else leaves the jump unresolved.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
 
 import capstone as cs
 from capstone import mips as mp
 
+from binlens.analysis import jumptable_common as jt
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.jumptable import _writable
 
-_MAX_ENTRIES = 4096
 _MAX_CHUNKS = 8  # earlier chunks evaluated before the jump's own slice
-_WINDOW = 1 << 20  # case targets lie within 1 MiB of the jump
 _GP_BIAS = 0x7FF0  # _gp lies this far past the start of the GOT
 _PT_MIPS_REGINFO = 0x70000000
 _STACK = ("sp", "fp", "s8")
@@ -73,52 +71,41 @@ Value = tuple
 
 
 def mips_jump_table_targets(
-    backend: object,
-    codemap: CodeMap,
-    slice_start: int,
-    jump_va: int,
-    earlier: list[tuple[int, int]] = (),  # type: ignore[assignment]
-) -> tuple[list[int], int, bool]:
+    backend: object, codemap: CodeMap, slice_start: int, jump_va: int, earlier: jt.Chunks = ()
+) -> jt.Resolution:
     """Case targets of the MIPS `jr` at `jump_va`, the table address (0 when none), and whether a
     bound check guards it. Only complete, bounded dispatches resolve; otherwise `([], 0, True)`."""
-    image = backend.image  # type: ignore[attr-defined]
-    md = backend.md(False)  # type: ignore[attr-defined]
-    own = list(_decode_path(md, image, [(slice_start, jump_va + 4)]))
+    image, md, own = jt.jump_slice(backend, slice_start, jump_va)
     if not own or own[-1].address != jump_va or own[-1].mnemonic not in ("jr", "jr.hb"):
-        return [], 0, True
+        return jt.NONE
     if not own[-1].operands or md.reg_name(own[-1].operands[0].reg) == "ra":
-        return [], 0, True
+        return jt.NONE
     if not any(ins.mnemonic in ("lw", "ld") for ins in own):
-        return [], 0, True  # no table load next to the jump: a tail call through $t9 or a pointer
+        return jt.NONE  # no table load next to the jump: a tail call through $t9 or a pointer
     bits = image.identity.bits
-    insns = [*_decode_path(md, image, list(reversed(earlier[:_MAX_CHUNKS]))), *own]
+    insns = jt.path_to_jump(md, image, earlier, _MAX_CHUNKS, own)
     state = _State(md, image, _gp(backend, image), bits)
-    for k, ins in enumerate(insns[:-1]):
-        state.step(ins, insns[k + 1].address)
+    jt.walk(state, insns)
     target = state.read(insns[-1].operands[0].reg)
     if target[0] == "e":
         base, entry = 0, target
     elif target[0] == "t":
         _t, base, entry = target
     else:
-        return [], 0, True
+        return jt.NONE
     _e, table, size, index = entry
-    count = state.bounds.get(index)
-    if count is None or count <= 0 or count > _MAX_ENTRIES or size * 8 != bits and base == 0:
-        return [], 0, True  # absolute entries are pointer-sized
-    if not image.is_mapped(table) or _writable(image, table):
-        return [], 0, True
-    raw = image.read(table, size * count)
-    if raw is None or len(raw) < size * count:
-        return [], 0, True
-    endian = "<" if image.identity.endian == "little" else ">"
+    count = jt.entry_count(state.bounds, index)
+    if count is None or size * 8 != bits and base == 0:
+        return jt.NONE  # absolute entries are pointer-sized
+    values = jt.read_entries(image, table, size, count, True)
+    if values is None:
+        return jt.NONE
     mask = (1 << bits) - 1
     targets = []
-    for (v,) in struct.iter_unpack(endian + {4: "i", 8: "q"}[size], raw):
+    for v in values:
         t = (base + v) & mask
-        if t & 3 or abs(t - jump_va) > _WINDOW or not codemap.contains(t):
-            continue  # only targets in code next to the jump
-        targets.append(t)
+        if jt.near_code(codemap, t, jump_va, 4):  # only targets in code next to the jump
+            targets.append(t)
     return targets, table, True
 
 
@@ -163,14 +150,6 @@ def _reginfo_gp(image: object) -> int | None:
             gp = struct.unpack_from(e + "I", data, offset + 20)[0]
             return gp or None
     return None
-
-
-def _decode_path(md: cs.Cs, image: object, segments: list[tuple[int, int]]) -> Iterator[cs.CsInsn]:
-    for start, end in segments:
-        data = image.read(start, end - start) if end > start else None  # type: ignore[attr-defined]
-        if data is None:
-            continue
-        yield from md.disasm(data, start)
 
 
 class _State:
@@ -363,7 +342,7 @@ class _State:
                 return True
             count = ints[0] + 1 if m == "andi" else 1 << ints[1] if len(ints) == 2 and ints[0] == 0 else 0
             value = self.fresh()
-            if 2 <= count <= _MAX_ENTRIES and count & (count - 1) == 0:
+            if 2 <= count <= jt.MAX_ENTRIES and count & (count - 1) == 0:
                 self.bounds[value] = count
             self.write(dst, value)
             return True
@@ -373,7 +352,7 @@ class _State:
                 b = self.read(src[1])
                 bound = b[1] if b[0] == "c" else None
             a = self.read(src[0])
-            if bound is not None and 0 < bound <= _MAX_ENTRIES and a[0] == "v":
+            if bound is not None and 0 < bound <= jt.MAX_ENTRIES and a[0] == "v":
                 self.write(dst, ("lt", a, bound))
             else:
                 self.write(dst)

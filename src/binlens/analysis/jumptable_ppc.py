@@ -24,12 +24,8 @@ import capstone as cs
 
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.ehframe import parse_eh_frame
-from binlens.analysis.jumptable_eval import (
-    _NEGATE,
-    Value,
-    _resolve,
-    _State,
-)
+from binlens.analysis.jumptable_common import Chunks, Resolution
+from binlens.analysis.jumptable_eval import _NEGATE, Value, _resolve, _State
 
 _PROLOGUE = 128  # bytes of a function's start searched for the PIC register's setup
 
@@ -378,12 +374,8 @@ class _PpcState(_State):
 
 
 def ppc_jump_table_targets(
-    backend: object,
-    codemap: CodeMap,
-    slice_start: int,
-    jump_va: int,
-    earlier: list[tuple[int, int]] = (),  # type: ignore[assignment]
-) -> tuple[list[int], int, bool]:
+    backend: object, codemap: CodeMap, slice_start: int, jump_va: int, earlier: Chunks = ()
+) -> Resolution:
     """Case targets of the PowerPC `bctr` at `jump_va`, the table address (0 when none), and whether
     a bound check guards it. Only complete, bounded dispatches resolve; otherwise `([], 0, True)`."""
     return _resolve(

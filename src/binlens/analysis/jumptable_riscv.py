@@ -20,12 +20,8 @@ from __future__ import annotations
 import capstone as cs
 
 from binlens.analysis.codemap import CodeMap
-from binlens.analysis.jumptable_eval import (
-    _NEGATE,
-    Value,
-    _resolve,
-    _State,
-)
+from binlens.analysis.jumptable_common import Chunks, Resolution
+from binlens.analysis.jumptable_eval import _NEGATE, Value, _resolve, _State
 
 _RV_LOADS = {
     "lb": (1, True),
@@ -253,12 +249,8 @@ class _RvState(_State):
 
 
 def riscv_jump_table_targets(
-    backend: object,
-    codemap: CodeMap,
-    slice_start: int,
-    jump_va: int,
-    earlier: list[tuple[int, int]] = (),  # type: ignore[assignment]
-) -> tuple[list[int], int, bool]:
+    backend: object, codemap: CodeMap, slice_start: int, jump_va: int, earlier: Chunks = ()
+) -> Resolution:
     """Case targets of the RISC-V `jr` at `jump_va`, the table address (0 when none), and whether a
     bound check guards it. Only complete, bounded dispatches resolve; otherwise `([], 0, True)`."""
     return _resolve(backend, codemap, slice_start, jump_va, earlier, _RvState, _rv_is_jump, 2)
