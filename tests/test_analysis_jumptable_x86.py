@@ -133,6 +133,17 @@ def test_a_pointer_names_a_function_whose_gap_trial_failed(x86_build, compiler):
     assert b.labels["forward"] in {f.address for f in analysis.functions}
 
 
+@pytest.mark.parametrize("compiler", ["gcc", "clang"])
+def test_an_address_taken_in_code_found_later_names_a_function(x86_build, compiler):
+    """`on_event`'s address is taken only in `main`, which is itself found through the address
+    `_start` takes: the code-offset heuristic looks again at the code each round discovered."""
+    b = x86_build(compiler, "-O2")
+    analysis = analyze(parse_path(str(b.stripped)))
+    starts = {f.address: f for f in analysis.functions}
+    assert b.labels["main"] in starts and "pointer" in starts[b.labels["main"]].sources
+    assert b.labels["on_event"] in starts
+
+
 def test_a_function_pointer_array_is_not_a_switch(x86_build):
     """`entry_points[argc & 1](...)` in main is masked too, but its table is writable data: both
     entries stay functions of their own and main gets no jump-table edges."""

@@ -37,6 +37,7 @@ from binlens.loader.image import Image
 ENGINE_VERSION = "3"  # 2: AArch64 jump tables; 3: ARM32, MIPS, PowerPC, RISC-V and more x86 jump-table shapes
 _K_OFFSET = XREF_KINDS.index("offset")
 _GAP_ROUNDS = 200  # each round looks at the first address of every remaining gap
+_OFFSET_ROUNDS = 8  # each round looks at the addresses taken by code reached so far
 Progress = Callable[[float, float | None, str | None], None]
 _gc_lock = threading.Lock()
 _gc_pauses = 0  # analyses running now (threads)
@@ -170,22 +171,22 @@ def _analyze(
     # Data pointers come after the gaps: a switch table of a function nothing has reached yet
     # would otherwise turn its case labels into functions.
     # Within data pointers, targets that start like functions go first for the same reason.
-    stages = ["code_offsets"] + ["gaps"] * _GAP_ROUNDS + ["data_prologues", "data_pointers"]
-    stages += ["gaps"] * _GAP_ROUNDS
-    skip_gaps = False
+    offsets = ["code_offsets"] * _OFFSET_ROUNDS
+    stages = offsets + ["gaps"] * _GAP_ROUNDS + offsets + ["data_prologues", "data_pointers"]
+    stages += offsets + ["gaps"] * _GAP_ROUNDS + offsets
+    exhausted: set[str] = set()  # repeated stages that found nothing since the last find
     # x86 chunks never overlap (every byte is checked); capstone's fixed-width decoders can
     # overlap a chunk begun at a misaligned address, so they recount each round
     gaps = Gaps(codemap, explorer, disjoint=image.identity.arch in ("x86-64", "x86"))
     for stage in stages:
-        if stage != "gaps":
-            skip_gaps = False
-        elif skip_gaps:
+        if stage in exhausted:
             continue
         report(0.7, 1.0, f"{len(bodies)} functions; heuristics: {stage}")
         extra = heuristic_starts(image, codemap, explorer, backend, starts, extents, bodies, stage, gaps)
-        if not extra and stage == "gaps":
-            skip_gaps = True
-        if extra:
+        if not extra:
+            exhausted.add(stage)
+        else:
+            exhausted.clear()  # new code: every stage may find more in it
             for va, src in extra.items():
                 if va not in excluded:
                     seeds.starts.setdefault(va, set()).add(src)

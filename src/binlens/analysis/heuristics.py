@@ -100,14 +100,21 @@ def heuristic_starts(
             out[va] = source
 
     if stage == "code_offsets":
-        reached = sorted(chain.from_iterable(b.chunks for b in bodies.values()))  # repeats are harmless
-        ends = [explorer.chunks[a][0] for a in reached]
-        b = backend
-        for src, dst, kind in zip(b.x_src, b.x_dst, b.x_kind, strict=False):  # type: ignore[attr-defined]
-            if kind == _K_OFFSET and codemap.contains(dst):
+        # code addresses taken by instructions (`lea`, immediates) in code a function reaches; run
+        # again after later stages, since code found later takes addresses too (main's handlers)
+        # (each reference is looked at once, in the first round where its instruction is reached)
+        pending = gaps.offset_refs(backend) if gaps is not None else _offset_refs(backend, codemap, 0)
+        if pending:
+            reached = sorted(chain.from_iterable(b.chunks for b in bodies.values()))  # repeats are harmless
+            ends = [explorer.chunks[a][0] for a in reached]
+            later = []
+            for src, dst in pending:
                 i = bisect.bisect_right(reached, src) - 1
                 if i >= 0 and src < ends[i]:
                     accept(dst, "pointer")
+                else:
+                    later.append((src, dst))
+            pending[:] = later
     elif stage in ("data_prologues", "data_pointers"):
         for _src, dst in pointers_in_data(image, codemap, set()):
             if stage == "data_pointers" or (x86 and _starts_like_function(codemap, dst)) or (mips and mips(dst)):
@@ -194,6 +201,18 @@ class Gaps:
         self.bodies: dict[int, Body] = {}
         self.nsplits = 0
         self.memo: dict[int, dict[tuple[int, int], tuple[int, bool, int] | None]] = {}
+        self._refs: list[tuple[int, int]] = []
+        self._refs_upto = 0
+
+    def offset_refs(self, backend: object) -> list[tuple[int, int]]:
+        """(instruction, code address) of the address-taking references not yet looked at: those
+        decoded since the last call join the ones whose instruction no function reached yet (the
+        caller keeps in the list what it leaves for later)."""
+        n = len(backend.x_kind)  # type: ignore[attr-defined]
+        if n > self._refs_upto:
+            self._refs += _offset_refs(backend, self.codemap, self._refs_upto)
+            self._refs_upto = n
+        return self._refs
 
     def covered(self, bodies: dict[int, Body]) -> dict[int, bytearray]:
         """Per region, the coverage of `bodies` (a copy the caller may mark further)."""
@@ -248,6 +267,23 @@ class Gaps:
         _cover(self.codemap, self.maps, self.explorer, touched - held, b"\x00")
         _cover(self.codemap, self.maps, self.explorer, held)
         return {va: bytearray(m) for va, m in self.maps.items()}
+
+
+def _offset_refs(backend: object, codemap: CodeMap, start: int) -> list[tuple[int, int]]:
+    """(src, dst) of the `offset` references from index `start` on whose target is code."""
+    b = backend
+    kinds = b.x_kind  # type: ignore[attr-defined]
+    out = []
+    contains = codemap.contains
+    takes = getattr(b, "takes_address", None)  # x86: only lea and mov/push of an address count
+    i = kinds.find(_K_OFFSET, start)
+    while i >= 0:
+        dst = b.x_dst[i]  # type: ignore[attr-defined]
+        src = b.x_src[i]  # type: ignore[attr-defined]
+        if contains(dst) and (takes is None or takes(src)):
+            out.append((src, dst))
+        i = kinds.find(_K_OFFSET, i + 1)
+    return out
 
 
 def _covered_maps(codemap: CodeMap, explorer: Explorer, bodies: dict[int, Body]) -> dict[int, bytearray]:

@@ -240,6 +240,12 @@ class X86Backend:
                     x_kind.append(K_OFFSET)
                 elif ins.op0_kind == OK.MEMORY and m not in _NO_WRITE:
                     x_kind.append(K_WRITE)
+                    if m == MN.MOV and ins.op1_kind in _IMM_ADDR:  # `mov [hook], offset handler`
+                        v = ins.immediate(1)
+                        if lo <= v < hi and is_mapped(v):
+                            x_src.append(cur)
+                            x_dst.append(v)
+                            x_kind.append(K_OFFSET)
                 else:
                     x_kind.append(K_READ)
             return
@@ -281,6 +287,19 @@ class X86Backend:
         if fc == _FC_XBEGIN and ins.op0_kind in _NEAR:
             return nxt, T_COND, (ins.near_branch_target, nxt), last
         return None
+
+    def takes_address(self, va: int) -> bool:
+        """Does the instruction at `va` take a code address the way code does to call it later:
+        `lea`, or a `mov`/`push` of the immediate (not in position-independent ELF code, where an
+        immediate cannot be an address: `cmp edx, 0x1c4f` there compares with a number)?"""
+        found = self.raw_instructions(va, va + 15)
+        if not found or found[0].ip != va:
+            return False
+        m = found[0].mnemonic
+        if m == MN.LEA:
+            return True
+        pic = self.image.identity.format == "ELF" and self.image.identity.image_base == 0
+        return not pic and m in (MN.MOV, MN.PUSH)
 
     def _slot(self, ins: ix.Instruction) -> int:
         """The constant memory address an indirect jump/call reads its target from, else -1."""
