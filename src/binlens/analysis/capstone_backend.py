@@ -48,7 +48,8 @@ K_READ, K_OFFSET = XREF_KINDS.index("read"), XREF_KINDS.index("offset")
 
 def _mode(image: Image, thumb: bool = False) -> tuple[int, int]:
     i = image.identity
-    big = cs.CS_MODE_BIG_ENDIAN if i.endian == "big" else 0
+    # instructions' byte order: ARM BE8 images keep big-endian data but little-endian code
+    big = cs.CS_MODE_BIG_ENDIAN if image.code_endian == "big" else 0
     if i.arch == "aarch64":
         return cs.CS_ARCH_ARM64, cs.CS_MODE_ARM | big
     if i.arch == "arm":
@@ -259,7 +260,8 @@ class CapstoneBackend:
                     self.thumb.add(tgt)
                 elif flow in (F_IJUMP, F_CIJUMP):
                     self.thumb.add(ins.address)  # the jump-table resolver decodes its path in this mode
-                self.thumb.add(nxt + self.delay * 4)
+                if flow in (F_COND, F_CALL, F_ICALL, F_CIJUMP):
+                    self.thumb.add(nxt + self.delay * 4)  # execution goes on there, still in Thumb state
             term, targets = _TERMS[flow](tgt)
             if self.delay and flow not in (F_RET, F_STOP) or self.delay and flow == F_RET:
                 pending = (nxt, term, targets)
