@@ -73,6 +73,12 @@ def test_pointer_starts_have_no_thumb_bit_and_the_right_mode(tmp_path: Path, sta
         assert va in by_start, f"{name} at {va:#x} not found"
         assert "pointer" in by_start[va].sources, (name, by_start[va].sources)
         assert by_start[va].mode == ("thumb" if thumb else None), (name, by_start[va].mode)
+    # the helpers each callback calls in the other state (`blx #imm`) are decoded in their own state
+    for va, (name, thumb) in truth.items():
+        if name in ("thumb_helper", "arm_helper"):
+            assert va in by_start and by_start[va].mode == ("thumb" if thumb else None), name
+            assert "call" in by_start[va].sources
+            assert all(b.terminator != "invalid" for b in by_start[va].blocks), name
     # every function the build names is listed in its own state (crt code, main, callbacks)
     wrong = [
         (name, hex(va), by_start[va].mode)

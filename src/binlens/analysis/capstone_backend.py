@@ -262,6 +262,8 @@ class CapstoneBackend:
                     self.thumb.add(ins.address)  # the jump-table resolver decodes its path in this mode
                 if flow in (F_COND, F_CALL, F_ICALL, F_CIJUMP):
                     self.thumb.add(nxt + self.delay * 4)  # execution goes on there, still in Thumb state
+            elif flow == F_CALL and tgt != -1 and self.arch == "arm" and ins.mnemonic.startswith("blx"):
+                self.thumb.add(tgt)  # ARM state `blx #imm` always switches to Thumb
             term, targets = _TERMS[flow](tgt)
             if self.delay and flow not in (F_RET, F_STOP) or self.delay and flow == F_RET:
                 pending = (nxt, term, targets)
