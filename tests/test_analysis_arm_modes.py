@@ -73,6 +73,9 @@ def test_pointer_starts_have_no_thumb_bit_and_the_right_mode(tmp_path: Path, sta
         assert va in by_start, f"{name} at {va:#x} not found"
         assert "pointer" in by_start[va].sources, (name, by_start[va].sources)
         assert by_start[va].mode == ("thumb" if thumb else None), (name, by_start[va].mode)
+    # the table's words are `pointer` references to the callbacks' starts, Thumb bit cleared
+    pointed = {x.dst for x in result.xrefs if x.kind == "pointer"}
+    assert set(callbacks) <= pointed and not {va | 1 for va in callbacks} & pointed
     # the helpers each callback calls in the other state (`blx #imm`) are decoded in their own state
     for va, (name, thumb) in truth.items():
         if name in ("thumb_helper", "arm_helper"):
