@@ -82,6 +82,10 @@ class CapstoneBackend:
         self.ptr_size = 8 if image.identity.bits == 64 else 4
         self._md: dict[bool, cs.Cs] = {}
         self.thumb: set[int] = set()
+        # ARM32: the state each chunk was decoded in (True: Thumb), by chunk start. A later path
+        # may name the other state for an address decoded before; a function's `mode` follows
+        # the decoding, so listings show what the analysis decoded.
+        self.decoded_thumb: dict[int, bool] = {}
         self.x_src = array("Q")
         self.x_dst = array("Q")
         self.x_kind = bytearray()
@@ -221,6 +225,8 @@ class CapstoneBackend:
         if state[off] == BODY:
             return None
         md = self.md(bool(thumb))
+        if self.arch == "arm":
+            self.decoded_thumb[va] = bool(thumb)
         state[off] = CHUNK
         cur = last = va
         first = True
