@@ -183,23 +183,38 @@ def test_little_endian_and_other_formats_keep_their_byte_order(compile_c) -> Non
     assert img.code_endian == img.identity.endian == "little"
 
 
-def test_corpus_be8_entry_decodes_like_objdump() -> None:
+def test_corpus_be8_image_decodes_like_objdump() -> None:
+    """Every analysed instruction of the corpus's stripped BE8 program against objdump's linear
+    listings of the file in ARM and in Thumb state (no mapping symbols: objdump is told the state)."""
     path = corpus_dir("elf") / "armeb_hello_static"
     if not path.is_file():
         pytest.skip(f"{path} is absent")
     _need_tools()
     img = load_image(str(path))
-    assert img.code_endian == "little"
+    assert img.code_endian == "little" and img.identity.endian == "big"
+    listings = {False: _objdump(path), True: _objdump(path, "-M", "force-thumb")}
     result = analyze(img)
     entry = next(f for f in result.functions if f.address == img.identity.entry & ~1)
-    # stripped: objdump has no mapping symbols, so it is told the entry's state (`force-thumb`)
-    thumb = entry.mode == "thumb"
-    assert thumb == bool(img.identity.entry & 1)
-    compared = 0
-    for b in entry.blocks:
-        span = (f"--start-address={b.start:#x}", f"--stop-address={b.end:#x}")
-        truth = _objdump(path, *span, *(("-M", "force-thumb") if thumb else ()))
-        for va, enc, mnemonic in _decoded(img, b.start, b.end, thumb, "little"):
-            assert (enc, _mnemonic(mnemonic)) == (truth[va][0], _mnemonic(truth[va][1])), hex(va)
-            compared += 1
-    assert compared >= 5
+    assert (entry.mode == "thumb") == bool(img.identity.entry & 1)
+    backend = make_backend(img, CodeMap(img))
+    total = shared = same_mnemonic = 0
+    for f in result.functions:
+        thumb = f.mode == "thumb"
+        truth = listings[thumb]
+        for b in f.blocks:
+            for ins in backend.instructions(b.start | int(thumb), b.end):  # type: ignore[attr-defined]
+                total += 1
+                if ins.address not in truth:
+                    continue  # a linear listing can be out of step where data sits between functions
+                shared += 1
+                raw = ins.bytes
+                if thumb:
+                    enc = " ".join(f"{int.from_bytes(raw[i : i + 2], 'little'):04x}" for i in range(0, len(raw), 2))
+                else:
+                    enc = f"{int.from_bytes(raw, 'little'):08x}"
+                assert enc == truth[ins.address][0], hex(ins.address)
+                same_mnemonic += _mnemonic(ins.mnemonic) == _mnemonic(truth[ins.address][1])
+    # measured: 63475 instructions, 63456 at objdump's instruction starts, 97.4% the same mnemonic
+    # (the rest are aliases: pop/ldmia, push/stmdb, bhs/bcs, lsl/mov...); decoded big-endian, as
+    # before BE8 was known, only 4187 instructions were reached and 3% of mnemonics agreed
+    assert total > 50_000 and shared >= 0.99 * total and same_mnemonic >= 0.95 * shared
