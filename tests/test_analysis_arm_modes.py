@@ -77,6 +77,7 @@ def test_pointer_starts_have_no_thumb_bit_and_the_right_mode(tmp_path: Path, sta
     pointed = {x.dst for x in result.xrefs if x.kind == "pointer"}
     assert set(callbacks) <= pointed and not {va | 1 for va in callbacks} & pointed
     # the helpers each callback calls in the other state (`blx #imm`) are decoded in their own state
+    assert {name for name, _thumb in truth.values()} >= {"thumb_helper", "arm_helper"}
     for va, (name, thumb) in truth.items():
         if name in ("thumb_helper", "arm_helper"):
             assert va in by_start and by_start[va].mode == ("thumb" if thumb else None), name
