@@ -48,7 +48,8 @@ K_READ, K_OFFSET = XREF_KINDS.index("read"), XREF_KINDS.index("offset")
 
 def _mode(image: Image, thumb: bool = False) -> tuple[int, int]:
     i = image.identity
-    big = cs.CS_MODE_BIG_ENDIAN if i.endian == "big" else 0
+    # instructions' byte order: ARM BE8 images keep big-endian data but little-endian code
+    big = cs.CS_MODE_BIG_ENDIAN if image.code_endian == "big" else 0
     if i.arch == "aarch64":
         return cs.CS_ARCH_ARM64, cs.CS_MODE_ARM | big
     if i.arch == "arm":
@@ -81,6 +82,10 @@ class CapstoneBackend:
         self.ptr_size = 8 if image.identity.bits == 64 else 4
         self._md: dict[bool, cs.Cs] = {}
         self.thumb: set[int] = set()
+        # ARM32: the state each chunk was decoded in (True: Thumb), by chunk start. A later path
+        # may name the other state for an address decoded before; a function's `mode` follows
+        # the decoding, so listings show what the analysis decoded.
+        self.decoded_thumb: dict[int, bool] = {}
         self.x_src = array("Q")
         self.x_dst = array("Q")
         self.x_kind = bytearray()
@@ -220,6 +225,8 @@ class CapstoneBackend:
         if state[off] == BODY:
             return None
         md = self.md(bool(thumb))
+        if self.arch == "arm":
+            self.decoded_thumb[va] = bool(thumb)
         state[off] = CHUNK
         cur = last = va
         first = True
@@ -259,7 +266,10 @@ class CapstoneBackend:
                     self.thumb.add(tgt)
                 elif flow in (F_IJUMP, F_CIJUMP):
                     self.thumb.add(ins.address)  # the jump-table resolver decodes its path in this mode
-                self.thumb.add(nxt + self.delay * 4)
+                if flow in (F_COND, F_CALL, F_ICALL, F_CIJUMP):
+                    self.thumb.add(nxt + self.delay * 4)  # execution goes on there, still in Thumb state
+            elif flow == F_CALL and tgt != -1 and self.arch == "arm" and ins.mnemonic.startswith("blx"):
+                self.thumb.add(tgt)  # ARM state `blx #imm` always switches to Thumb
             term, targets = _TERMS[flow](tgt)
             if self.delay and flow not in (F_RET, F_STOP) or self.delay and flow == F_RET:
                 pending = (nxt, term, targets)

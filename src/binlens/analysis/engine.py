@@ -90,6 +90,8 @@ class _Seeds:
         self.backend = backend
         self.arm = image.identity.arch == "arm"
         self.starts: dict[int, set[str]] = {}
+        if self.arm:  # Thumb code the format marks elsewhere than in bit 0 (Mach-O N_ARM_THUMB_DEF symbols)
+            backend.thumb.update(va & ~1 for va in image.function_hints.get("thumb", []))  # type: ignore[attr-defined]
 
     def add(self, va: int, source: str) -> int | None:
         if self.arm and va & 1:
@@ -432,7 +434,9 @@ def _table_entry_seeds(
         return set()
     inside = FragmentIndex([(lo, hi - lo) for lo, hi in spans])
     in_table: dict[int, bool] = {}
+    thumb_bit = 1 if image.identity.arch == "arm" else 0  # starts are even; Thumb pointers are odd
     for src, dst in pointers_in_data(image, codemap, set()):
+        dst &= ~thumb_bit
         if dst in guessed:
             in_table[dst] = in_table.get(dst, True) and inside(src)
     from_code = {

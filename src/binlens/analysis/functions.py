@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
+from collections.abc import Callable
 from itertools import chain
 from operator import itemgetter
 
@@ -42,7 +43,7 @@ def build_functions(
     `bodies` once its function is built, and so are its chunks from the explorer unless another
     body holds them too (their memory then serves the next functions' blocks)."""
     names = symbol_names(image)
-    thumb = getattr(explorer.backend, "thumb", set())
+    in_thumb = _thumb_test(explorer.backend)
     order = sorted(bodies)
     out = []
     chunks = explorer.chunks
@@ -71,10 +72,29 @@ def build_functions(
                 thunk_name=thunks.get(f),
                 noreturn=f in noret,
                 calls=sorted(set(body.calls)),
-                mode="thumb" if f in thumb else None,
+                mode="thumb" if in_thumb(f) else None,
             )
         )
     return out
+
+
+def _thumb_test(backend: object) -> Callable[[int], bool]:
+    """Is the function at an address Thumb code? ARM32: the state its entry was decoded in (an entry
+    that split a chunk has that chunk's state: the nearest decoding start at or below it)."""
+    thumb: set[int] = getattr(backend, "thumb", set())
+    decoded: dict[int, bool] = getattr(backend, "decoded_thumb", {})
+    if not decoded:
+        return thumb.__contains__
+    starts = sorted(decoded)
+
+    def test(f: int) -> bool:
+        state = decoded.get(f)
+        if state is None:
+            i = bisect.bisect_right(starts, f) - 1
+            state = decoded[starts[i]] if i >= 0 else f in thumb
+        return state
+
+    return test
 
 
 def _blocks(codemap: CodeMap, explorer: Explorer, f: int, body: Body) -> tuple[list[BasicBlock], list[Edge]]:

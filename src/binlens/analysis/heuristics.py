@@ -77,7 +77,15 @@ def heuristic_starts(
     elf_x86 = x86 and image.identity.format == "ELF"
     mips = _mips_prologue(image, codemap) if image.identity.arch == "mips" else None
 
+    arm = image.identity.arch == "arm"
+
     def accept(va: int, source: str, need_ret: bool = False) -> None:
+        thumb = False
+        if arm:  # a code address with bit 0 set names Thumb code at the even address; else ARM code
+            thumb = bool(va & 1)
+            va &= ~1
+            if not thumb and va & 3:
+                return  # ARM instructions are word-aligned: no ARM function starts here
         if va in starts or va in out:
             return
         if not unexplored(va) and va not in explorer.claimed:
@@ -95,6 +103,8 @@ def heuristic_starts(
             return
         if source == "pointer" and inside_body(va) and not (x86 and _starts_like_function(codemap, va)):
             return  # a label inside a function (computed goto, unresolved table), not an entry
+        if arm:
+            _set_arm_state(backend, va, thumb)
         c = explorer.chunk(va)
         if c is not None and c[1] != T_BAD and (not need_ret or c[1] in (T_RET, T_JUMP)):
             out[va] = source
@@ -345,6 +355,15 @@ def _body_spans(explorer: Explorer, bodies: dict[int, Body]) -> list[tuple[int, 
         if end > f:
             out.append((f, end - f))
     return out
+
+
+def _set_arm_state(backend: object, va: int, thumb: bool) -> None:
+    """Decode the unexplored ARM32 code at `va` in the state a pointer to it names (Thumb when its bit 0 was set)."""
+    modes: set[int] = backend.thumb  # type: ignore[attr-defined]
+    if thumb:
+        modes.add(va)
+    else:
+        modes.discard(va)  # e.g. a fall-through guess after a call that does not return
 
 
 def _instruction_start(codemap: CodeMap, va: int) -> bool:

@@ -57,7 +57,10 @@ def collect_xrefs(
             add((jump, table, "read"))
     str_starts = strings if isinstance(strings, set) else {s.address for s in strings}
     if data:
+        thumb_bit = 1 if image.identity.arch == "arm" else 0
         for src, dst in pointers_in_data(image, codemap, str_starts):
+            if dst & thumb_bit and codemap.contains(dst):
+                dst &= ~1  # a pointer to Thumb code names the instruction (the function's start) at the even address
             add((src, dst, "pointer"))
     keys.sort()
     n = 0

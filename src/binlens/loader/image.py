@@ -11,6 +11,8 @@ import bisect
 import operator
 from dataclasses import dataclass, field, fields
 
+EF_ARM_BE8 = 0x00800000  # ELF e_flags: a big-endian ARM image whose instructions are little-endian
+
 
 @dataclass(frozen=True, slots=True)
 class Identity:
@@ -131,13 +133,25 @@ class Image:
     relocations: list[Relocation]
     slices: list[str] = field(default_factory=list)
     # Function-start hints read from metadata by the loader, by source name:
-    # "eh_frame", "pdata", "function_starts", "init_array", "fini_array", "ctor", "dtor".
+    # "eh_frame", "pdata", "function_starts", "init_array", "fini_array", "ctor", "dtor"; and "thumb":
+    # ARM32 addresses of Thumb code where the format does not set their bit 0 (Mach-O N_ARM_THUMB_DEF symbols).
     function_hints: dict[str, list[int]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # ELF `e_flags` (processor-specific: ARM EABI version, BE8, float ABI, MIPS ISA...); 0 for PE and Mach-O
+    machine_flags: int = 0
     _regions: list[Region] = field(default_factory=list, repr=False)
     _starts: list[int] = field(default_factory=list, repr=False)
     _sections_by_va: list[Section] = field(default_factory=list, repr=False)
     _section_starts: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def code_endian(self) -> str:
+        """Byte order of instructions: the data's, except in ARM BE8 images (`EF_ARM_BE8`), whose
+        instructions are stored little-endian while their data stays big-endian."""
+        i = self.identity
+        if i.arch == "arm" and i.endian == "big" and i.format == "ELF" and self.machine_flags & EF_ARM_BE8:
+            return "little"
+        return i.endian
 
     def __post_init__(self) -> None:
         if not self._regions:
@@ -254,11 +268,13 @@ def encode_image(img: Image) -> tuple:
             strict=True,
         )
     )
-    return (_ROW[Identity](img.identity), *rows, img.slices, img.function_hints, img.warnings)
+    return (_ROW[Identity](img.identity), *rows, img.slices, img.function_hints, img.warnings, img.machine_flags)
 
 
 def decode_image(encoded: tuple, data: bytes) -> Image:
     """Rebuild an Image from `encode_image`'s tuples and the file's bytes."""
-    ident, *rows, slices, hints, warnings = encoded
+    ident, *rows, slices, hints, warnings, flags = encoded
     lists = [[cls(*r) for r in rs] for cls, rs in zip(_ROW_TYPES, rows, strict=True)]
-    return Image(Identity(*ident), data, *lists, slices=slices, function_hints=hints, warnings=warnings)
+    return Image(
+        Identity(*ident), data, *lists, slices=slices, function_hints=hints, warnings=warnings, machine_flags=flags
+    )

@@ -101,7 +101,7 @@ def parse_elf(data: bytes, file_name: str, sha256: str | None = None) -> Image:
     is64 = data[4] == 2
     rd = _Reader(data, is64)
     hdr = rd.unpack(struct.Struct("<HHIQQQIHHHHHH" if is64 else "<HHIIIIIHHHHHH"), 16)
-    e_type, machine, _ver, entry, phoff, shoff, _fl, _eh, phentsize, phnum, shentsize, shnum, shstrndx = hdr
+    e_type, machine, _ver, entry, phoff, shoff, flags, _eh, phentsize, phnum, shentsize, shnum, shstrndx = hdr
     if machine not in _MACHINES or e_type not in (2, 3):
         raise NeedsLief("not an x86/x86-64 executable or shared object")
     arch, bits, reloc_prefix, reloc_names = _MACHINES[machine]
@@ -154,6 +154,7 @@ def parse_elf(data: bytes, file_name: str, sha256: str | None = None) -> Image:
         exports,
         [Relocation(a, t, s, n) for a, t, s, n, _i, _p in relocs],
         function_hints=hints,
+        machine_flags=flags,
     )
 
 

@@ -15,6 +15,7 @@ from binlens.loader.formats import sniff_format
 from binlens.loader.image import Export, Identity, Image, Import, Relocation, Section, Segment, Symbol
 
 lief.logging.disable()
+N_ARM_THUMB_DEF = 0x0008  # Mach-O n_desc: the symbol names Thumb code
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 
 ELF_ARCH = {
@@ -174,7 +175,18 @@ def _parse_elf(data: bytes, sha: str, file_name: str) -> Image:
         entry=hdr.entrypoint,
         file_name=file_name,
     )
-    return Image(ident, data, segments, sections, symbols, imports, exports, relocations, function_hints=hints)
+    return Image(
+        ident,
+        data,
+        segments,
+        sections,
+        symbols,
+        imports,
+        exports,
+        relocations,
+        function_hints=hints,
+        machine_flags=hdr.processor_flag,
+    )
 
 
 def _elf_symbols(b: Any) -> list[Symbol]:
@@ -349,6 +361,7 @@ def _parse_macho(data: bytes, sha: str, file_name: str, slice_name: str | None) 
     fs = b.function_starts.functions if b.has_function_starts else []
     starts = {b.imagebase + f for f in fs}
     symbols = []
+    thumb: set[int] = set()
     for s in b.symbols:
         raw = _text(s.name)
         t = s.raw_type
@@ -358,6 +371,8 @@ def _parse_macho(data: bytes, sha: str, file_name: str, slice_name: str | None) 
         binding = "global" if t & 0x01 else "local"
         kind = "function" if s.value in starts else "other"
         symbols.append(Symbol(demangle(name), raw, s.value, 0, kind, binding, "macho"))
+        if s.description & N_ARM_THUMB_DEF and arch == "arm":
+            thumb.add(s.value)
     imports = []
     for bi in b.bindings:
         if not bi.has_symbol:
@@ -371,6 +386,8 @@ def _parse_macho(data: bytes, sha: str, file_name: str, slice_name: str | None) 
         name = _text(s.name)[1:] if _text(s.name).startswith("_") else _text(s.name)
         exports.append(Export(demangle(name), _text(s.name), s.value))
     hints = {"function_starts": sorted(starts)}
+    if thumb:
+        hints["thumb"] = sorted(thumb)
     entry = b.entrypoint if b.has_entrypoint or b.has_main_command or b.has_thread_command else 0
     ident = Identity(
         sha256=sha,
