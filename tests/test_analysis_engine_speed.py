@@ -101,12 +101,14 @@ def _check_gap_rounds(path: Path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return rounds
 
 
-@pytest.mark.parametrize("opt,pie", [("-O0", False), ("-O2", True)])
-def test_incremental_gap_coverage_equals_a_full_recount(compile_c, monkeypatch, opt, pie):
-    """Without unwind info the gap heuristic runs several rounds; its kept map must match a rebuild."""
+@pytest.mark.parametrize("opt,pie,least", [("-O0", False, 2), ("-O2", True, 1)])
+def test_incremental_gap_coverage_equals_a_full_recount(compile_c, monkeypatch, opt, pie, least):
+    """Without unwind info the gap heuristic runs one or more rounds; its kept map must match a
+    rebuild each time (the -O2 build now needs one round: its trials leave sub-gaps on a work list
+    and the code-offset heuristic finds its callbacks first; -O0 and the MSVC test below run several)."""
     extra = ("-fno-asynchronous-unwind-tables", "-fno-unwind-tables")
     rounds = _check_gap_rounds(compile_c("nounwind.c", opt, pie, strip=True, extra=extra), monkeypatch)
-    assert len(rounds) >= 2 and rounds[-1] > 0
+    assert len(rounds) >= least and rounds[-1] > 0
 
 
 def test_incremental_gap_coverage_through_changed_bodies_and_splits(monkeypatch):
