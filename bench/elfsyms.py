@@ -17,6 +17,7 @@ STT_FUNC = 2
 STT_GNU_IFUNC = 10
 SHN_UNDEF = 0
 SHN_LORESERVE = 0xFF00
+EM_ARM = 40
 
 
 def _sections(data: bytes) -> tuple[list[dict], str, bool]:
@@ -68,9 +69,14 @@ def executable_ranges(path: Path, exclude_prefixes: tuple[str, ...] = ()) -> lis
 def function_symbols(path: Path, sized: bool = True) -> dict[int, str]:
     """Ground truth: address -> name of every defined FUNC (or IFUNC) symbol with a nonzero size (or, with
     `sized=False`, with size zero: crt assembly such as `_init` or `frame_dummy`) that lies in an executable
-    section, from `.symtab` (falling back to `.dynsym`). Aliases keep one name."""
+    section, from `.symtab` (falling back to `.dynsym`). Aliases keep one name.
+
+    Reads ELF32 and ELF64 of either byte order. On ARM, bit 0 of a function symbol's value marks Thumb code
+    and is cleared (the function starts at the even address); the mapping symbols `$a`/`$t`/`$d` are
+    STT_NOTYPE and so never taken."""
     data = Path(path).read_bytes()
     secs, end, is64 = _sections(data)
+    thumb_mask = ~1 if struct.unpack_from(end + "H", data, 0x12)[0] == EM_ARM else ~0
     tables = [s for s in secs if s["type"] == SHT_SYMTAB] or [s for s in secs if s["type"] == SHT_DYNSYM]
     out: dict[int, str] = {}
     for tab in tables:
@@ -91,6 +97,7 @@ def function_symbols(path: Path, sized: bool = True) -> dict[int, str]:
                 continue
             if not secs[shndx]["flags"] & SHF_EXECINSTR:
                 continue
+            value &= thumb_mask
             raw = data[strs["offset"] + name : strs["offset"] + strs["size"]]
             label = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
             prev = out.get(value)
