@@ -171,7 +171,7 @@ def main() -> int:
         cells = [f"`{b.variant.name}`", str(len(truth))]
         for tool in chosen:
             if tool in unavailable:
-                cells.append(f"n/a: {unavailable[tool]}")
+                cells.append("n/a")
                 continue
             run = runs[(tool, b.variant.name)]
             s = score(truth, run.starts, b.scope(), b.neutral())
@@ -193,11 +193,13 @@ def main() -> int:
     for key, label in groups:
         if not any((t, key) in totals for t in chosen):
             continue
+        if key in corpus.COMPILERS and len({b.variant.compiler for b in binaries}) == 1:
+            continue  # one compiler: its average is the overall one
         n = sum(len(b.truth()) for b in binaries if key in ("all", b.variant.unwind, b.variant.compiler))
         cells = [f"**{label}**", str(n)]
         for tool in chosen:
             if tool in unavailable:
-                cells.append(f"n/a: {unavailable[tool]}")
+                cells.append("n/a")
             else:
                 cells.append(fmt(totals[(tool, key)]))
         rows.append("| " + " | ".join(cells) + " |")
@@ -209,6 +211,7 @@ def main() -> int:
         f"Machine: {platform.node() or '?'} {platform.machine()}, Python {platform.python_version()}, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; tool time {time.monotonic() - t0:.0f}s.",
     ]
+    notes += [f"{t}: n/a: {why}." for t, why in unavailable.items()]
     failed = [f"{t}: {n}" for t, n in failures.items() if n]
     if failed:
         notes.append("Failed runs (counted as finding nothing): " + ", ".join(failed) + ".")
