@@ -41,7 +41,7 @@ from pathlib import Path
 
 import corpus
 from elfsyms import _sections
-from metrics import in_ranges
+from metrics import Score, in_ranges, score
 
 CALLS = {"bl", "blx", "blr", "jal", "jalr", "bal", "jalx", "call", "bla", "bctrl", "blrl"}
 ALIGN = {"x86-64": 1, "aarch64": 4, "arm": 2, "mips": 4, "ppc": 4, "riscv64": 2}
@@ -239,6 +239,17 @@ def main() -> int:
                     if len(ex) < args.examples * 4:
                         ex.append(f"{v.program}-{v.opt}-{v.unwind} {a:#x} {what}")
     unwinds = sorted({v.unwind for v in variants})
+    if args.arch == "arm":
+        raw, even = Score(), Score()
+        for v in variants:
+            cache = workdir / "results" / "accuracy" / args.tool / f"{v.name}.json"
+            if cache.is_file():
+                b = corpus.build(workdir, v)
+                starts = json.loads(cache.read_text())["run"]["starts"]
+                raw += score(b.truth(), starts, b.scope(), b.neutral())
+                even += score(b.truth(), {a & ~1 for a in starts}, b.scope(), b.neutral())
+        print(f"ARM, {args.tool} as reported: P/R/F1 {raw.precision:.3f} / {raw.recall:.3f} / {raw.f1:.3f}; ")
+        print(f"with bit 0 (Thumb) of every start cleared: {even.precision:.3f} / {even.recall:.3f} / {even.f1:.3f}\n")
     for kind, cats in (("false", FP_CATEGORIES), ("missed", FN_CATEGORIES)):
         print(f"| {args.tool} {kind} starts ({args.arch}) | " + " | ".join(unwinds) + " |")
         print("|---|" + "---:|" * len(unwinds))
