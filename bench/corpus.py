@@ -12,6 +12,9 @@ information kept (`eh`) or removed (`noeh`: compiled with -fno-asynchronous-unwi
 one of the Debian cross toolchains (`aarch64`, `arm` (armhf, Thumb-2 by default), `mips` (mipsel),
 `ppc` (32-bit big-endian), `riscv64`): gcc only, names prefixed with the arch
 (`aarch64-zlib-gcc-O2-pie-eh`), by default -O0/-O2 PIE with and without unwind information.
+armhf's and mipsel's gcc emit no unwind tables for C by default, so their `eh` builds add
+-fasynchronous-unwind-tables (ARM: `.ARM.exidx` entries; MIPS: `.eh_frame`), and ARM's `noeh`
+builds also lose `.ARM.exidx`/`.ARM.extab`.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class Arch:
     opts: tuple[str, ...] = ("O0", "O2")
     pies: tuple[str, ...] = ("pie",)
     noeh_strip: tuple[str, ...] = ()  # further unwind sections removed in `noeh` builds
+    eh_cflags: tuple[str, ...] = ()  # `eh` builds: where gcc emits no unwind tables for C by default
 
     def tool(self, name: str) -> str:
         """The toolchain program, e.g. `aarch64-linux-gnu-gcc` (or plain `gcc` natively)."""
@@ -64,9 +68,14 @@ class Arch:
 ARCHES: dict[str, Arch] = {
     "x86-64": Arch(None, compilers=COMPILERS, opts=OPTS, pies=PIES),
     "aarch64": Arch("aarch64-linux-gnu"),
-    # armhf's gcc emits Thumb-2 by default; its C code unwinds through .ARM.exidx/.ARM.extab.
-    "arm": Arch("arm-linux-gnueabihf", noeh_strip=("--remove-section=.ARM.exidx", "--remove-section=.ARM.extab")),
-    "mips": Arch("mipsel-linux-gnu"),
+    # armhf's gcc emits Thumb-2 by default. It (and mipsel's) emits no unwind tables for C unless asked:
+    # `eh` asks, as x86-64's gcc does by default (ARM: .ARM.exidx/.ARM.extab entries; MIPS: .eh_frame).
+    "arm": Arch(
+        "arm-linux-gnueabihf",
+        noeh_strip=("--remove-section=.ARM.exidx", "--remove-section=.ARM.extab"),
+        eh_cflags=("-fasynchronous-unwind-tables",),
+    ),
+    "mips": Arch("mipsel-linux-gnu", eh_cflags=("-fasynchronous-unwind-tables",)),
     "ppc": Arch("powerpc-linux-gnu"),
     "riscv64": Arch("riscv64-linux-gnu"),
 }
@@ -311,6 +320,8 @@ def _build_locked(workdir: Path, variant: Variant, folder: Path) -> Binary:
     flags += ["-fPIE", "-pie"] if variant.pie == "pie" else ["-fno-pie", "-no-pie"]
     if variant.unwind == "noeh":
         flags += NOEH_CFLAGS
+    else:
+        flags += arch.eh_cflags
     out = folder / "unstripped"
     t0 = time.monotonic()
     _run([arch.tool(variant.compiler), *flags, *files, "-o", str(out), *recipe.libs], cwd=tree)
