@@ -330,7 +330,9 @@ def _build_locked(workdir: Path, variant: Variant, folder: Path) -> Binary:
         strip += [*NOEH_STRIP, *arch.noeh_strip]
     _run([*strip, "-o", str(folder / "stripped"), str(out)])
     truth = function_symbols(out)
+    # Not scored: size-0 crt functions and the call stubs GNU ld writes into .text (PowerPC's plt_pic32).
     neutral = {a: n for a, n in function_symbols(out, sized=False).items() if a not in truth}
+    neutral.update({a: n for a, n in function_symbols(out, stubs=True).items() if a not in truth})
     scope = executable_ranges(folder / "stripped", exclude_prefixes=STUB_SECTIONS)
     (folder / "truth.tmp").write_text(
         json.dumps(

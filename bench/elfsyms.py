@@ -13,6 +13,7 @@ SHF_EXECINSTR = 0x4
 SHT_SYMTAB = 2
 SHT_DYNSYM = 11
 SHT_NOBITS = 8
+STT_NOTYPE = 0
 STT_FUNC = 2
 STT_GNU_IFUNC = 10
 SHN_UNDEF = 0
@@ -66,7 +67,12 @@ def executable_ranges(path: Path, exclude_prefixes: tuple[str, ...] = ()) -> lis
     ]
 
 
-def function_symbols(path: Path, sized: bool = True) -> dict[int, str]:
+# Local labels GNU ld gives the call stubs it writes into .text itself (PowerPC 32 secure-PLT `plt_pic32`
+# / `plt_call32` stubs): PLT stubs outside any .plt section.
+LINKER_STUB_MARKERS = (".plt_pic32.", ".plt_call32.", ".plt_call.")
+
+
+def function_symbols(path: Path, sized: bool = True, stubs: bool = False) -> dict[int, str]:
     """Ground truth: address -> name of every defined FUNC (or IFUNC) symbol with a nonzero size (or, with
     `sized=False`, with size zero: crt assembly such as `_init` or `frame_dummy`) that lies in an executable
     section, from `.symtab` (falling back to `.dynsym`). Aliases keep one name.
@@ -91,7 +97,10 @@ def function_symbols(path: Path, sized: bool = True) -> dict[int, str]:
                 name, info, _other, shndx, value, size = fields
             else:
                 name, value, size, info, _other, shndx = fields
-            if info & 0xF not in (STT_FUNC, STT_GNU_IFUNC) or (size != 0) != sized:
+            if stubs:
+                if info & 0xF != STT_NOTYPE:
+                    continue
+            elif info & 0xF not in (STT_FUNC, STT_GNU_IFUNC) or (size != 0) != sized:
                 continue
             if shndx == SHN_UNDEF or shndx >= SHN_LORESERVE or shndx >= len(secs):
                 continue
@@ -100,6 +109,8 @@ def function_symbols(path: Path, sized: bool = True) -> dict[int, str]:
             value &= thumb_mask
             raw = data[strs["offset"] + name : strs["offset"] + strs["size"]]
             label = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+            if stubs and not any(m in label for m in LINKER_STUB_MARKERS):
+                continue
             prev = out.get(value)
             # Prefer the shortest, non-underscore name among aliases: readable, deterministic.
             if prev is None or (label.startswith("_"), len(label), label) < (prev.startswith("_"), len(prev), prev):

@@ -81,3 +81,14 @@ def test_thumb_bit_is_cleared_and_mapping_symbols_ignored(tmp_path: Path) -> Non
     # Size-0 crt functions (the neutral set) are cleared the same way.
     neutral = elfsyms.function_symbols(path, sized=False)
     assert neutral and all(a % 2 == 0 for a in neutral)
+
+
+def test_powerpc_linker_stubs_in_text(tmp_path: Path) -> None:
+    """PowerPC 32 secure-PLT: GNU ld writes the import call stubs into .text as NOTYPE labels; elfsyms
+    lists them (for the neutral set) and never as functions."""
+    path = _build(tmp_path, "powerpc-linux-gnu")
+    stubs = elfsyms.function_symbols(path, stubs=True)
+    assert any("plt_pic32.__libc_start_main" in n for n in stubs.values())
+    text = [r for r in elfsyms.executable_ranges(path) if r[0] <= min(stubs) < r[1]]
+    assert text  # the stubs lie in an executable section
+    assert not set(stubs) & set(elfsyms.function_symbols(path))
