@@ -115,4 +115,28 @@ def function_symbols(path: Path, sized: bool = True, stubs: bool = False) -> dic
             # Prefer the shortest, non-underscore name among aliases: readable, deterministic.
             if prev is None or (label.startswith("_"), len(label), label) < (prev.startswith("_"), len(prev), prev):
                 out[value] = label
+    if stubs and out:
+        out.update(_unlabelled_ppc_stubs(data, secs, end, out))
     return out
+
+
+MTCTR_R11, BCTR = 0x7D6903A6, 0x4E800420
+
+
+def _unlabelled_ppc_stubs(data: bytes, secs: list[dict], end: str, labelled: dict[int, str]) -> dict[int, str]:
+    """GNU ld labels only some of the 16-byte PowerPC 32 PLT call stubs it packs together in .text; the
+    neighbours of a labelled stub that have the same shape (`mtctr r11; bctr` inside the slot) are stubs too."""
+    found: dict[int, str] = {}
+    for addr in labelled:
+        sec = next((x for x in secs if x["flags"] & SHF_EXECINSTR and x["addr"] <= addr < x["addr"] + x["size"]), None)
+        if sec is None:
+            continue
+        for step in (16, -16):
+            a = addr + step
+            while sec["addr"] <= a and a + 16 <= sec["addr"] + sec["size"] and a not in labelled:
+                words = struct.unpack_from(end + "4I", data, sec["offset"] + a - sec["addr"])
+                if not any(words[i] == MTCTR_R11 and words[i + 1] == BCTR for i in range(3)):
+                    break
+                found[a] = "plt_pic32 stub"
+                a += step
+    return found
