@@ -12,8 +12,8 @@ information kept (`eh`) or removed (`noeh`: compiled with -fno-asynchronous-unwi
 one of the Debian cross toolchains (`aarch64`, `arm` (armhf, Thumb-2 by default), `mips` (mipsel),
 `ppc` (32-bit big-endian), `riscv64`): gcc only, names prefixed with the arch
 (`aarch64-zlib-gcc-O2-pie-eh`), by default -O0/-O2 PIE with and without unwind information.
-armhf's and mipsel's gcc emit no unwind tables for C by default, so their `eh` builds add
--fasynchronous-unwind-tables (ARM: `.ARM.exidx` entries; MIPS: `.eh_frame`), and ARM's `noeh`
+armhf's, mipsel's and riscv64's gcc emit no unwind tables for C by default, so their `eh` builds add
+-fasynchronous-unwind-tables (ARM: `.ARM.exidx` entries; MIPS, RISC-V: `.eh_frame`), and ARM's `noeh`
 builds also lose `.ARM.exidx`/`.ARM.extab`.
 """
 
@@ -68,7 +68,7 @@ class Arch:
 ARCHES: dict[str, Arch] = {
     "x86-64": Arch(None, compilers=COMPILERS, opts=OPTS, pies=PIES),
     "aarch64": Arch("aarch64-linux-gnu"),
-    # armhf's gcc emits Thumb-2 by default. It (and mipsel's) emits no unwind tables for C unless asked:
+    # armhf's gcc emits Thumb-2 by default. It (and mipsel's, riscv64's) emits no unwind tables for C unless asked:
     # `eh` asks, as x86-64's gcc does by default (ARM: .ARM.exidx/.ARM.extab entries; MIPS: .eh_frame).
     "arm": Arch(
         "arm-linux-gnueabihf",
@@ -77,7 +77,7 @@ ARCHES: dict[str, Arch] = {
     ),
     "mips": Arch("mipsel-linux-gnu", eh_cflags=("-fasynchronous-unwind-tables",)),
     "ppc": Arch("powerpc-linux-gnu"),
-    "riscv64": Arch("riscv64-linux-gnu"),
+    "riscv64": Arch("riscv64-linux-gnu", eh_cflags=("-fasynchronous-unwind-tables",)),
 }
 NATIVE = "x86-64"
 
