@@ -70,6 +70,8 @@ def executable_ranges(path: Path, exclude_prefixes: tuple[str, ...] = ()) -> lis
 # Local labels GNU ld gives the call stubs it writes into .text itself (PowerPC 32 secure-PLT `plt_pic32`
 # / `plt_call32` stubs): PLT stubs outside any .plt section.
 LINKER_STUB_MARKERS = (".plt_pic32.", ".plt_call32.", ".plt_call.")
+# ... and its lazy-binding entries there: `__glink` (one `b __glink_PLTresolve` per import) and the resolver.
+LINKER_STUB_NAMES = ("__glink", "__glink_PLTresolve")
 
 
 def function_symbols(path: Path, sized: bool = True, stubs: bool = False) -> dict[int, str]:
@@ -109,7 +111,7 @@ def function_symbols(path: Path, sized: bool = True, stubs: bool = False) -> dic
             value &= thumb_mask
             raw = data[strs["offset"] + name : strs["offset"] + strs["size"]]
             label = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
-            if stubs and not any(m in label for m in LINKER_STUB_MARKERS):
+            if stubs and not (label in LINKER_STUB_NAMES or any(m in label for m in LINKER_STUB_MARKERS)):
                 continue
             prev = out.get(value)
             # Prefer the shortest, non-underscore name among aliases: readable, deterministic.
@@ -127,7 +129,20 @@ def _unlabelled_ppc_stubs(data: bytes, secs: list[dict], end: str, labelled: dic
     """GNU ld labels only some of the 16-byte PowerPC 32 PLT call stubs it packs together in .text; the
     neighbours of a labelled stub that have the same shape (`mtctr r11; bctr` inside the slot) are stubs too."""
     found: dict[int, str] = {}
-    for addr in labelled:
+    for addr, name in labelled.items():
+        if name != "__glink":
+            continue
+        sec = next((x for x in secs if x["flags"] & SHF_EXECINSTR and x["addr"] <= addr < x["addr"] + x["size"]), None)
+        a = addr + 4
+        while sec and a + 4 <= sec["addr"] + sec["size"] and a not in labelled:
+            word = struct.unpack_from(end + "I", data, sec["offset"] + a - sec["addr"])[0]
+            if word >> 26 != 18:  # not a `b`: past the glink entries
+                break
+            found[a] = "__glink entry"
+            a += 4
+    for addr, name in labelled.items():
+        if name in LINKER_STUB_NAMES:
+            continue
         sec = next((x for x in secs if x["flags"] & SHF_EXECINSTR and x["addr"] <= addr < x["addr"] + x["size"]), None)
         if sec is None:
             continue
