@@ -9,6 +9,10 @@ at size-0 FUNC symbols (crt's `_init`, `frame_dummy`, ...) are not scored.
     .venv/bin/python bench/accuracy.py --quick
     .venv/bin/python bench/accuracy.py --programs zlib,lua5.4 --compilers clang --tools binlens,smda
 
+`--arch aarch64|arm|mips|ppc|riscv64` scores the cross-compiled corpus (see corpus.py): binlens and
+the `.eh_frame` baseline run everywhere; of the peers only ddisasm handles one of these targets
+(ARM64, ARM32, MIPS32), the others show `n/a` with the reason.
+
 A tool that cannot run here shows `n/a: <reason>`; a run that fails or times out on one binary counts
 as finding nothing there (and is marked). Results are cached per tool version and binary in
 WORKDIR/results/ (`--fresh` ignores the cache).
@@ -53,6 +57,22 @@ def cached_run(tool: str, binary: corpus.Binary, workdir: Path, version: str, ti
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps({"version": version, "sha256": digest, "run": run.to_json()}))
     return run
+
+
+# Peers off x86-64: what each supports, and why it is not in the table otherwise.
+PEER_ARCHES = {
+    "smda": (set(), "smda disassembles x86/x64 only"),
+    "angr": (set(), "not run off x86-64 in this bench (CFGFast would need per-arch validation; time budget)"),
+    "ddisasm": ({"aarch64", "arm", "mips"}, "ddisasm has no PowerPC or RISC-V backend"),
+}
+
+
+def arch_unavailable(tool: str, arch: str) -> str | None:
+    """Why a peer is not run on this architecture (None: it is)."""
+    if arch == corpus.NATIVE or tool not in PEER_ARCHES:
+        return None
+    supported, reason = PEER_ARCHES[tool]
+    return None if arch in supported else reason
 
 
 def fmt(s: Score) -> str:
@@ -112,6 +132,10 @@ def main() -> int:
     unavailable: dict[str, str] = {}
     versions: dict[str, str] = {}
     for tool in chosen:
+        why = arch_unavailable(tool, args.arch)
+        if why:
+            unavailable[tool] = why
+            continue
         try:
             if tool == "binlens":
                 tools.binlens_mode()
@@ -147,7 +171,7 @@ def main() -> int:
         cells = [f"`{b.variant.name}`", str(len(truth))]
         for tool in chosen:
             if tool in unavailable:
-                cells.append(f"n/a: {unavailable[tool]}")
+                cells.append("n/a")
                 continue
             run = runs[(tool, b.variant.name)]
             s = score(truth, run.starts, b.scope(), b.neutral())
@@ -169,22 +193,25 @@ def main() -> int:
     for key, label in groups:
         if not any((t, key) in totals for t in chosen):
             continue
+        if key in corpus.COMPILERS and len({b.variant.compiler for b in binaries}) == 1:
+            continue  # one compiler: its average is the overall one
         n = sum(len(b.truth()) for b in binaries if key in ("all", b.variant.unwind, b.variant.compiler))
         cells = [f"**{label}**", str(n)]
         for tool in chosen:
             if tool in unavailable:
-                cells.append(f"n/a: {unavailable[tool]}")
+                cells.append("n/a")
             else:
                 cells.append(fmt(totals[(tool, key)]))
         rows.append("| " + " | ".join(cells) + " |")
 
     notes = [
-        f"Subset: programs={args.programs} compilers={args.compilers} opts={args.opts} pie={args.pie} "
+        f"Subset: arch={args.arch} programs={args.programs} compilers={args.compilers} opts={args.opts} pie={args.pie} "
         f"unwind={args.unwind} ({len(binaries)} binaries).",
         "Tools: " + ", ".join(f"{t} {versions.get(t, 'n/a')}" for t in chosen) + ".",
         f"Machine: {platform.node() or '?'} {platform.machine()}, Python {platform.python_version()}, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; tool time {time.monotonic() - t0:.0f}s.",
     ]
+    notes += [f"{t}: n/a: {why}." for t, why in unavailable.items()]
     failed = [f"{t}: {n}" for t, n in failures.items() if n]
     if failed:
         notes.append("Failed runs (counted as finding nothing): " + ", ".join(failed) + ".")

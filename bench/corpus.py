@@ -7,6 +7,14 @@ build (the input every tool sees) and the ground truth as JSON.
 Matrix: program x compiler (gcc, clang) x optimisation (-O0, -O2, -O3) x PIE/non-PIE x unwind
 information kept (`eh`) or removed (`noeh`: compiled with -fno-asynchronous-unwind-tables
 -fno-unwind-tables, and `.eh_frame`/`.eh_frame_hdr` stripped, since crt objects bring their own).
+
+`--arch` picks the target: `x86-64` (the default: native gcc and clang, names without a prefix) or
+one of the Debian cross toolchains (`aarch64`, `arm` (armhf, Thumb-2 by default), `mips` (mipsel),
+`ppc` (32-bit big-endian), `riscv64`): gcc only, names prefixed with the arch
+(`aarch64-zlib-gcc-O2-pie-eh`), by default -O0/-O2 PIE with and without unwind information.
+armhf's, mipsel's and riscv64's gcc emit no unwind tables for C by default, so their `eh` builds add
+-fasynchronous-unwind-tables (ARM: `.ARM.exidx` entries; MIPS, RISC-V: `.eh_frame`), and ARM's `noeh`
+builds also lose `.ARM.exidx`/`.ARM.extab`.
 """
 
 from __future__ import annotations
@@ -37,6 +45,41 @@ UNWINDS = ("eh", "noeh")
 
 NOEH_CFLAGS = ["-fno-asynchronous-unwind-tables", "-fno-unwind-tables"]
 NOEH_STRIP = ["--remove-section=.eh_frame", "--remove-section=.eh_frame_hdr"]
+# Sections with linker-made call stubs (no FUNC symbol): predictions there are not scored.
+STUB_SECTIONS = (".plt", ".MIPS.stubs", ".glink", ".iplt")
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A target architecture: its toolchain and the default subset of the matrix built for it."""
+
+    triple: str | None  # Debian cross triple (`<triple>-gcc`, `<triple>-strip`); None: the native tools
+    compilers: tuple[str, ...] = ("gcc",)
+    opts: tuple[str, ...] = ("O0", "O2")
+    pies: tuple[str, ...] = ("pie",)
+    noeh_strip: tuple[str, ...] = ()  # further unwind sections removed in `noeh` builds
+    eh_cflags: tuple[str, ...] = ()  # `eh` builds: where gcc emits no unwind tables for C by default
+
+    def tool(self, name: str) -> str:
+        """The toolchain program, e.g. `aarch64-linux-gnu-gcc` (or plain `gcc` natively)."""
+        return f"{self.triple}-{name}" if self.triple else name
+
+
+ARCHES: dict[str, Arch] = {
+    "x86-64": Arch(None, compilers=COMPILERS, opts=OPTS, pies=PIES),
+    "aarch64": Arch("aarch64-linux-gnu"),
+    # armhf's gcc emits Thumb-2 by default. It (and mipsel's, riscv64's) emits no unwind tables for C unless asked:
+    # `eh` asks, as x86-64's gcc does by default (ARM: .ARM.exidx/.ARM.extab entries; MIPS: .eh_frame).
+    "arm": Arch(
+        "arm-linux-gnueabihf",
+        noeh_strip=("--remove-section=.ARM.exidx", "--remove-section=.ARM.extab"),
+        eh_cflags=("-fasynchronous-unwind-tables",),
+    ),
+    "mips": Arch("mipsel-linux-gnu", eh_cflags=("-fasynchronous-unwind-tables",)),
+    "ppc": Arch("powerpc-linux-gnu"),
+    "riscv64": Arch("riscv64-linux-gnu", eh_cflags=("-fasynchronous-unwind-tables",)),
+}
+NATIVE = "x86-64"
 
 
 @dataclass(frozen=True)
@@ -122,11 +165,13 @@ class Variant:
     opt: str
     pie: str
     unwind: str
+    arch: str = NATIVE
 
     @property
     def name(self) -> str:
-        """Stable name, e.g. `zlib-gcc-O2-pie-eh`."""
-        return f"{self.program}-{self.compiler}-{self.opt}-{self.pie}-{self.unwind}"
+        """Stable name, e.g. `zlib-gcc-O2-pie-eh`, or `aarch64-zlib-gcc-O2-pie-eh` off x86-64."""
+        base = f"{self.program}-{self.compiler}-{self.opt}-{self.pie}-{self.unwind}"
+        return base if self.arch == NATIVE else f"{self.arch}-{base}"
 
 
 @dataclass
@@ -169,9 +214,12 @@ def matrix(
     opts: Iterable[str] = OPTS,
     pies: Iterable[str] = PIES,
     unwinds: Iterable[str] = UNWINDS,
+    arch: str = NATIVE,
 ) -> list[Variant]:
     """All variants of the chosen subset, in a stable order."""
-    return [Variant(p, c, o, pi, u) for p in programs for c in compilers for o in opts for pi in pies for u in unwinds]
+    return [
+        Variant(p, c, o, pi, u, arch) for p in programs for c in compilers for o in opts for pi in pies for u in unwinds
+    ]
 
 
 def log(msg: str) -> None:
@@ -267,20 +315,25 @@ def _build_locked(workdir: Path, variant: Variant, folder: Path) -> Binary:
     for pattern in recipe.sources:
         files += sorted(glob.glob(pattern, root_dir=tree))
     files = [f for f in files if f not in recipe.exclude]
+    arch = ARCHES[variant.arch]
     flags = [f"-{variant.opt}", "-w", *recipe.cflags]
     flags += ["-fPIE", "-pie"] if variant.pie == "pie" else ["-fno-pie", "-no-pie"]
     if variant.unwind == "noeh":
         flags += NOEH_CFLAGS
+    else:
+        flags += arch.eh_cflags
     out = folder / "unstripped"
     t0 = time.monotonic()
-    _run([variant.compiler, *flags, *files, "-o", str(out), *recipe.libs], cwd=tree)
-    strip = ["strip", "--strip-all"]
+    _run([arch.tool(variant.compiler), *flags, *files, "-o", str(out), *recipe.libs], cwd=tree)
+    strip = [arch.tool("strip"), "--strip-all"]
     if variant.unwind == "noeh":
-        strip += NOEH_STRIP
+        strip += [*NOEH_STRIP, *arch.noeh_strip]
     _run([*strip, "-o", str(folder / "stripped"), str(out)])
     truth = function_symbols(out)
+    # Not scored: size-0 crt functions and the call stubs GNU ld writes into .text (PowerPC's plt_pic32).
     neutral = {a: n for a, n in function_symbols(out, sized=False).items() if a not in truth}
-    scope = executable_ranges(folder / "stripped", exclude_prefixes=(".plt",))
+    neutral.update({a: n for a, n in function_symbols(out, stubs=True).items() if a not in truth})
+    scope = executable_ranges(folder / "stripped", exclude_prefixes=STUB_SECTIONS)
     (folder / "truth.tmp").write_text(
         json.dumps(
             {
@@ -301,9 +354,12 @@ def _build_locked(workdir: Path, variant: Variant, folder: Path) -> Binary:
 def build_all(workdir: Path, variants: list[Variant], jobs: int = 2) -> list[Binary]:
     """Fetch what is missing and build every variant, `jobs` compilers at a time."""
     fetch_sources(workdir, sorted({v.program for v in variants}))
-    missing = [c for c in ("gcc", "clang") if c in {v.compiler for v in variants} and not shutil.which(c)]
+    needed = sorted(
+        {ARCHES[v.arch].tool(v.compiler) for v in variants} | {ARCHES[v.arch].tool("strip") for v in variants}
+    )
+    missing = [c for c in needed if not shutil.which(c)]
     if missing:
-        raise RuntimeError(f"compiler not found: {', '.join(missing)} (apt-get install {' '.join(missing)})")
+        raise RuntimeError(f"toolchain not found: {', '.join(missing)} (e.g. apt-get install gcc-aarch64-linux-gnu)")
     # Big programs first so the pool stays busy.
     order = sorted(variants, key=lambda v: PROGRAMS.index(v.program) if v.program in PROGRAMS else 0, reverse=True)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -314,10 +370,13 @@ def build_all(workdir: Path, variants: list[Variant], jobs: int = 2) -> list[Bin
 def add_subset_args(parser) -> None:  # noqa: ANN001 - argparse.ArgumentParser
     """The subset flags shared by accuracy.py and speed.py."""
     parser.add_argument("--workdir", type=Path, default=Path(os.environ.get("BINLENS_BENCH_WORK", DEFAULT_WORKDIR)))
+    parser.add_argument(
+        "--arch", default=NATIVE, choices=list(ARCHES), help="target architecture (default x86-64: the native corpus)"
+    )
     parser.add_argument("--programs", default=",".join(PROGRAMS), help="comma list of " + ",".join(PROGRAMS))
-    parser.add_argument("--compilers", default=",".join(COMPILERS), help="comma list of gcc,clang")
-    parser.add_argument("--opts", default=",".join(OPTS), help="comma list of O0,O2,O3")
-    parser.add_argument("--pie", default=",".join(PIES), help="comma list of pie,nopie")
+    parser.add_argument("--compilers", help="comma list of gcc,clang (default: both on x86-64, gcc elsewhere)")
+    parser.add_argument("--opts", help="comma list of O0,O2,O3 (default: all on x86-64, O0,O2 elsewhere)")
+    parser.add_argument("--pie", help="comma list of pie,nopie (default: both on x86-64, pie elsewhere)")
     parser.add_argument("--unwind", default=",".join(UNWINDS), help="comma list of eh,noeh")
     parser.add_argument("--jobs", type=int, default=2, help="parallel compiler runs while building the corpus")
 
@@ -332,12 +391,18 @@ def variants_from_args(args) -> list[Variant]:  # noqa: ANN001 - argparse.Namesp
             raise SystemExit(f"unknown {what}: {', '.join(bad)} (choose from {', '.join(allowed)})")
         return items
 
+    arch = ARCHES[args.arch]
+    # Fill the arch's defaults back into args, so reports can print the subset actually built.
+    args.compilers = args.compilers or ",".join(arch.compilers)
+    args.opts = args.opts or ",".join(arch.opts)
+    args.pie = args.pie or ",".join(arch.pies)
     return matrix(
         pick(args.programs, PROGRAMS, "program"),
-        pick(args.compilers, COMPILERS, "compiler"),
+        pick(args.compilers, arch.compilers, f"compiler for {args.arch}"),
         pick(args.opts, OPTS, "optimisation"),
         pick(args.pie, PIES, "PIE mode"),
         pick(args.unwind, UNWINDS, "unwind mode"),
+        args.arch,
     )
 
 

@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 PEERS = ("angr", "smda", "ddisasm")
 ALL_TOOLS = ("binlens", *PEERS)
-BASELINES = ("eh_frame",)  # accuracy only: the FDE starts alone, read by binutils' readelf
+BASELINES = ("eh_frame",)  # accuracy only: the FDE starts alone (on ARM also .ARM.exidx), read by binutils' readelf
 TIME = "/usr/bin/time"
 
 
@@ -241,13 +241,18 @@ def run_objdump(path: Path, timeout: float) -> Run:
 
 
 def run_eh_frame(path: Path, timeout: float) -> Run:
-    """Baseline: the start of every `.eh_frame` FDE (`readelf --debug-dump=frames`), nothing else."""
+    """Baseline: the start of every `.eh_frame` FDE (`readelf --debug-dump=frames`), nothing else; on ARM
+    also every `.ARM.exidx` entry (`readelf -u`), where gcc puts C functions' unwind information."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "frames.txt"
         run = measure(["readelf", "--debug-dump=frames", str(path)], timeout, stdout_path=out)
         run.tool = "eh_frame"
         starts = re.findall(r" FDE cie=[0-9a-f]+ pc=([0-9a-f]+)\.\.", out.read_text(errors="replace"))
-    run.starts = sorted({int(a, 16) for a in starts})
+    found = {int(a, 16) for a in starts}
+    if Path(path).read_bytes()[:20][18:20] in (b"\x28\x00", b"\x00\x28"):  # e_machine EM_ARM: EHABI tables
+        text = subprocess.run(["readelf", "-u", str(path)], capture_output=True, text=True, timeout=timeout).stdout
+        found |= {int(a, 16) for a in re.findall(r"^0x([0-9a-f]+)(?: <[^>]*>)?:", text, re.M)}
+    run.starts = sorted(found)
     run.error = None  # no .eh_frame at all is an empty answer, not a failure
     return run
 
@@ -269,7 +274,7 @@ def tool_version(tool: str, workdir: Path) -> str:
         return binlens_version()
     if tool == "eh_frame":
         first = subprocess.run(["readelf", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
-        return "readelf " + first.split()[-1]
+        return "readelf " + first.split()[-1] + " +exidx"
     if tool == "objdump":
         return subprocess.run(["objdump", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
     return peer_version(tool, workdir)
