@@ -74,7 +74,6 @@ def heuristic_starts(
         return r is not None and r.state[va - r.va] == 0 and not (inside(va) and va not in extents)
 
     x86 = image.identity.arch in ("x86-64", "x86")
-    elf_x86 = x86 and image.identity.format == "ELF"
     mips = _mips_prologue(image, codemap) if image.identity.arch == "mips" else None
 
     arm = image.identity.arch == "arm"
@@ -145,8 +144,6 @@ def heuristic_starts(
             r = codemap.region(target)
             return r is not None and not covered[r.va][target - r.va] and r.state[target - r.va] != 2
 
-        # do this program's known entries follow the 16-byte alignment of gcc/clang's default?
-        aligned_entries = elf_x86 and len(starts) >= 8 and sum(1 for a in starts if a % 16 == 0) >= 0.9 * len(starts)
         unguarded = explorer.unguarded
         case_labels = {x for j, cases in explorer.jt.items() if j not in unguarded for x in cases}
         cands = _gap_candidates(codemap, image.identity.arch, covered, gaps.memo)
@@ -158,7 +155,7 @@ def heuristic_starts(
         if out:
             return out  # let descent from these claim their gaps before weaker guesses
         tried: set[int] = set()
-        # a rejected trial (or claimed unaligned code) leaves the rest of its gap as new gaps:
+        # a rejected trial leaves the rest of its gap as new gaps:
         # their candidates join the work list, found within that gap alone
         work = [(va, end) for va, pro, end in reversed(cands) if not pro]
         while work:
@@ -166,18 +163,6 @@ def heuristic_starts(
             if va in tried:
                 continue
             tried.add(va)
-            if aligned_entries and va % 16 and va not in starts and free(va):
-                # not an entry (gcc and clang align those on ELF; MSVC and -Os builds do not, so
-                # their code is left alone: its data pointers come later) but the unreached rest of a function:
-                # its chunks are claimed up to the first aligned address after one of them,
-                # which is tried like the first address of a gap
-                va = _claim_unaligned(codemap, explorer, covered, va, gap_end)
-                if va is None or va in tried:
-                    continue
-                tried.add(va)
-                if _starts_like_function(codemap, va) and va not in starts and free(va):
-                    out[va] = "prologue"
-                    continue
             if not (x86 and va % 16 == 0 and va not in starts and free(va)) or va in case_labels:
                 continue  # an aligned case label of a switch found in an earlier trial is not an entry
             ok, seen = _self_contained(explorer, va, gap_end, starts, other_gap, case_labels)
@@ -504,33 +489,6 @@ def _zero_runs(m: bytearray, pos: int = 0, stop: int | None = None) -> Iterator[
             end = stop
         yield start, end
         pos = end
-
-
-def _claim_unaligned(
-    codemap: CodeMap, explorer: Explorer, covered: dict[int, bytearray], va: int, gap_end: int
-) -> int | None:
-    """Claim the chunks of x86 code from the unaligned `va` on, one after the other, until one is
-    followed by (padding and) a 16-byte aligned address inside the gap: that address, or None."""
-    r = codemap.region(va)
-    if r is None:
-        return None
-    while True:
-        c = explorer.chunk(va)
-        if c is None or c[1] == T_BAD:
-            return None
-        explorer.claimed.add(va)  # decoded, but still open to a later data pointer
-        _cover(codemap, covered, explorer, [va])
-        end = c[0]
-        if end >= gap_end or end >= r.end:
-            return None
-        nxt = _gap_candidate(r, "x86", end - r.va, gap_end - r.va)
-        if nxt is None:
-            return None
-        va = nxt[0]
-        if va % 16 == 0:
-            return va
-        if covered[r.va][va - r.va] or r.state[va - r.va] != 0:
-            return None
 
 
 def _gap_candidate(r: CodeRegion, arch: str, off: int, end: int) -> tuple[int, bool, int] | None:
