@@ -23,6 +23,7 @@ from binlens.analysis.model import (
     T_JUMP,
     T_RET,
     T_STOP,
+    TERM_NAMES,
     XREF_KINDS,
     Instruction,
 )
@@ -32,17 +33,7 @@ F_NEXT, F_JUMP, F_COND, F_CALL, F_RET, F_IJUMP, F_ICALL, F_STOP = range(8)
 # a conditional indirect jump (ARM `addls pc, pc, rI, lsl #2`, `ldrls pc, [pc, rI, lsl #2]`): the
 # chunk ends there, and the path where the condition fails falls through
 F_CIJUMP = 8
-_FLOW_NAMES = (
-    "fallthrough",
-    "jump",
-    "conditional",
-    "call",
-    "return",
-    "indirect_jump",
-    "indirect_call",
-    "stop",
-    "indirect_jump",
-)
+_FLOW_NAMES = (*TERM_NAMES[:8], "indirect_jump")  # F_NEXT .. F_STOP name like T_FALL .. T_STOP; then F_CIJUMP
 K_READ, K_OFFSET = XREF_KINDS.index("read"), XREF_KINDS.index("offset")
 
 
