@@ -219,3 +219,24 @@ def test_corpus_be8_image_decodes_like_objdump() -> None:
     # (the rest are aliases: pop/ldmia, push/stmdb, bhs/bcs, lsl/mov...); decoded big-endian, as
     # before BE8 was known, only 4187 instructions were reached and 3% of mnemonics agreed
     assert total > 50_000 and shared >= 0.99 * total and same_mnemonic >= 0.95 * shared
+
+
+def test_main_of_a_pie_is_found_through_its_got_word(tmp_path) -> None:
+    """An ARM PIE's `_start` loads `main` from a GOT word (`ldr r0, [sl, r0]`) whose R_ARM_RELATIVE
+    relocation keeps the address in the word itself (REL: no addend field): that word names `main`
+    (a Thumb function, so the word is odd), which is then found as a function of its own."""
+    _need_tools()
+    src = tmp_path / "m.c"
+    src.write_text(
+        "#include <stdio.h>\n"
+        "static int helper(int x) { return x * 3 + 1; }\n"
+        'int main(int argc, char **argv) { printf("%d\\n", helper(argc)); return 0; }\n'
+    )
+    exe, stripped = tmp_path / "m", tmp_path / "m.stripped"
+    subprocess.run([GCC, "-O2", "-fPIE", "-pie", "-o", str(exe), str(src)], check=True, capture_output=True)
+    subprocess.run(["arm-linux-gnueabihf-strip", "-o", str(stripped), str(exe)], check=True, capture_output=True)
+    main = next(s.address for s in parse_path(str(exe)).symbols if s.name == "main")
+    assert main & 1  # Thumb
+    functions = {f.address: f for f in analyze(load_image(str(stripped))).functions}
+    assert main & ~1 in functions
+    assert functions[main & ~1].mode == "thumb"

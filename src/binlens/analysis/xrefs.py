@@ -102,7 +102,14 @@ def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int]) -> list[
         for k, v in enumerate(struct.unpack_from(f"{endian}{n}{code}", data, pad)):
             if v and (v in targets or (lo <= v < hi and contains(v))):
                 out[s.va + pad + k * ptr] = v
+    word = struct.Struct(f"{endian}{code}")
     for r in image.relocations:
-        if "RELATIVE" in r.type and r.addend and (r.addend in targets or codemap.contains(r.addend)):
-            out[r.address] = r.addend
+        if "RELATIVE" not in r.type:
+            continue
+        v = r.addend
+        if not v:  # REL relocations (ARM, i386): the addend is the word at the place (a GOT entry, say)
+            raw = image.read(r.address, ptr)
+            v = word.unpack(raw)[0] if raw is not None and len(raw) == ptr else 0
+        if v and (v in targets or codemap.contains(v)):
+            out[r.address] = v
     return sorted(out.items())
