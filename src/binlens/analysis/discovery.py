@@ -127,7 +127,7 @@ class Explorer:
         self._reached: set[int] = set()
         self._calls: set[int] = set()
         self.splits: list[tuple[int, int]] = []  # (head, new chunk) each time a chunk was split
-        self.claimed: set[int] = set()  # gap-trial starts not proven entries: still open to a data pointer
+        self.unproven: set[int] = set()  # gap-trial starts not proven entries: still open to a data pointer
 
     # ------------------------------------------------------------------ chunks
     def chunk(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:

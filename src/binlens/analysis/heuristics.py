@@ -87,7 +87,7 @@ def heuristic_starts(
                 return  # ARM instructions are word-aligned: no ARM function starts here
         if va in starts or va in out:
             return
-        if not unexplored(va) and va not in explorer.claimed:
+        if not unexplored(va) and va not in explorer.unproven:
             # an address-taken prologue that descent ran into (the fall-through after a call that
             # does not return) is still a function of its own
             if (
@@ -169,7 +169,7 @@ def heuristic_starts(
             if ok:
                 out[va] = "prologue"
                 continue
-            explorer.claimed.add(va)  # not proven an entry, but a data pointer may still name it
+            explorer.unproven.add(va)  # not proven an entry, but a data pointer may still name it
             _cover(codemap, covered, explorer, seen)
             work.extend(reversed(_candidates_within(codemap, image.identity.arch, covered, va, gap_end)))
     return out

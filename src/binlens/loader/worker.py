@@ -36,7 +36,7 @@ def _fast(data: bytes, file_name: str, slice_name: str | None) -> Image:
     return parse_elf(data, file_name)
 
 
-def _fast_candidate(data: bytes) -> bool:
+def fast_candidate(data: bytes) -> bool:
     """A little-endian x86/x86-64 ELF header: worth a try of the fast reader."""
     return len(data) >= 20 and data[:4] == b"\x7fELF" and data[5] == 1 and data[18:20] in (b"\x3e\x00", b"\x03\x00")
 
@@ -122,7 +122,7 @@ def serve(stdin: Any, stdout: Any) -> None:
 
 def parse_isolated(data: bytes, file_name: str, slice_name: str | None, timeout: float) -> bytes:
     """Parse in a forked child (the fast reader first, then LIEF): the answer bytes for `read_answer`."""
-    answer = _run_child(_fast, data, file_name, slice_name, timeout) if _fast_candidate(data) else FALLBACK
+    answer = _run_child(_fast, data, file_name, slice_name, timeout) if fast_candidate(data) else FALLBACK
     if answer == FALLBACK:
         import binlens.loader.parse_lief  # noqa: F401 - import LIEF once, before forking
 
