@@ -77,6 +77,7 @@ def heuristic_starts(
     mips = _mips_prologue(image, codemap) if image.identity.arch == "mips" else None
 
     arm = image.identity.arch == "arm"
+    a64 = image.identity.arch == "aarch64"
 
     def accept(va: int, source: str, need_ret: bool = False) -> None:
         thumb = False
@@ -163,8 +164,10 @@ def heuristic_starts(
             if va in tried:
                 continue
             tried.add(va)
-            if not (x86 and va % 16 == 0 and va not in starts and free(va)) or va in case_labels:
+            if va in starts or va in case_labels or not free(va):
                 continue  # an aligned case label of a switch found in an earlier trial is not an entry
+            if not (va % 16 == 0 if x86 else a64 and _after_a64_end(codemap, va)):
+                continue
             ok, seen = _self_contained(explorer, va, gap_end, starts, other_gap, case_labels)
             if ok:
                 out[va] = "prologue"
@@ -375,6 +378,34 @@ def _mips_prologue(image: Image, codemap: CodeMap) -> Callable[[int], bool]:
         return (w >> 16) in (0x27BD, 0x67BD) and w & 0x8000 != 0 or w >> 16 == 0x3C1C
 
     return test
+
+
+_A64_PAD = (0xD503201F, 0)  # nop, zero padding
+
+
+def _after_a64_end(codemap: CodeMap, va: int) -> bool:
+    """Is the last non-padding AArch64 word before `va` an unconditional end of flow (`ret`, `b`,
+    `br`, `brk`, `udf`), or is there none? Code right after a call that was taken as returning
+    (or a conditional branch) is the rest of a function, not the entry of another one."""
+    r = codemap.region(va)
+    if r is None or va % 4:
+        return False
+    off = va - r.va - 4
+    while off >= 0:
+        (w,) = struct.unpack_from("<I", r.data, off)
+        if w not in _A64_PAD:
+            break
+        off -= 4
+    else:
+        return True
+    return (
+        w & 0xFFFFFC1F == 0xD65F0000  # ret
+        or w & 0xFC000000 == 0x14000000  # b
+        or w & 0xFFFFFC1F == 0xD61F0000  # br
+        or w & 0xFFE0001F == 0xD4200000  # brk
+        or w >> 16 == 0  # udf
+        or w in (0xD65F0BFF, 0xD65F0FFF)  # retaa, retab
+    )
 
 
 def _self_contained(
