@@ -83,7 +83,12 @@ def collect_xrefs(
 
 
 def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int]) -> list[tuple[int, int]]:
-    """(data address, target) for aligned words and relative relocations naming code or a string."""
+    """(data address, target) for aligned words and relative relocations naming code or a string.
+
+    A position-independent ELF (one with `*_RELATIVE` relocations) holds an address in data only
+    where a relocation puts one: there the other words are numbers (`1000000` is not a pointer to
+    0xf4240), and only the words at relocations count.
+    """
     ptr = 8 if image.identity.bits == 64 else 4
     endian = "<" if image.identity.endian == "little" else ">"
     code = "Q" if ptr == 8 else "I"
@@ -91,6 +96,11 @@ def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int]) -> list[
     contains = codemap.contains
     lo = min((r.va for r in codemap.regions), default=0)  # most words lie outside all code: one compare
     hi = max((r.end for r in codemap.regions), default=0)
+    places: set[int] | None = None
+    if image.identity.format == "ELF" and any(
+        r.type.endswith("_RELATIVE") and not r.type.endswith("IRELATIVE") for r in image.relocations
+    ):
+        places = {r.address for r in image.relocations}
     for s in image.sections:
         if not is_data_section(image, s):
             continue
@@ -101,7 +111,9 @@ def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int]) -> list[
             continue
         for k, v in enumerate(struct.unpack_from(f"{endian}{n}{code}", data, pad)):
             if v and (v in targets or (lo <= v < hi and contains(v))):
-                out[s.va + pad + k * ptr] = v
+                at = s.va + pad + k * ptr
+                if places is None or at in places:
+                    out[at] = v
     word = struct.Struct(f"{endian}{code}")
     for r in image.relocations:
         if "RELATIVE" not in r.type:
