@@ -40,6 +40,9 @@ _X86_PROLOGUES = (
     b"\x40\x55",  # push rbp (REX, MSVC x64)
 )
 _MISS = object()
+# instruction alignment of fixed-width (or 16-bit-granular) architectures; ARM32 is handled apart
+# (bit 0 names the Thumb state)
+_INSN_ALIGN = {"aarch64": 4, "mips": 4, "ppc": 4, "riscv": 2}
 _PAD_X86 = re.compile(
     rb"(?:\x90|\xcc|\xf4|\x0f\x0b|\x00|\x66+\x90"
     rb"|\x66*\x2e?\x0f\x1f(?:\x00|\x40\x00|\x44\x00\x00|\x80\x00\x00\x00\x00|\x84\x00\x00\x00\x00\x00)"
@@ -78,6 +81,7 @@ def heuristic_starts(
 
     arm = image.identity.arch == "arm"
     a64 = image.identity.arch == "aarch64"
+    align = _INSN_ALIGN.get(image.identity.arch, 1)
 
     def accept(va: int, source: str, need_ret: bool = False) -> None:
         thumb = False
@@ -86,6 +90,8 @@ def heuristic_starts(
             va &= ~1
             if not thumb and va & 3:
                 return  # ARM instructions are word-aligned: no ARM function starts here
+        elif va % align:
+            return  # no instruction of the architecture starts here
         if va in starts or va in out:
             return
         if not unexplored(va) and va not in explorer.unproven:

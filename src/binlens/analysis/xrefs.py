@@ -85,7 +85,7 @@ def collect_xrefs(
 def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int]) -> list[tuple[int, int]]:
     """(data address, target) for aligned words and relative relocations naming code or a string.
 
-    A position-independent ELF (one with `*_RELATIVE` relocations) holds an address in data only
+    A position-independent ELF (one with `*_RELATIVE` relocations, or MIPS `R_MIPS_REL32`) holds an address in data only
     where a relocation puts one: there the other words are numbers (`1000000` is not a pointer to
     0xf4240), and only the words at relocations count.
     """
@@ -98,7 +98,8 @@ def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int]) -> list[
     hi = max((r.end for r in codemap.regions), default=0)
     places: set[int] | None = None
     if image.identity.format == "ELF" and any(
-        r.type.endswith("_RELATIVE") and not r.type.endswith("IRELATIVE") for r in image.relocations
+        (r.type.endswith("_RELATIVE") and not r.type.endswith("IRELATIVE")) or r.type == "MIPS_REL32"
+        for r in image.relocations
     ):
         places = {r.address for r in image.relocations}
     for s in image.sections:
