@@ -77,7 +77,9 @@ def heuristic_starts(
     mips = _mips_prologue(image, codemap) if image.identity.arch == "mips" else None
 
     arm = image.identity.arch == "arm"
-    a64 = image.identity.arch == "aarch64"
+    # (Mach-O's LC_FUNCTION_STARTS lists every function: the rest of its code is not an entry, but
+    # landing pads and code after calls that do not return, which a trial cannot tell apart)
+    a64 = image.identity.arch == "aarch64" and not image.function_hints.get("function_starts")
 
     def accept(va: int, source: str, need_ret: bool = False) -> None:
         thumb = False
