@@ -160,7 +160,7 @@ def _analyze(
         codemap,
         backend,
         _jump_table_fn(image, codemap, backend, jt_tables),
-        cond_preds=image.identity.arch in ("aarch64", "arm", "mips"),
+        cond_preds=image.identity.arch in ("aarch64", "arm", "mips", "ppc", "riscv"),
     )
     code_total = max(1, codemap.total_bytes)
     explorer.progress = lambda done, _t, _m: report(
@@ -270,7 +270,7 @@ def _analyze_functions(
         codemap,
         backend,
         _jump_table_fn(image, codemap, backend, jt_tables),
-        cond_preds=image.identity.arch in ("aarch64", "arm", "mips"),
+        cond_preds=image.identity.arch in ("aarch64", "arm", "mips", "ppc", "riscv"),
     )
     explorer.traverse(entries, noret)
     for _ in range(4):

@@ -67,6 +67,8 @@ def _resolve(
         t = (base + v) & mask
         if jt.near_code(codemap, t, jump_va, align):  # only targets in code next to the jump
             targets.append(t)
+        elif state.strict:
+            return jt.NONE  # a table found through a guessed register: one stray entry rejects it
     return targets, table, True
 
 
@@ -84,6 +86,7 @@ class _State:
         self.slots: dict[tuple[str, int, int], Value] = {}
         self.bounds: dict[Value, int] = {}
         self.fixed: set[str] = set()  # registers holding one value throughout the function (PPC64 TOC)
+        self.strict = False  # a register was guessed (seeded from a scan): accept only a table of code targets
         self.memo: dict[tuple, Value] = {}  # (address, size, signed) -> value loaded, until a store or call
         self._next = 0
         self._relocs: dict[int, int | None] | None = None

@@ -71,6 +71,31 @@ def _function_start(backend: object, va: int) -> int | None:
     return best
 
 
+_PIC_SCAN = 1 << 14  # bytes before a PowerPC 32 jump searched for its function's PIC base idiom
+_PIC_CALLS = (0x429F0005, 0x48000005)  # `bcl 20,31,.+4` (gcc), `bl .+4` (clang)
+
+
+def _pic_base_before(backend: object, va: int) -> int | None:
+    """The address of the nearest PIC base idiom (`bcl 20,31,1f` / `bl 1f` to the next instruction,
+    then `mflr`) before `va`, within `_PIC_SCAN` bytes and the same code region: where the function
+    of a jump whose extent is unknown (no FDE, no symbol) sets r30. PowerPC code is big-endian."""
+    region = backend.codemap.region(va)  # type: ignore[attr-defined]
+    if region is None:
+        return None
+    start = max(va - _PIC_SCAN, region.va)
+    start += (va - start) & 3
+    image = backend.image  # type: ignore[attr-defined]
+    data = image.read(start, va - start)
+    if not data:
+        return None
+    endian = "<" if image.identity.endian == "little" else ">"
+    words = struct.unpack(f"{endian}{len(data) // 4}I", data[: len(data) // 4 * 4])
+    for k in range(len(words) - 1, -1, -1):
+        if words[k] in _PIC_CALLS:
+            return start + 4 * k
+    return None
+
+
 _PPC_LOADS = {
     "lbz": (1, False),
     "lhz": (2, False),
@@ -138,8 +163,11 @@ class _PpcState(_State):
                 self.fixed.add("r2")
             return
         start = _function_start(backend, jump_va)
-        if start is None:
-            return
+        if start is None:  # no FDE or symbol: the PIC base idiom nearest before the jump
+            start = _pic_base_before(backend, jump_va)
+            if start is None:
+                return
+            self.strict = True  # r30 from a scan: every entry must land on code near the jump
         cache = backend.__dict__.setdefault("_jt_pic", {})
         if start not in cache:
             cache[start] = self._pic_register(backend, start, jump_va)
