@@ -161,6 +161,7 @@ def _analyze(
         backend,
         _jump_table_fn(image, codemap, backend, jt_tables),
         cond_preds=image.identity.arch in ("aarch64", "arm", "mips", "ppc", "riscv"),
+        cond_first=image.identity.arch in ("ppc", "riscv"),
     )
     code_total = max(1, codemap.total_bytes)
     explorer.progress = lambda done, _t, _m: report(
@@ -271,6 +272,7 @@ def _analyze_functions(
         backend,
         _jump_table_fn(image, codemap, backend, jt_tables),
         cond_preds=image.identity.arch in ("aarch64", "arm", "mips", "ppc", "riscv"),
+        cond_first=image.identity.arch in ("ppc", "riscv"),
     )
     explorer.traverse(entries, noret)
     for _ in range(4):

@@ -20,9 +20,10 @@ from binlens.analysis.codemap import CodeMap
 _MAX_CHUNKS = 32  # earlier chunks evaluated before the jump's own slice (the PPC GOT register is set once, at entry)
 
 # Symbolic values (hashable tuples): ("c", k) a constant; ("v", n) an unknown value with an
-# identity; ("d", v, k) that value plus k (a rebased index); ("h", index) index << 32 (RV64's
-# zero extension in two shifts); ("x", index, shift) index << shift; ("a", table, index, shift) the address of
-# table[index] for entries of 1 << shift bytes; ("e", table, size, signed, index) the entry
+# identity; ("d", v, k) that value plus k (a rebased index); ("h", index, s) index << s (RV64's
+# zero extension in two shifts: s = 32, 48, 56); ("z", v, bits) the low `bits` (8, 16) of v,
+# zero-extended (held as ("d", z, 0)); ("x", index, shift) index << shift; ("a", table, index,
+# shift) the address of table[index] for entries of 1 << shift bytes; ("e", table, size, signed, index) the entry
 # loaded from there; ("t", base, entry) the target base + entry.
 Value = tuple
 
@@ -160,13 +161,34 @@ class _State:
         """a << s, keeping a scaled index (s <= 3) and the first half of a zero extension."""
         if a[0] == "c":
             return self.const(a[1] << s)
-        if a[0] in ("v", "d") and s == 32 and self.mask != 0xFFFFFFFF:
-            return ("h", a)  # the first half of a zero extension: `slli rd, rs, 32; srli rd, rd, 32 - s`
+        if a[0] in ("v", "d") and s in (32, 48, 56) and self.mask != 0xFFFFFFFF:
+            return ("h", a, s)  # the first half of a zero extension: `slli rd, rs, 32; srli rd, rd, 32 - s`
         if a[0] in ("v", "d") and s <= 3:
             return ("x", a, s)
         if a[0] == "x" and a[2] + s <= 3:
             return ("x", a[1], a[2] + s)
         return self.fresh()
+
+    def zero_extend(self, a: Value, bits: int) -> Value | None:
+        """The low `bits` of `a`, zero-extended: a 32-bit index keeps its identity (as `sext.w` does);
+        a byte or halfword gets one of its own, the same wherever the same value is extended
+        (gcc extends the index once for the compare and again for the table). None: not an index."""
+        if a[0] == "c":
+            return self.const(a[1] & ((1 << bits) - 1))
+        if a[0] not in ("v", "d"):
+            return None
+        return a if bits == 32 else ("d", ("z", a, bits), 0)
+
+    def unshift(self, h: Value, imm: int) -> Value | None:
+        """`srli rd, rs, imm` of ("h", a, s): the zero-extended low 64 - s bits of a, shifted left
+        by s - imm (an entry scale, 0..3); None for other shift amounts."""
+        s = h[2]
+        if not s - 3 <= imm <= s:
+            return None
+        z = self.zero_extend(h[1], 64 - s)
+        if z is None:
+            return None
+        return self.shift_left(z, s - imm) if imm < s else z
 
     def load(self, addr: Value, size: int, signed: bool) -> Value:
         """The value loaded from `addr` (already including the displacement)."""
@@ -181,7 +203,7 @@ class _State:
         the value an earlier load from the same address gave (gcc reloads `*p` after comparing it)."""
         if addr[0] in ("c", "a"):
             return self.load(addr, size, signed)
-        key = (addr, size, signed)
+        key = (addr, size)  # `lw` then `lwu` of one word: equal wherever an unsigned bound holds (< 2**31)
         value = self.memo.get(key)
         if value is None:
             value = self.memo[key] = self.fresh()
@@ -220,6 +242,11 @@ class _State:
             self.bounds[value] = min(count, self.bounds.get(value, count))
 
     # ------------------------------------------------------------------ memory
+    def frame_base(self, base: str) -> bool:
+        """Is a load through `base` a frame slot? Not when the frame register holds a constant or a
+        table address: optimised code uses s0 / r31 as an ordinary callee-saved register."""
+        return base in self.FRAME and self.regs.get(base, ("v",))[0] not in ("c", "a")
+
     def slot_load(self, base: str, disp: int, size: int) -> Value:
         """The value last stored to the frame slot [base + disp] of `size` bytes (a new unknown once)."""
         value = self.slots.get((base, disp, size))

@@ -316,7 +316,7 @@ class _PpcState(_State):
         if len(ops) == 2 and ops[1].type == cs.CS_OP_MEM:
             mem = ops[1].mem
             base = ins.reg_name(mem.base) if mem.base else "r0"
-            if base in self.FRAME and not update:
+            if self.frame_base(base) and not update:
                 self.write(dst, self.slot_load(base, mem.disp, size))
                 return
             b = self.const(0) if base == "r0" else self.read(base)
@@ -331,16 +331,18 @@ class _PpcState(_State):
                 self.write(self._reg(ins, op))
 
     def _store(self, ins: cs.CsInsn, m: str, ops: list) -> None:
-        self.memo = {}  # a store may change what any pointer reads
         base_m, update, indexed = _ppc_base(m)
         size = _PPC_STORES.get(base_m, 0)
         if indexed or len(ops) != 2 or ops[1].type != cs.CS_OP_MEM or ops[0].type != cs.CS_OP_REG:
+            self.memo = {}  # a store may change what any pointer reads
             self.slots = {}
             if update and len(ops) == 3 and ops[1].type == cs.CS_OP_REG:
                 self.write(self._reg(ins, ops[1]))
             return
         mem = ops[1].mem
         base = ins.reg_name(mem.base) if mem.base else "r0"
+        if base != "r1" or update:  # (a spill into the callee's own frame changes no caller pointer)
+            self.memo = {}
         src = self._reg(ins, ops[0])
         value = self.read(src) if src.startswith("r") and base_m in ("stw", "std") else None
         if update:
