@@ -62,12 +62,17 @@ def _resolve(
     values = None if count is None else jt.read_entries(image, table, size, count, signed)
     if values is None:
         return jt.NONE
+    if not base and size == state.ptr_size:  # absolute entries of a PIE: the relocations hold them
+        values = [state.relocated(table + k * size, v) for k, v in enumerate(values)]
+    masked = state.masks.get(index) == count  # only a mask bounds it: the table may be shorter
     mask = state.mask
     targets = []
     for v in values:
         t = (base + v) & mask
         if jt.near_code(codemap, t, jump_va, align):  # only targets in code next to the jump
             targets.append(t)
+        elif masked:
+            break  # (`goto *tbl[op & 0x7f]` with fewer than 128 labels: the table ends here)
         elif state.strict:
             return jt.NONE  # a table found through a guessed register: one stray entry rejects it
     return targets, table, True
@@ -87,6 +92,7 @@ class _State:
         self.slots: dict[tuple[str, int, int], Value] = {}
         self.bounds: dict[Value, int] = {}
         self.fixed: set[str] = set()  # registers holding one value throughout the function (PPC64 TOC)
+        self.masks: dict[Value, int] = {}  # index -> the entries an `and` with 2**k - 1 allows (k <= 8)
         self.strict = False  # a register was guessed (seeded from a scan): accept only a table of code targets
         self.memo: dict[tuple, Value] = {}  # (address, size, signed) -> value loaded, until a store or call
         self._next = 0
@@ -179,6 +185,20 @@ class _State:
             return None
         return a if bits == 32 else ("d", ("z", a, bits), 0)
 
+    def mask_low(self, a: Value, k: int) -> Value:
+        """a & (2**k - 1): a byte or halfword zero extension keeps one identity (`zero_extend`); a
+        mask of k <= 8 bits bounds the value to 2**k table entries (`switch (x & 7)` with every
+        value a case, `goto *tbl[op & 0x7f]`)."""
+        if a[0] == "c":
+            return self.const(a[1] & ((1 << k) - 1))
+        v = self.zero_extend(a, k) if k in (8, 16) else None
+        if v is None:
+            v = self.fresh()
+        if k <= 8:
+            self.bounds[v] = min(1 << k, self.bounds.get(v, 1 << k))
+            self.masks[v] = 1 << k
+        return v
+
     def unshift(self, h: Value, imm: int) -> Value | None:
         """`srli rd, rs, imm` of ("h", a, s): the zero-extended low 64 - s bits of a, shifted left
         by s - imm (an entry scale, 0..3); None for other shift amounts."""
@@ -215,18 +235,29 @@ class _State:
         if size != self.ptr_size and size != 4:
             return self.fresh()
         image = self.image
-        if self._relocs is None:
-            self._relocs = {}
-            for r in image.relocations:  # type: ignore[attr-defined]
-                self._relocs[r.address] = r.addend if r.symbol is None and "RELATIVE" in r.type.upper() else None
-        if va in self._relocs:
-            addend = self._relocs[va]
+        relocs = self._reloc_map()
+        if va in relocs:
+            addend = relocs[va]
             return self.const(addend) if addend is not None and size == self.ptr_size else self.fresh()
         raw = image.read(va, size) if image.is_mapped(va) else None  # type: ignore[attr-defined]
         if raw is None or len(raw) < size:
             return self.fresh()
         endian = "little" if image.identity.endian == "little" else "big"  # type: ignore[attr-defined]
         return self.const(int.from_bytes(raw, endian, signed=signed))
+
+    def _reloc_map(self) -> dict[int, int | None]:
+        """Address -> addend of each relative relocation (None for any other relocation there)."""
+        if self._relocs is None:
+            self._relocs = {}
+            for r in self.image.relocations:  # type: ignore[attr-defined]
+                self._relocs[r.address] = r.addend if r.symbol is None and "RELATIVE" in r.type.upper() else None
+        return self._relocs
+
+    def relocated(self, va: int, raw: int) -> int:
+        """The pointer-sized word at `va` once loaded: a relative relocation's addend (RELA files
+        hold 0 in the word itself), else the word read from the file."""
+        addend = self._reloc_map().get(va)
+        return addend if addend is not None else raw
 
     def bound(self, value: Value, cond: str, n: int, reversed_: bool) -> None:
         """Learn `value <cond> n` (or `n <cond> value` when `reversed_`) as a bound on value."""

@@ -350,6 +350,28 @@ class _PpcState(_State):
             return
         self.slot_store(base, mem.disp, size, value)
 
+    def _mask(self, ins: cs.CsInsn, m: str, ops: list, dst: str) -> bool:
+        """`clrlwi rD, rS, 32 - k` and `andi. rD, rS, 2**k - 1` (k <= 8 or 16), and `rlwinm rD, rS,
+        s, 32 - k - s, 31 - s` ((rS & (2**k - 1)) << s, k <= 8, s <= 3: lua's `tbl[op & 0x7f]`)."""
+        if len(ops) < 3 or ops[1].type != cs.CS_OP_REG or any(op.type != cs.CS_OP_IMM for op in ops[2:]):
+            return False
+        a = self.read(self._reg(ins, ops[1]))
+        imms = [op.imm for op in ops[2:]]
+        shift = 0
+        if m == "clrlwi" and len(imms) == 1:
+            k = 32 - imms[0]
+        elif m == "andi" and len(imms) == 1 and imms[0] > 0 and not imms[0] & (imms[0] + 1):
+            k = imms[0].bit_length()
+        elif m == "rlwinm" and len(imms) == 3 and imms[0] <= 3 and imms[2] == 31 - imms[0]:
+            shift, k = imms[0], 32 - imms[1] - imms[0]
+        else:
+            return False
+        if not (1 <= k <= 8 or k == 16):
+            return False
+        v = self.mask_low(self._low_word(a), k)
+        self.write(dst, self.shift_left(v, shift) if shift else v)
+        return True
+
     def _arith(self, ins: cs.CsInsn, m: str, ops: list) -> bool:
         """li/lis/addi/addis/add/mr/slwi/sldi/mflr/mtlr/mtctr/extsw/clrldi: False when not modelled."""
         if m in ("mtctr", "mtlr") and len(ops) == 1 and ops[0].type == cs.CS_OP_REG:
@@ -376,6 +398,8 @@ class _PpcState(_State):
             elif m != "mr" and v[0] != "v" and not (m == "extsw" and v[0] == "e"):
                 v = self.fresh()
             self.write(dst, v)
+            return True
+        if m in ("clrlwi", "andi", "rlwinm") and self._mask(ins, m, ops, dst):
             return True
         if n not in (3, 4) or ops[1].type != cs.CS_OP_REG:
             return False

@@ -197,7 +197,7 @@ class _RvState(_State):
             self.write(dst, self.const(ins.address + (k - (1 << 32) if k >> 31 else k)))
             return True
         if m in ("zext.b", "zext.h") and n == 2 and ops[1].type == cs.CS_OP_REG:
-            self.write(dst, self.zero_extend(self.read(self._reg(ins, ops[1])), 8 if m == "zext.b" else 16))
+            self.write(dst, self.mask_low(self.read(self._reg(ins, ops[1])), 8 if m == "zext.b" else 16))
             return True
         if m in ("mv", "sext.w", "zext.w") and n == 2 and ops[1].type == cs.CS_OP_REG:
             v = self.read(self._reg(ins, ops[1]))
@@ -241,8 +241,8 @@ class _RvState(_State):
         if m == "srli" and imm is not None and a[0] == "h":
             self.write(dst, self.unshift(a, imm))
             return True
-        if m == "andi" and imm in (0xFF, 0xFFFF):  # zext.b, and a halfword mask
-            self.write(dst, self.zero_extend(a, 8 if imm == 0xFF else 16))
+        if m == "andi" and imm is not None and imm > 0 and not imm & (imm + 1) and imm.bit_length() <= 8:
+            self.write(dst, self.mask_low(a, imm.bit_length()))  # zext.b, `op & 0x7f`
             return True
         if m in ("addi", "addi4spn") and imm is not None:
             self.write(dst, self.add(a, self.const(imm)))
