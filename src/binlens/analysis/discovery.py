@@ -103,6 +103,7 @@ class Explorer:
         jump_tables: Callable[[int, int, list[tuple[int, int]]], tuple[list[int], bool]] | None,
         cond_preds: bool = False,
         cond_first: bool = False,
+        case_extent: bool = False,
     ) -> None:
         self.codemap = codemap
         self.backend = backend
@@ -115,6 +116,9 @@ class Explorer:
         self.cpred: dict[int, int] | None = {} if cond_preds else None
         # PowerPC, RISC-V: when both paths fail, try the path preferring conditional branches too
         self.cond_first = cond_first and cond_preds
+        # PowerPC, RISC-V: without an FDE or symbol extent, a function holding a guarded table reaches
+        # at least its highest case label: a jump up to there is no tail call past the next entry
+        self.case_extent = case_extent
         self.jt: dict[int, list[int]] = {}  # indirect jump address -> case targets
         self.unguarded: set[int] = set()  # jumps whose table has no bound check
         self.unresolved: dict[int, int] = {}  # indirect jump -> its chunk, for a later retry
@@ -404,6 +408,7 @@ class Explorer:
         seen = {f}
         stack = [f]
         push = stack.append
+        case_hi = 0  # the highest case label of a guarded table met in this body (`case_extent`)
         while stack:
             a = stack.pop()
             c = get(a)
@@ -483,6 +488,8 @@ class Explorer:
                         b.tails.extend((last, x) for x in below)
                         cases = [x for x in cases if x >= f or x in starts]
                     entries = [x for x in cases if x in starts and x != f]
+                    if self.case_extent and last not in self.unguarded:
+                        case_hi = max([case_hi, *(x for x in cases if x not in starts)])
                     hits.update(entries)
                     b.tails.extend((last, x) for x in entries)
                     succ = tuple((x, "jump_table") for x in cases if x not in starts or x == f) + fall
@@ -506,7 +513,8 @@ class Explorer:
                         if kind == "conditional_taken":
                             b.cond_tails.append(s)
                     continue
-                if kind == "jump" and s not in seen and _leaves(f, nxt, ext, s, fragments):
+                inside = not ext and f < s <= case_hi
+                if kind == "jump" and s not in seen and not inside and _leaves(f, nxt, ext, s, fragments):
                     b.tails.append((last, s))
                     new.add(s)
                     continue

@@ -162,6 +162,7 @@ def _analyze(
         _jump_table_fn(image, codemap, backend, jt_tables),
         cond_preds=image.identity.arch in ("aarch64", "arm", "mips", "ppc", "riscv"),
         cond_first=image.identity.arch in ("ppc", "riscv"),
+        case_extent=image.identity.arch in ("ppc", "riscv"),
     )
     code_total = max(1, codemap.total_bytes)
     explorer.progress = lambda done, _t, _m: report(
@@ -273,6 +274,7 @@ def _analyze_functions(
         _jump_table_fn(image, codemap, backend, jt_tables),
         cond_preds=image.identity.arch in ("aarch64", "arm", "mips", "ppc", "riscv"),
         cond_first=image.identity.arch in ("ppc", "riscv"),
+        case_extent=image.identity.arch in ("ppc", "riscv"),
     )
     explorer.traverse(entries, noret)
     for _ in range(4):
