@@ -213,15 +213,21 @@ class CapstoneBackend:
         """Decode straight-line code from `va` (same contract as the x86 backend)."""
         if self.pairs is None:
             return self._decode_chunk(va, None)
+        pairs = self.pairs
+        carried = pairs.carry.pop(va, None) if pairs.carry else None
         formed: list[cs.CsInsn] = []
-        out = self._decode_chunk(va, formed)
+        out = self._decode_chunk(va, formed, carried is not None)
         if formed:
-            self.pairs.evaluate(formed)
+            after = pairs.evaluate(formed, carried)
+            if after and out is not None and out[1] in (T_CALL, T_ICALL) and out[2]:
+                pairs.keep(out[2][-1], after)  # callee-saved registers keep their formed addresses
         return out
 
-    def _decode_chunk(self, va: int, formed: list[cs.CsInsn] | None) -> tuple[int, int, tuple[int, ...], int] | None:
+    def _decode_chunk(
+        self, va: int, formed: list[cs.CsInsn] | None, whole: bool = False
+    ) -> tuple[int, int, tuple[int, ...], int] | None:
         """`decode_chunk`; `formed` (when not None) collects the chunk's instructions from the first
-        that begins an address pair on (those the pair evaluation looks at)."""
+        that begins an address pair on (from the first on when `whole`: the pair evaluation looks at them)."""
         thumb = va in self.thumb or (va & 1 and self.arch == "arm")
         va &= ~1 if self.arch == "arm" else ~0
         r = self.codemap.region(va)
@@ -252,7 +258,7 @@ class CapstoneBackend:
             first = False
             n = ins.size
             state[o + 1 : o + n] = bytes([BODY]) * (n - 1)
-            if formed is not None and (formed or self.pairs.begins(ins)):  # type: ignore[union-attr]
+            if formed is not None and (formed or whole or self.pairs.begins(ins)):  # type: ignore[union-attr]
                 formed.append(ins)
             last = ins.address if pending is None else last
             nxt = ins.address + n
@@ -401,6 +407,18 @@ class _PairRefs:
         image = backend.image
         self.seeds: set[int] = set()  # constants that are formed addresses before any instruction
         self.relocs: dict[int, int | None] | None = None  # the eval states' relocation map, built once
+        # return address -> callee-saved registers holding formed addresses there (gcc keeps a section
+        # anchor in `s0` across calls and adds each object's offset to it later)
+        self.carry: dict[int, dict[str, tuple]] = {}
+        # `lui`/`lis` make an address only in code at a fixed address: in position-independent ELF
+        # code `lui a5, 0x10; addi a5, a5, -256` is the number 0xff00 (the image's own code is there)
+        self.fixed = not (image.identity.format == "ELF" and image.identity.image_base == 0)
+        # words a relative relocation fills (GOT slots of local symbols): a pointer-sized load from
+        # one through a formed address takes the address it holds (not on MIPS, whose local GOT
+        # entries hold 64 KiB pages, completed by an `addiu`)
+        self.slots: set[int] | None = None
+        if backend.arch != "mips":
+            self.slots = {r.address for r in image.relocations if "RELATIVE" in r.type.upper()}
         arch = backend.arch
         if arch == "riscv":
             from binlens.analysis import jumptable_riscv as rv
@@ -409,6 +427,7 @@ class _PairRefs:
             self.shape = self._riscv
             self.loads, self.stores = rv._RV_LOADS, rv._RV_STORES
             self.alias = rv._RV_ALIASES
+            self.saved = tuple(f"s{k}" for k in range(12))
         elif arch == "ppc":
             from binlens.analysis import jumptable_ppc as pp
 
@@ -427,6 +446,7 @@ class _PairRefs:
             self.shape = self._ppc
             self.is_load, self.base_of = pp._PpcState.is_load, pp._ppc_base
             self.stores = pp._PPC_STORES
+            self.saved = tuple(f"r{k}" for k in range(14, 32))
         else:
             from binlens.analysis import jumptable_mips as mp
 
@@ -438,6 +458,7 @@ class _PairRefs:
             self.shape = self._mips
             self.loads = {**mp._LOADS, **(mp._LOADS_64 if bits == 64 else {})}
             self.stores = mp._STORES
+            self.saved = (*(f"s{k}" for k in range(8)), "fp", "s8")
         self.begins = self._begins_for(arch, backend.ptr_size == 8)
 
     @staticmethod
@@ -448,17 +469,23 @@ class _PairRefs:
         if arch == "ppc":
             if wide:  # TOC-relative: `addis rN, r2, hi`, or a TOC slot load `ld rN, off(r2)`
                 return lambda ins: ins.mnemonic in ("lis", "addis") or ins.op_str.endswith("(r2)")
-            return lambda ins: ins.mnemonic in ("lis", "addis")
+            # (a PIC base: `bcl 20,31,1f; 1: mflr r30`; any other branch-and-link ends the chunk)
+            return lambda ins: ins.mnemonic in ("lis", "addis") or ins.mnemonic.startswith("b")
         return lambda ins: ins.mnemonic == "lui" or ins.op_str.endswith("($gp)")
 
-    def evaluate(self, insns: list[cs.CsInsn]) -> None:
-        """Record the references of the pairs completed in `insns` (one chunk, from its first high part)."""
+    def evaluate(self, insns: list[cs.CsInsn], carried: dict[str, tuple] | None = None) -> dict[str, tuple]:
+        """Record the references of the pairs completed in `insns` (one chunk, from its first high
+        part; from its start when `carried` gives registers holding formed addresses on entry).
+        Returns the callee-saved registers holding formed addresses at its end."""
         state = self.new_state()
         if self.relocs is not None:
             state._relocs = self.relocs  # type: ignore[attr-defined]
         regs = state.regs  # type: ignore[attr-defined]
         mask = state.mask  # type: ignore[attr-defined]
         formed = set(self.seeds)
+        if carried:
+            regs.update(carried)
+            formed.update(v[1] for v in carried.values())
         ref = self.backend._ref
         last = len(insns) - 1
         for k, ins in enumerate(insns):
@@ -471,11 +498,11 @@ class _PairRefs:
             b = regs.get(base) if base else None
             through = b is not None and b[0] == "c" and b[1] in formed
             state.step(ins, nxt)  # type: ignore[attr-defined]
-            if what == _HI:
+            if what == _HI and (through or not base):
                 v = regs.get(dst)
                 if v is not None and v[0] == "c":
                     formed.add(v[1])
-            elif through:
+            elif through and what != _HI:
                 addr = self._sum(state, ins, b[1], imm) & mask  # type: ignore[index]
                 if what == _ADD:
                     ref(ins.address, addr, K_OFFSET)
@@ -485,10 +512,22 @@ class _PairRefs:
                     v = regs.get(dst)
                     if v is not None and v[0] == "c":
                         formed.add(v[1])  # a GOT slot's address: a base for the next low part
+                        if self.slots is not None and addr in self.slots:
+                            ref(ins.address, v[1], K_OFFSET)  # the address a relocated slot holds
                 else:
                     ref(ins.address, addr, K_WRITE)
         if self.relocs is None:
             self.relocs = getattr(state, "_relocs", None)
+        kept = {}
+        for r in self.saved:
+            v = regs.get(r)
+            if v is not None and v[0] == "c" and v[1] in formed:
+                kept[r] = v
+        return kept
+
+    def keep(self, va: int, kept: dict[str, tuple]) -> None:
+        """Registers holding formed addresses where execution goes on at `va` (after a call)."""
+        self.carry[va] = kept
 
     def _sum(self, state: object, ins: cs.CsInsn, base: int, imm: int) -> int:
         """base + imm as the instruction computes it (MIPS64 32-bit adds sign-extend their result)."""
@@ -502,7 +541,7 @@ class _PairRefs:
         ops = ins.operands
         if not ops or ops[0].type != cs.CS_OP_REG:
             return None
-        if m in ("auipc", "lui"):
+        if m == "auipc" or m == "lui" and self.fixed:
             return _HI, state._reg(ins, ops[0]), "", 0  # type: ignore[attr-defined]
         if m in ("addi", "addiw") and len(ops) == 3 and ops[1].type == cs.CS_OP_REG and ops[2].type == cs.CS_OP_IMM:
             if m == "addiw" and self.backend.ptr_size == 8:
@@ -522,8 +561,10 @@ class _PairRefs:
         if not ops or ops[0].type != cs.CS_OP_REG:
             return None
         dst = ins.reg_name(ops[0].reg)
-        if m in ("lis", "addis"):
+        if m == "lis" and self.fixed or m == "mflr":  # (the link register: constant after `bcl 20,31,1f`)
             return _HI, dst, "", 0
+        if m == "addis" and len(ops) == 3 and ops[1].type == cs.CS_OP_REG:  # PPC64 `addis rN, r2, hi`
+            return _HI, dst, ins.reg_name(ops[1].reg), 0  # a high part when its base is a formed address
         if m in ("addi", "la") and len(ops) == 3 and ops[1].type == cs.CS_OP_REG and ops[2].type == cs.CS_OP_IMM:
             src = ins.reg_name(ops[1].reg)
             return (_ADD, dst, src, ops[2].imm) if src != "r0" else None
@@ -543,7 +584,7 @@ class _PairRefs:
         if not ops or ops[0].type != cs.CS_OP_REG:
             return None
         name = state.name  # type: ignore[attr-defined]
-        if m == "lui":
+        if m == "lui" and self.fixed:  # (PIC code forms addresses from GOT loads)
             return _HI, name(ops[0].reg), "", 0
         if m in ("addiu", "daddiu", "addi", "daddi") and len(ops) == 3 and ops[1].type == cs.CS_OP_REG:
             if ops[2].type == cs.CS_OP_IMM:
