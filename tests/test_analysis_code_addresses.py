@@ -86,3 +86,20 @@ def test_callbacks_are_functions_and_the_string_is_referenced(callbacks_build, a
     # PowerPC 32 PIC loads the address from its GOT slot (`lwz rN, off(r30)`, r30 the PIC base)
     expected = LOW_PARTS[arch] | ({"lwz"} if arch == "ppc" and pic else set())
     assert _low_part(image, arch, ref.src) in expected, hex(ref.src)
+
+
+@pytest.mark.parametrize("arch", ["riscv", "mips"])
+def test_string_list_counts_the_reference_formed_by_the_pair(callbacks_build, workspace, arch):
+    """Through the API: `string.list` counts the pair's reference to the string, and `reference.list`
+    names the instruction in `main` that completes the address."""
+    from binlens.api import invoke
+
+    build = callbacks_build(arch, "-O2", True)
+    workspace.open(build.no_eh, check_roots=False)
+    invoke(workspace, "analysis.start", {"wait": True})
+    items = invoke(workspace, "string.list", {"regex": "^callbacks: hello"})["items"]
+    assert [s["address"] for s in items] == [hex(build.labels["greeting"])]
+    assert items[0]["references"] == 1
+    (ref,) = invoke(workspace, "reference.list", {"address": hex(build.labels["greeting"])})["items"]
+    assert ref["kind"] == "string"
+    assert ref["function"] == hex(build.labels["main"]), ref
