@@ -469,8 +469,11 @@ class _PairRefs:
         if arch == "ppc":
             if wide:  # TOC-relative: `addis rN, r2, hi`, or a TOC slot load `ld rN, off(r2)`
                 return lambda ins: ins.mnemonic in ("lis", "addis") or ins.op_str.endswith("(r2)")
-            # (a PIC base: `bcl 20,31,1f; 1: mflr r30`; any other branch-and-link ends the chunk)
-            return lambda ins: ins.mnemonic in ("lis", "addis") or ins.mnemonic.startswith("b")
+            # or a PIC base: `bcl 20,31,1f; 1: mflr r30` (capstone: `bdnzl` to the next instruction)
+            return lambda ins: (
+                ins.mnemonic in ("lis", "addis")
+                or (ins.mnemonic.endswith("l") and ins.op_str.endswith(f"0x{ins.address + 4:x}"))
+            )
         return lambda ins: ins.mnemonic == "lui" or ins.op_str.endswith("($gp)")
 
     def evaluate(self, insns: list[cs.CsInsn], carried: dict[str, tuple] | None = None) -> dict[str, tuple]:
