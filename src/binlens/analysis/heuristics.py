@@ -77,6 +77,9 @@ def heuristic_starts(
     mips = _mips_prologue(image, codemap) if image.identity.arch == "mips" else None
 
     arm = image.identity.arch == "arm"
+    # code_offsets on AArch64, RISC-V, PowerPC, MIPS: a code address taken by code that starts like
+    # a function is an entry even where a found function's blocks seem to run on (x86: `_starts_like_function`)
+    taken = _prologue_test(image, codemap, mips) if stage == "code_offsets" and not (x86 or arm) else None
 
     def accept(va: int, source: str, need_ret: bool = False) -> None:
         thumb = False
@@ -100,7 +103,12 @@ def heuristic_starts(
             ):
                 out[va] = source
             return
-        if source == "pointer" and inside_body(va) and not (x86 and _starts_like_function(codemap, va)):
+        if (
+            source == "pointer"
+            and inside_body(va)
+            and not (x86 and _starts_like_function(codemap, va))
+            and not (taken is not None and taken(va))
+        ):
             return  # a label inside a function (computed goto, unresolved table), not an entry
         if arm:
             _set_arm_state(backend, va, thumb)
@@ -117,10 +125,10 @@ def heuristic_starts(
             reached = sorted(chain.from_iterable(b.chunks for b in bodies.values()))  # repeats are harmless
             ends = [explorer.chunks[a][0] for a in reached]
             later = []
-            # AArch64, RISC-V, PowerPC, MIPS: a taken address that descent already ran into (the
+            # AArch64, RISC-V, PowerPC, MIPS (`taken`): an address that descent already ran into (the
             # fall-through after a call that does not return, which the callee's analysis missed) is
             # a function of its own when it starts like one (x86 has its own test in `accept`)
-            prologue = None if x86 or arm else _prologue_test(image, codemap, mips)
+            prologue = taken
             for src, dst in pending:
                 i = bisect.bisect_right(reached, src) - 1
                 if i >= 0 and src < ends[i]:
