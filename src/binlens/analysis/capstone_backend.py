@@ -417,6 +417,9 @@ class _PairRefs:
         # one through a formed address takes the address it holds (not on MIPS, whose local GOT
         # entries hold 64 KiB pages, completed by an `addiu`)
         self.slots: set[int] | None = None
+        # MIPS: the chunks whose only pair parts are `$gp`-relative GOT loads (the calls through `$t9`)
+        # skip the evaluation: their reads are recorded directly
+        self.gp_reads: Callable[[list[cs.CsInsn]], dict[str, tuple]] | None = None
         if backend.arch != "mips":
             self.slots = {r.address for r in image.relocations if "RELATIVE" in r.type.upper()}
         arch = backend.arch
@@ -459,6 +462,18 @@ class _PairRefs:
             self.loads = {**mp._LOADS, **(mp._LOADS_64 if bits == 64 else {})}
             self.stores = mp._STORES
             self.saved = (*(f"s{k}" for k in range(8)), "fp", "s8")
+            # what makes a chunk need the evaluation: a low part, a load or store that is not a `$gp`
+            # GOT load into a scratch register (whose address alone is recorded), a `lui`
+            completes = frozenset({"addiu", "daddiu", "addi", "daddi", "lui", *self.loads, *self.stores})
+            kept = tuple(f"${r}," for r in self.saved)
+            self.completes = lambda ins: (
+                ins.mnemonic in completes
+                and not (
+                    ins.mnemonic in self.loads and ins.op_str.endswith("($gp)") and not ins.op_str.startswith(kept)
+                )
+            )
+            if gp is not None:
+                self.gp_reads = lambda insns: self._gp_reads(insns, gp)
         self.begins = self._begins_for(arch, backend.ptr_size == 8)
 
     @staticmethod
@@ -480,6 +495,8 @@ class _PairRefs:
         """Record the references of the pairs completed in `insns` (one chunk, from its first high
         part; from its start when `carried` gives registers holding formed addresses on entry).
         Returns the callee-saved registers holding formed addresses at its end."""
+        if self.gp_reads is not None and not carried and not any(map(self.completes, insns)):
+            return self.gp_reads(insns)  # MIPS PIC `lw $t9, %call16(f)($gp); jalr $t9`: no pair to follow
         state = self.new_state()
         if self.relocs is not None:
             state._relocs = self.relocs  # type: ignore[attr-defined]
@@ -506,7 +523,7 @@ class _PairRefs:
                 if v is not None and v[0] == "c":
                     formed.add(v[1])
             elif through and what != _HI:
-                addr = self._sum(state, ins, b[1], imm) & mask  # type: ignore[index]
+                addr = (self._sum(state, ins, b[1], imm) if what == _ADD else b[1] + imm) & mask  # type: ignore[index]
                 if what == _ADD:
                     ref(ins.address, addr, K_OFFSET)
                     formed.add(addr)
@@ -531,6 +548,14 @@ class _PairRefs:
     def keep(self, va: int, kept: dict[str, tuple]) -> None:
         """Registers holding formed addresses where execution goes on at `va` (after a call)."""
         self.carry[va] = kept
+
+    def _gp_reads(self, insns: list[cs.CsInsn], gp: int) -> dict[str, tuple]:
+        """Record the `read` of each `$gp`-relative load of `insns` ($gp is `_gp` in PIC code)."""
+        mask = (1 << self.backend.image.identity.bits) - 1
+        for ins in insns:
+            if ins.mnemonic in self.loads and ins.op_str.endswith("($gp)"):
+                self.backend._ref(ins.address, (gp + ins.operands[1].mem.disp) & mask, K_READ)
+        return {}
 
     def _sum(self, state: object, ins: cs.CsInsn, base: int, imm: int) -> int:
         """base + imm as the instruction computes it (MIPS64 32-bit adds sign-extend their result)."""
