@@ -328,7 +328,9 @@ class Explorer:
                 push(x)
             elif term == T_ICALL:
                 if t[0] not in noret:
-                    push(t[1])
+                    x = t[1]
+                    pred[x] = a  # (a table address set before a call through a pointer stays in its register)
+                    push(x)
             elif term == T_IJUMP:
                 stack.extend(self.case_targets(a, last))
                 if len(t) > 1:  # a conditional indirect jump (ARM `addls pc, ...`) also falls through
