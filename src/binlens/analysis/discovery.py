@@ -102,6 +102,8 @@ class Explorer:
         backend: object,
         jump_tables: Callable[[int, int, list[tuple[int, int]]], tuple[list[int], bool]] | None,
         cond_preds: bool = False,
+        cond_first: bool = False,
+        case_extent: bool = False,
     ) -> None:
         self.codemap = codemap
         self.backend = backend
@@ -112,6 +114,11 @@ class Explorer:
         # first chunk seen branching conditionally to a chunk (kept when asked for: the AArch64
         # resolver needs the guard of gcc's `cmp; b.ls dispatch`, whose dispatch nothing falls into)
         self.cpred: dict[int, int] | None = {} if cond_preds else None
+        # PowerPC, RISC-V: when both paths fail, try the path preferring conditional branches too
+        self.cond_first = cond_first and cond_preds
+        # PowerPC, RISC-V: without an FDE or symbol extent, a function holding a guarded table reaches
+        # at least its highest case label: a jump up to there is no tail call past the next entry
+        self.case_extent = case_extent
         self.jt: dict[int, list[int]] = {}  # indirect jump address -> case targets
         self.unguarded: set[int] = set()  # jumps whose table has no bound check
         self.unresolved: dict[int, int] = {}  # indirect jump -> its chunk, for a later retry
@@ -216,26 +223,34 @@ class Explorer:
             other = self._pred_chain(chunk_start, jump_first=True)
             if other != chain:
                 t, guarded = self._jump_tables(slice_start, last, other)  # type: ignore[misc]
+            if not t and self.cond_first:  # a loop entered by a conditional branch (`bnez a5, loop`): its entry
+                third = self._pred_chain(chunk_start, cond_first=True)
+                if third != chain and third != other:
+                    t, guarded = self._jump_tables(slice_start, last, third)  # type: ignore[misc]
         return t, guarded
 
-    def _pred_chain(self, chunk_start: int, hops: int = 32, jump_first: bool = False) -> list[tuple[int, int]]:
+    def _pred_chain(
+        self, chunk_start: int, hops: int = 32, jump_first: bool = False, cond_first: bool = False
+    ) -> list[tuple[int, int]]:
         """(start, end) of the chunks before the slice, following one recorded predecessor each."""
         out: list[tuple[int, int]] = []
         seen = {chunk_start}
         first = self.pred.get(chunk_start, chunk_start)
-        p = self._pred_of(first, jump_first)
+        p = self._pred_of(first, jump_first, cond_first)
         while p is not None and p not in seen and len(out) < hops:
             seen.add(p)
             c = self.chunks.get(p)
             if c is None:
                 break
             out.append((p, c[0]))
-            p = self._pred_of(p, jump_first)
+            p = self._pred_of(p, jump_first, cond_first)
         return out
 
-    def _pred_of(self, va: int, jump_first: bool = False) -> int | None:
+    def _pred_of(self, va: int, jump_first: bool = False, cond_first: bool = False) -> int | None:
         """One recorded predecessor: falling into `va`, else jumping to it, else branching to it
-        (`jump_first`: jumping to it first)."""
+        (`jump_first`: jumping to it first; `cond_first`: branching to it first)."""
+        if cond_first and self.cpred is not None and va in self.cpred:
+            return self.cpred[va]
         p = self.jpred.get(va, self.pred.get(va)) if jump_first else self.pred.get(va, self.jpred.get(va))
         if p is None and self.cpred is not None:
             p = self.cpred.get(va)
@@ -313,7 +328,9 @@ class Explorer:
                 push(x)
             elif term == T_ICALL:
                 if t[0] not in noret:
-                    push(t[1])
+                    x = t[1]
+                    pred[x] = a  # (a table address set before a call through a pointer stays in its register)
+                    push(x)
             elif term == T_IJUMP:
                 stack.extend(self.case_targets(a, last))
                 if len(t) > 1:  # a conditional indirect jump (ARM `addls pc, ...`) also falls through
@@ -393,6 +410,7 @@ class Explorer:
         seen = {f}
         stack = [f]
         push = stack.append
+        case_hi = 0  # the highest case label of a guarded table met in this body (`case_extent`)
         while stack:
             a = stack.pop()
             c = get(a)
@@ -472,6 +490,8 @@ class Explorer:
                         b.tails.extend((last, x) for x in below)
                         cases = [x for x in cases if x >= f or x in starts]
                     entries = [x for x in cases if x in starts and x != f]
+                    if self.case_extent and last not in self.unguarded:
+                        case_hi = max([case_hi, *(x for x in cases if x not in starts)])
                     hits.update(entries)
                     b.tails.extend((last, x) for x in entries)
                     succ = tuple((x, "jump_table") for x in cases if x not in starts or x == f) + fall
@@ -495,7 +515,8 @@ class Explorer:
                         if kind == "conditional_taken":
                             b.cond_tails.append(s)
                     continue
-                if kind == "jump" and s not in seen and _leaves(f, nxt, ext, s, fragments):
+                inside = not ext and f < s <= case_hi
+                if kind == "jump" and s not in seen and not inside and _leaves(f, nxt, ext, s, fragments):
                     b.tails.append((last, s))
                     new.add(s)
                     continue

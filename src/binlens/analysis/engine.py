@@ -160,7 +160,9 @@ def _analyze(
         codemap,
         backend,
         _jump_table_fn(image, codemap, backend, jt_tables),
-        cond_preds=image.identity.arch in ("aarch64", "arm", "mips"),
+        cond_preds=image.identity.arch in ("aarch64", "arm", "mips", "ppc", "riscv"),
+        cond_first=image.identity.arch in ("ppc", "riscv"),
+        case_extent=image.identity.arch in ("ppc", "riscv"),
     )
     code_total = max(1, codemap.total_bytes)
     explorer.progress = lambda done, _t, _m: report(
@@ -270,7 +272,9 @@ def _analyze_functions(
         codemap,
         backend,
         _jump_table_fn(image, codemap, backend, jt_tables),
-        cond_preds=image.identity.arch in ("aarch64", "arm", "mips"),
+        cond_preds=image.identity.arch in ("aarch64", "arm", "mips", "ppc", "riscv"),
+        cond_first=image.identity.arch in ("ppc", "riscv"),
+        case_extent=image.identity.arch in ("ppc", "riscv"),
     )
     explorer.traverse(entries, noret)
     for _ in range(4):

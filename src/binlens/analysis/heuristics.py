@@ -84,6 +84,9 @@ def heuristic_starts(
     # landing pads and code after calls that do not return, which a trial cannot tell apart)
     a64 = image.identity.arch == "aarch64" and not image.function_hints.get("function_starts")
     align = _INSN_ALIGN.get(image.identity.arch, 1)
+    # code_offsets on AArch64, RISC-V, PowerPC, MIPS: a code address taken by code that starts like
+    # a function is an entry even where a found function's blocks seem to run on (x86: `_starts_like_function`)
+    taken = _prologue_test(image, codemap, mips) if stage == "code_offsets" and not (x86 or arm) else None
 
     def accept(va: int, source: str, need_ret: bool = False) -> None:
         thumb = False
@@ -109,7 +112,12 @@ def heuristic_starts(
             ):
                 out[va] = source
             return
-        if source == "pointer" and inside_body(va) and not (x86 and _starts_like_function(codemap, va)):
+        if (
+            source == "pointer"
+            and inside_body(va)
+            and not (x86 and _starts_like_function(codemap, va))
+            and not (taken is not None and taken(va))
+        ):
             return  # a label inside a function (computed goto, unresolved table), not an entry
         if arm:
             _set_arm_state(backend, va, thumb)
@@ -126,10 +134,24 @@ def heuristic_starts(
             reached = sorted(chain.from_iterable(b.chunks for b in bodies.values()))  # repeats are harmless
             ends = [explorer.chunks[a][0] for a in reached]
             later = []
+            # AArch64, RISC-V, PowerPC, MIPS (`taken`): an address that descent already ran into (the
+            # fall-through after a call that does not return, which the callee's analysis missed) is
+            # a function of its own when it starts like one (x86 has its own test in `accept`)
+            prologue = taken
             for src, dst in pending:
                 i = bisect.bisect_right(reached, src) - 1
                 if i >= 0 and src < ends[i]:
-                    accept(dst, "pointer")
+                    if (
+                        prologue is not None
+                        and dst not in starts
+                        and not unexplored(dst)
+                        and _instruction_start(codemap, dst)
+                        and not inside(dst)
+                        and prologue(dst)
+                    ):
+                        out[dst] = "pointer"
+                    else:
+                        accept(dst, "pointer")
                 else:
                     later.append((src, dst))
             pending[:] = later
@@ -370,6 +392,47 @@ def _instruction_start(codemap: CodeMap, va: int) -> bool:
 def _starts_like_function(codemap: CodeMap, va: int) -> bool:
     r = codemap.region(va)
     return r is not None and r.data.startswith(_X86_PROLOGUES, va - r.va)
+
+
+def _prologue_test(image: Image, codemap: CodeMap, mips: Callable[[int], bool] | None) -> Callable[[int], bool] | None:
+    """A test for AArch64, RISC-V, PowerPC or MIPS code that starts like a function (None for other
+    architectures): AArch64 `stp x29, x30, [sp, #-N]!`, `paciasp`, `bti c`, `sub sp, sp, #N`;
+    RISC-V `addi sp, sp, -N` (or `c.addi16sp`); PowerPC `stwu`/`stdu r1, -N(r1)`, `mflr r0`, a
+    PPC64 global entry (`addis r2, r12` / `lis r2`); MIPS `_mips_prologue`."""
+    arch = image.identity.arch
+    if arch == "mips":
+        return mips
+    if arch not in ("aarch64", "riscv", "ppc"):
+        return None
+    little = image.identity.endian == "little" or arch == "aarch64"
+    word = struct.Struct("<I" if little else ">I")
+    half = struct.Struct("<H")
+
+    def test(va: int) -> bool:
+        r = codemap.region(va)
+        off = va - r.va if r is not None else -1
+        if r is None or off + 2 > len(r.data) or va & (1 if arch == "riscv" else 3):
+            return False
+        if arch == "riscv":
+            (h,) = half.unpack_from(r.data, off)
+            if h & 3 != 3:  # compressed: `c.addi16sp sp, -N`
+                return h & 0xEF83 == 0x6101 and bool(h & 0x1000)
+        if off + 4 > len(r.data):
+            return False
+        (w,) = word.unpack_from(r.data, off)
+        if arch == "riscv":
+            return w & 0xFFFFF == 0x10113 and bool(w >> 31)  # addi sp, sp, -N
+        if arch == "aarch64":
+            return w & 0xFFC07FFF == 0xA9807BFD or w in (0xD503233F, 0xD503245F) or w & 0xFF0003FF == 0xD10003FF
+        return (
+            w >> 16 == 0x9421
+            and bool(w & 0x8000)  # stwu r1, -N(r1)
+            or w & 0xFFFF8003 == 0xF8218001  # stdu r1, -N(r1)
+            or w == 0x7C0802A6  # mflr r0
+            or w >> 16 in (0x3C4C, 0x3C40)  # addis r2, r12, hi / lis r2, hi: a PPC64 global entry
+        )
+
+    return test
 
 
 def _mips_prologue(image: Image, codemap: CodeMap) -> Callable[[int], bool]:

@@ -20,9 +20,10 @@ from binlens.analysis.codemap import CodeMap
 _MAX_CHUNKS = 32  # earlier chunks evaluated before the jump's own slice (the PPC GOT register is set once, at entry)
 
 # Symbolic values (hashable tuples): ("c", k) a constant; ("v", n) an unknown value with an
-# identity; ("d", v, k) that value plus k (a rebased index); ("h", index) index << 32 (RV64's
-# zero extension in two shifts); ("x", index, shift) index << shift; ("a", table, index, shift) the address of
-# table[index] for entries of 1 << shift bytes; ("e", table, size, signed, index) the entry
+# identity; ("d", v, k) that value plus k (a rebased index); ("h", index, s) index << s (RV64's
+# zero extension in two shifts: s = 32, 48, 56); ("z", v, bits) the low `bits` (8, 16) of v,
+# zero-extended (held as ("d", z, 0)); ("x", index, shift) index << shift; ("a", table, index,
+# shift) the address of table[index] for entries of 1 << shift bytes; ("e", table, size, signed, index) the entry
 # loaded from there; ("t", base, entry) the target base + entry.
 Value = tuple
 
@@ -61,12 +62,19 @@ def _resolve(
     values = None if count is None else jt.read_entries(image, table, size, count, signed)
     if values is None:
         return jt.NONE
+    if not base and size == state.ptr_size:  # absolute entries of a PIE: the relocations hold them
+        values = [state.relocated(table + k * size, v) for k, v in enumerate(values)]
+    masked = state.masks.get(index) == count  # only a mask bounds it: the table may be shorter
     mask = state.mask
     targets = []
     for v in values:
         t = (base + v) & mask
         if jt.near_code(codemap, t, jump_va, align):  # only targets in code next to the jump
             targets.append(t)
+        elif masked:
+            break  # (`goto *tbl[op & 0x7f]` with fewer than 128 labels: the table ends here)
+        elif state.strict:
+            return jt.NONE  # a table found through a guessed register: one stray entry rejects it
     return targets, table, True
 
 
@@ -84,6 +92,8 @@ class _State:
         self.slots: dict[tuple[str, int, int], Value] = {}
         self.bounds: dict[Value, int] = {}
         self.fixed: set[str] = set()  # registers holding one value throughout the function (PPC64 TOC)
+        self.masks: dict[Value, int] = {}  # index -> the entries an `and` with 2**k - 1 allows (k <= 8)
+        self.strict = False  # a register was guessed (seeded from a scan): accept only a table of code targets
         self.memo: dict[tuple, Value] = {}  # (address, size, signed) -> value loaded, until a store or call
         self._next = 0
         self._relocs: dict[int, int | None] | None = None
@@ -157,13 +167,48 @@ class _State:
         """a << s, keeping a scaled index (s <= 3) and the first half of a zero extension."""
         if a[0] == "c":
             return self.const(a[1] << s)
-        if a[0] in ("v", "d") and s == 32 and self.mask != 0xFFFFFFFF:
-            return ("h", a)  # the first half of a zero extension: `slli rd, rs, 32; srli rd, rd, 32 - s`
+        if a[0] in ("v", "d") and s in (32, 48, 56) and self.mask != 0xFFFFFFFF:
+            return ("h", a, s)  # the first half of a zero extension: `slli rd, rs, 32; srli rd, rd, 32 - s`
         if a[0] in ("v", "d") and s <= 3:
             return ("x", a, s)
         if a[0] == "x" and a[2] + s <= 3:
             return ("x", a[1], a[2] + s)
         return self.fresh()
+
+    def zero_extend(self, a: Value, bits: int) -> Value | None:
+        """The low `bits` of `a`, zero-extended: a 32-bit index keeps its identity (as `sext.w` does);
+        a byte or halfword gets one of its own, the same wherever the same value is extended
+        (gcc extends the index once for the compare and again for the table). None: not an index."""
+        if a[0] == "c":
+            return self.const(a[1] & ((1 << bits) - 1))
+        if a[0] not in ("v", "d"):
+            return None
+        return a if bits == 32 else ("d", ("z", a, bits), 0)
+
+    def mask_low(self, a: Value, k: int) -> Value:
+        """a & (2**k - 1): a byte or halfword zero extension keeps one identity (`zero_extend`); a
+        mask of k <= 8 bits bounds the value to 2**k table entries (`switch (x & 7)` with every
+        value a case, `goto *tbl[op & 0x7f]`)."""
+        if a[0] == "c":
+            return self.const(a[1] & ((1 << k) - 1))
+        v = self.zero_extend(a, k) if k in (8, 16) else None
+        if v is None:
+            v = self.fresh()
+        if k <= 8:
+            self.bounds[v] = min(1 << k, self.bounds.get(v, 1 << k))
+            self.masks[v] = 1 << k
+        return v
+
+    def unshift(self, h: Value, imm: int) -> Value | None:
+        """`srli rd, rs, imm` of ("h", a, s): the zero-extended low 64 - s bits of a, shifted left
+        by s - imm (an entry scale, 0..3); None for other shift amounts."""
+        s = h[2]
+        if not s - 3 <= imm <= s:
+            return None
+        z = self.zero_extend(h[1], 64 - s)
+        if z is None:
+            return None
+        return self.shift_left(z, s - imm) if imm < s else z
 
     def load(self, addr: Value, size: int, signed: bool) -> Value:
         """The value loaded from `addr` (already including the displacement)."""
@@ -178,7 +223,7 @@ class _State:
         the value an earlier load from the same address gave (gcc reloads `*p` after comparing it)."""
         if addr[0] in ("c", "a"):
             return self.load(addr, size, signed)
-        key = (addr, size, signed)
+        key = (addr, size)  # `lw` then `lwu` of one word: equal wherever an unsigned bound holds (< 2**31)
         value = self.memo.get(key)
         if value is None:
             value = self.memo[key] = self.fresh()
@@ -190,18 +235,29 @@ class _State:
         if size != self.ptr_size and size != 4:
             return self.fresh()
         image = self.image
-        if self._relocs is None:
-            self._relocs = {}
-            for r in image.relocations:  # type: ignore[attr-defined]
-                self._relocs[r.address] = r.addend if r.symbol is None and "RELATIVE" in r.type.upper() else None
-        if va in self._relocs:
-            addend = self._relocs[va]
+        relocs = self._reloc_map()
+        if va in relocs:
+            addend = relocs[va]
             return self.const(addend) if addend is not None and size == self.ptr_size else self.fresh()
         raw = image.read(va, size) if image.is_mapped(va) else None  # type: ignore[attr-defined]
         if raw is None or len(raw) < size:
             return self.fresh()
         endian = "little" if image.identity.endian == "little" else "big"  # type: ignore[attr-defined]
         return self.const(int.from_bytes(raw, endian, signed=signed))
+
+    def _reloc_map(self) -> dict[int, int | None]:
+        """Address -> addend of each relative relocation (None for any other relocation there)."""
+        if self._relocs is None:
+            self._relocs = {}
+            for r in self.image.relocations:  # type: ignore[attr-defined]
+                self._relocs[r.address] = r.addend if r.symbol is None and "RELATIVE" in r.type.upper() else None
+        return self._relocs
+
+    def relocated(self, va: int, raw: int) -> int:
+        """The pointer-sized word at `va` once loaded: a relative relocation's addend (RELA files
+        hold 0 in the word itself), else the word read from the file."""
+        addend = self._reloc_map().get(va)
+        return addend if addend is not None else raw
 
     def bound(self, value: Value, cond: str, n: int, reversed_: bool) -> None:
         """Learn `value <cond> n` (or `n <cond> value` when `reversed_`) as a bound on value."""
@@ -217,6 +273,11 @@ class _State:
             self.bounds[value] = min(count, self.bounds.get(value, count))
 
     # ------------------------------------------------------------------ memory
+    def frame_base(self, base: str) -> bool:
+        """Is a load through `base` a frame slot? Not when the frame register holds a constant or a
+        table address: optimised code uses s0 / r31 as an ordinary callee-saved register."""
+        return base in self.FRAME and self.regs.get(base, ("v",))[0] not in ("c", "a")
+
     def slot_load(self, base: str, disp: int, size: int) -> Value:
         """The value last stored to the frame slot [base + disp] of `size` bytes (a new unknown once)."""
         value = self.slots.get((base, disp, size))

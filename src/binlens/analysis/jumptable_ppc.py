@@ -71,6 +71,31 @@ def _function_start(backend: object, va: int) -> int | None:
     return best
 
 
+_PIC_SCAN = 1 << 14  # bytes before a PowerPC 32 jump searched for its function's PIC base idiom
+_PIC_CALLS = (0x429F0005, 0x48000005)  # `bcl 20,31,.+4` (gcc), `bl .+4` (clang)
+
+
+def _pic_base_before(backend: object, va: int) -> int | None:
+    """The address of the nearest PIC base idiom (`bcl 20,31,1f` / `bl 1f` to the next instruction,
+    then `mflr`) before `va`, within `_PIC_SCAN` bytes and the same code region: where the function
+    of a jump whose extent is unknown (no FDE, no symbol) sets r30. PowerPC code is big-endian."""
+    region = backend.codemap.region(va)  # type: ignore[attr-defined]
+    if region is None:
+        return None
+    start = max(va - _PIC_SCAN, region.va)
+    start += (va - start) & 3
+    image = backend.image  # type: ignore[attr-defined]
+    data = image.read(start, va - start)
+    if not data:
+        return None
+    endian = "<" if image.identity.endian == "little" else ">"
+    words = struct.unpack(f"{endian}{len(data) // 4}I", data[: len(data) // 4 * 4])
+    for k in range(len(words) - 1, -1, -1):
+        if words[k] in _PIC_CALLS:
+            return start + 4 * k
+    return None
+
+
 _PPC_LOADS = {
     "lbz": (1, False),
     "lhz": (2, False),
@@ -138,8 +163,11 @@ class _PpcState(_State):
                 self.fixed.add("r2")
             return
         start = _function_start(backend, jump_va)
-        if start is None:
-            return
+        if start is None:  # no FDE or symbol: the PIC base idiom nearest before the jump
+            start = _pic_base_before(backend, jump_va)
+            if start is None:
+                return
+            self.strict = True  # r30 from a scan: every entry must land on code near the jump
         cache = backend.__dict__.setdefault("_jt_pic", {})
         if start not in cache:
             cache[start] = self._pic_register(backend, start, jump_va)
@@ -288,7 +316,7 @@ class _PpcState(_State):
         if len(ops) == 2 and ops[1].type == cs.CS_OP_MEM:
             mem = ops[1].mem
             base = ins.reg_name(mem.base) if mem.base else "r0"
-            if base in self.FRAME and not update:
+            if self.frame_base(base) and not update:
                 self.write(dst, self.slot_load(base, mem.disp, size))
                 return
             b = self.const(0) if base == "r0" else self.read(base)
@@ -303,22 +331,46 @@ class _PpcState(_State):
                 self.write(self._reg(ins, op))
 
     def _store(self, ins: cs.CsInsn, m: str, ops: list) -> None:
-        self.memo = {}  # a store may change what any pointer reads
         base_m, update, indexed = _ppc_base(m)
         size = _PPC_STORES.get(base_m, 0)
         if indexed or len(ops) != 2 or ops[1].type != cs.CS_OP_MEM or ops[0].type != cs.CS_OP_REG:
+            self.memo = {}  # a store may change what any pointer reads
             self.slots = {}
             if update and len(ops) == 3 and ops[1].type == cs.CS_OP_REG:
                 self.write(self._reg(ins, ops[1]))
             return
         mem = ops[1].mem
         base = ins.reg_name(mem.base) if mem.base else "r0"
+        if base != "r1" or update:  # (a spill into the callee's own frame changes no caller pointer)
+            self.memo = {}
         src = self._reg(ins, ops[0])
         value = self.read(src) if src.startswith("r") and base_m in ("stw", "std") else None
         if update:
             self.write(base)  # `stwu r1, -N(r1)`: a new frame, the old slots are gone
             return
         self.slot_store(base, mem.disp, size, value)
+
+    def _mask(self, ins: cs.CsInsn, m: str, ops: list, dst: str) -> bool:
+        """`clrlwi rD, rS, 32 - k` and `andi. rD, rS, 2**k - 1` (k <= 8 or 16), and `rlwinm rD, rS,
+        s, 32 - k - s, 31 - s` ((rS & (2**k - 1)) << s, k <= 8, s <= 3: lua's `tbl[op & 0x7f]`)."""
+        if len(ops) < 3 or ops[1].type != cs.CS_OP_REG or any(op.type != cs.CS_OP_IMM for op in ops[2:]):
+            return False
+        a = self.read(self._reg(ins, ops[1]))
+        imms = [op.imm for op in ops[2:]]
+        shift = 0
+        if m == "clrlwi" and len(imms) == 1:
+            k = 32 - imms[0]
+        elif m == "andi" and len(imms) == 1 and imms[0] > 0 and not imms[0] & (imms[0] + 1):
+            k = imms[0].bit_length()
+        elif m == "rlwinm" and len(imms) == 3 and imms[0] <= 3 and imms[2] == 31 - imms[0]:
+            shift, k = imms[0], 32 - imms[1] - imms[0]
+        else:
+            return False
+        if not (1 <= k <= 8 or k == 16):
+            return False
+        v = self.mask_low(self._low_word(a), k)
+        self.write(dst, self.shift_left(v, shift) if shift else v)
+        return True
 
     def _arith(self, ins: cs.CsInsn, m: str, ops: list) -> bool:
         """li/lis/addi/addis/add/mr/slwi/sldi/mflr/mtlr/mtctr/extsw/clrldi: False when not modelled."""
@@ -346,6 +398,8 @@ class _PpcState(_State):
             elif m != "mr" and v[0] != "v" and not (m == "extsw" and v[0] == "e"):
                 v = self.fresh()
             self.write(dst, v)
+            return True
+        if m in ("clrlwi", "andi", "rlwinm") and self._mask(ins, m, ops, dst):
             return True
         if n not in (3, 4) or ops[1].type != cs.CS_OP_REG:
             return False

@@ -158,7 +158,7 @@ class _RvState(_State):
             return
         dst = self._reg(ins, ops[0])
         base, disp = where
-        if base in self.FRAME:
+        if self.frame_base(base):
             self.write(dst, self.slot_load(base, disp, size))
             return
         b = self.read(base)
@@ -166,12 +166,14 @@ class _RvState(_State):
         self.write(dst, self.pointer_load(addr, size, signed))
 
     def _store(self, ins: cs.CsInsn, m: str, ops: list) -> None:
-        self.memo = {}  # a store may change what any pointer reads
         where = self._mem(ins, ops)
         if where is None or not ops or ops[0].type != cs.CS_OP_REG:
+            self.memo = {}  # a store may change what any pointer reads
             self.slots = {}
             return
         base, disp = where
+        if base != "sp":  # (the callee's own frame, below the caller's pointers: a spill changes none)
+            self.memo = {}
         src = self._reg(ins, ops[0])
         value = self.read(src) if not m.startswith("f") else None
         self.slot_store(base, disp, _RV_STORES[m], value)
@@ -193,6 +195,9 @@ class _RvState(_State):
         if m == "auipc" and n == 2 and imm is not None:
             k = (imm << 12) & 0xFFFFFFFF
             self.write(dst, self.const(ins.address + (k - (1 << 32) if k >> 31 else k)))
+            return True
+        if m in ("zext.b", "zext.h") and n == 2 and ops[1].type == cs.CS_OP_REG:
+            self.write(dst, self.mask_low(self.read(self._reg(ins, ops[1])), 8 if m == "zext.b" else 16))
             return True
         if m in ("mv", "sext.w", "zext.w") and n == 2 and ops[1].type == cs.CS_OP_REG:
             v = self.read(self._reg(ins, ops[1]))
@@ -219,8 +224,8 @@ class _RvState(_State):
             if m == "slli" and imm is not None:
                 self.write(dst, self.shift_left(a, imm))
                 return True
-            if m == "srli" and imm is not None and a[0] == "h" and 29 <= imm <= 32:
-                self.write(dst, self.shift_left(a[1], 32 - imm) if imm < 32 else a[1])
+            if m == "srli" and imm is not None and a[0] == "h":
+                self.write(dst, self.unshift(a, imm))
                 return True
             return False
         if n != 3 or ops[1].type != cs.CS_OP_REG:
@@ -233,8 +238,11 @@ class _RvState(_State):
             else:
                 self.write(dst, ("d", ("w", a), imm) if a[0] in ("v", "d") else None)
             return True
-        if m == "srli" and imm is not None and a[0] == "h" and 29 <= imm <= 32:
-            self.write(dst, self.shift_left(a[1], 32 - imm) if imm < 32 else a[1])
+        if m == "srli" and imm is not None and a[0] == "h":
+            self.write(dst, self.unshift(a, imm))
+            return True
+        if m == "andi" and imm is not None and imm > 0 and not imm & (imm + 1) and imm.bit_length() <= 8:
+            self.write(dst, self.mask_low(a, imm.bit_length()))  # zext.b, `op & 0x7f`
             return True
         if m in ("addi", "addi4spn") and imm is not None:
             self.write(dst, self.add(a, self.const(imm)))
