@@ -3,9 +3,9 @@
 - AArch64 without unwind tables: exported functions nothing calls, leaf ones with no prologue
   among them, are found by trial decoding of the gaps between functions (a gap that starts right
   after a `ret`/`b` and decodes to a self-contained function).
-- Position-independent ELF: a word in data is an address only where a relocation puts one; a
-  number equal to a code address is not a pointer there (it is in a fixed-address executable,
-  where nothing tells the two apart).
+- Position-independent ELF (`*_RELATIVE`, MIPS `R_MIPS_REL32` relocations): a word in data is an
+  address only where a relocation puts one; a number equal to a code address is not a pointer
+  there (it is in a fixed-address executable, where nothing tells the two apart).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def test_aarch64_functions_nothing_calls_are_found_without_unwind_tables(tmp_pat
     assert not false, f"function starts that are not functions: {false}"
 
 
-@pytest.mark.parametrize("triple", [None, A64], ids=["x86-64", "aarch64"])
+@pytest.mark.parametrize("triple", [None, A64, "mipsel-linux-gnu"], ids=["x86-64", "aarch64", "mips"])
 def test_a_number_equal_to_a_code_address_is_a_pointer_only_where_relocated(tmp_path, triple):
     for pie in (True, False):
         probe, _ = _build(tmp_path, triple, "-O2", pie)
