@@ -16,6 +16,8 @@ from itertools import chain
 from binlens.analysis.codemap import CodeMap, CodeRegion
 from binlens.analysis.discovery import Body, Explorer, FragmentIndex
 from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET, XREF_KINDS
+from binlens.analysis.prologues import ARCHES as PROLOGUE_ARCHES
+from binlens.analysis.prologues import GapPrologues
 from binlens.analysis.xrefs import pointers_in_data
 from binlens.loader.image import Image
 
@@ -128,10 +130,15 @@ def heuristic_starts(
         for _src, dst in pointers_in_data(image, codemap, set()):
             if stage == "data_pointers" or (x86 and _starts_like_function(codemap, dst)) or (mips and mips(dst)):
                 accept(dst, "pointer")
-    elif image.identity.arch in ("x86-64", "x86", "aarch64"):
+    elif image.identity.arch in ("x86-64", "x86", "aarch64") or image.identity.arch in PROLOGUE_ARCHES:
         # Gaps are code no function covers (code decoded on a path later found dead counts too).
         gaps = gaps or Gaps(codemap, explorer, disjoint=x86)
         covered = gaps.covered(bodies)
+        kit = None
+        if image.identity.arch in PROLOGUE_ARCHES:
+            if gaps.prologues is None:
+                gaps.prologues = GapPrologues(image, codemap, backend)
+            kit = gaps.prologues
 
         def free(va: int) -> bool:
             r = codemap.region(va)
@@ -146,12 +153,19 @@ def heuristic_starts(
 
         unguarded = explorer.unguarded
         case_labels = {x for j, cases in explorer.jt.items() if j not in unguarded for x in cases}
-        cands = _gap_candidates(codemap, image.identity.arch, covered, gaps.memo)
+        cands = _gap_candidates(codemap, image.identity.arch, covered, gaps.memo, kit)
         for va, prologue, _gap_end in cands:
             if prologue and va not in starts and free(va):
                 c = explorer.chunk(va)
                 if c is not None and c[1] != T_BAD:
                     out[va] = "prologue"
+        if kit is not None:  # exact PIC entries anywhere in a gap (they name their own address)
+            for va in kit.exact_entries():
+                r = codemap.region(va)
+                if va not in starts and va not in out and r is not None and not covered[r.va][va - r.va] and free(va):
+                    c = explorer.chunk(va)
+                    if c is not None and c[1] != T_BAD:
+                        out[va] = "prologue"
         if out:
             return out  # let descent from these claim their gaps before weaker guesses
         tried: set[int] = set()
@@ -171,7 +185,7 @@ def heuristic_starts(
                 continue
             explorer.unproven.add(va)  # not proven an entry, but a data pointer may still name it
             _cover(codemap, covered, explorer, seen)
-            work.extend(reversed(_candidates_within(codemap, image.identity.arch, covered, va, gap_end)))
+            work.extend(reversed(_candidates_within(codemap, image.identity.arch, covered, va, gap_end, kit)))
     return out
 
 
@@ -198,6 +212,7 @@ class Gaps:
         self.memo: dict[int, dict[tuple[int, int], tuple[int, bool, int] | None]] = {}
         self._refs: list[tuple[int, int]] = []
         self._refs_upto = 0
+        self.prologues: GapPrologues | None = None  # MIPS, PowerPC, RISC-V: the image's prologue tests
 
     def offset_refs(self, backend: object) -> list[tuple[int, int]]:
         """(instruction, code address) of the address-taking references not yet looked at: those
@@ -442,10 +457,11 @@ def _gap_candidates(
     arch: str,
     covered: dict[int, bytearray],
     memo: dict[int, dict[tuple[int, int], tuple[int, bool, int] | None]] | None = None,
+    kit: GapPrologues | None = None,
 ) -> list[tuple[int, bool, int]]:
     """First non-padding address of each gap (code no function covers), whether it starts like a
     function, and where the gap ends. `memo` keeps the answer per gap between rounds (it depends
-    on the gap's bounds and the code bytes only)."""
+    on the gap's bounds and the code bytes only). `kit`: the prologue tests of MIPS, PowerPC and RISC-V."""
     out = []
     memo = {} if memo is None else memo
     for r in codemap.regions:
@@ -453,14 +469,14 @@ def _gap_candidates(
         for span in _zero_runs(covered[r.va]):
             hit = seen.get(span, _MISS)
             if hit is _MISS:
-                hit = seen[span] = _gap_candidate(r, arch, *span)
+                hit = seen[span] = _gap_candidate(r, arch, *span, kit)
             if hit is not None:
                 out.append(hit)
     return out
 
 
 def _candidates_within(
-    codemap: CodeMap, arch: str, covered: dict[int, bytearray], lo: int, hi: int
+    codemap: CodeMap, arch: str, covered: dict[int, bytearray], lo: int, hi: int, kit: GapPrologues | None = None
 ) -> list[tuple[int, int]]:
     """(candidate, gap end) of the gaps left inside [lo, hi) of one region (address order)."""
     r = codemap.region(lo)
@@ -469,7 +485,7 @@ def _candidates_within(
     out = []
     m = covered[r.va]
     for a, b in _zero_runs(m, lo - r.va, min(hi, r.end) - r.va):
-        hit = _gap_candidate(r, arch, a, b)
+        hit = _gap_candidate(r, arch, a, b, kit)
         if hit is not None and not hit[1]:
             out.append((hit[0], hit[2]))
     return out
@@ -491,8 +507,12 @@ def _zero_runs(m: bytearray, pos: int = 0, stop: int | None = None) -> Iterator[
         pos = end
 
 
-def _gap_candidate(r: CodeRegion, arch: str, off: int, end: int) -> tuple[int, bool, int] | None:
+def _gap_candidate(
+    r: CodeRegion, arch: str, off: int, end: int, kit: GapPrologues | None = None
+) -> tuple[int, bool, int] | None:
     """The candidate of the gap [off, end) of region `r` (offsets), or None when it is all padding."""
+    if kit is not None:
+        return kit.candidate(r, off, end)
     if arch in ("x86-64", "x86"):
         p = _PAD_X86.match(r.data, off, end)
         off = p.end() if p else off
