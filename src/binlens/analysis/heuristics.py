@@ -135,10 +135,12 @@ def heuristic_starts(
         gaps = gaps or Gaps(codemap, explorer, disjoint=x86)
         covered = gaps.covered(bodies)
         kit = None
+        align = 16  # x86: a trial's entry and the other gaps' entries it may tail-call are 16-byte aligned
         if image.identity.arch in PROLOGUE_ARCHES:
             if gaps.prologues is None:
                 gaps.prologues = GapPrologues(image, codemap, backend)
             kit = gaps.prologues
+            align = kit.align
 
         def free(va: int) -> bool:
             r = codemap.region(va)
@@ -146,8 +148,8 @@ def heuristic_starts(
 
         def other_gap(target: int, lo: int, hi: int) -> bool:
             """An aligned, uncovered address outside this gap: the entry of another unreached function."""
-            if lo <= target < hi or target % 16:
-                return False
+            if lo <= target < hi or target % align or kit is not None:
+                return False  # (MIPS, PowerPC, RISC-V: entries are not aligned apart from other code)
             r = codemap.region(target)
             return r is not None and not covered[r.va][target - r.va] and r.state[target - r.va] != 2
 
@@ -168,6 +170,7 @@ def heuristic_starts(
                         out[va] = "prologue"
         if out:
             return out  # let descent from these claim their gaps before weaker guesses
+        trials = kit is not None and kit.trials
         tried: set[int] = set()
         # a rejected trial leaves the rest of its gap as new gaps:
         # their candidates join the work list, found within that gap alone
@@ -177,9 +180,15 @@ def heuristic_starts(
             if va in tried:
                 continue
             tried.add(va)
-            if not (x86 and va % 16 == 0 and va not in starts and free(va)) or va in case_labels:
+            if not ((x86 or trials) and va % align == 0 and va not in starts and free(va)) or va in case_labels:
                 continue  # an aligned case label of a switch found in an earlier trial is not an entry
+            if kit is not None and kit.after_call(va):
+                continue  # the rest of a function after a call that does not return
             ok, seen = _self_contained(explorer, va, gap_end, starts, other_gap, case_labels)
+            if ok and kit is not None:
+                chunks = explorer.chunks
+                runs = [(a, chunks[a][0]) for a in seen if a in chunks]
+                ok = not kit.epilogue_only(runs) and not kit.borrowed_frame(runs)
             if ok:
                 out[va] = "prologue"
                 continue
