@@ -188,13 +188,24 @@ def heuristic_starts(
             if ok and kit is not None:
                 chunks = explorer.chunks
                 runs = [(a, chunks[a][0]) for a in seen if a in chunks]
-                ok = not kit.epilogue_only(runs) and not kit.borrowed_frame(runs)
+                # a lone jump to a known start is a case stub of an unresolved switch, not a function
+                lone = len(runs) == 1 and runs[0][1] - runs[0][0] <= 4 and chunks[runs[0][0]][1] == T_JUMP
+                ok = not lone and not kit.epilogue_only(runs) and not kit.borrowed_frame(runs)
             if ok:
                 out[va] = "prologue"
                 continue
             explorer.unproven.add(va)  # not proven an entry, but a data pointer may still name it
             _cover(codemap, covered, explorer, seen)
-            work.extend(reversed(_candidates_within(codemap, image.identity.arch, covered, va, gap_end, kit)))
+            if kit is None:
+                work.extend(reversed(_candidates_within(codemap, image.identity.arch, covered, va, gap_end)))
+                continue
+            # MIPS, PowerPC, RISC-V: a sub-gap that starts like a function is taken as one now (the
+            # next round's gaps forget this trial's code, so its start would not be a gap's start)
+            for sub, pro, sub_end in reversed(_candidates_within(codemap, "", covered, va, gap_end, kit, True)):
+                if pro and sub not in starts and free(sub) and _decodes(explorer, sub):
+                    out[sub] = "prologue"
+                else:
+                    work.append((sub, sub_end))
     return out
 
 
@@ -485,19 +496,35 @@ def _gap_candidates(
 
 
 def _candidates_within(
-    codemap: CodeMap, arch: str, covered: dict[int, bytearray], lo: int, hi: int, kit: GapPrologues | None = None
-) -> list[tuple[int, int]]:
-    """(candidate, gap end) of the gaps left inside [lo, hi) of one region (address order)."""
+    codemap: CodeMap,
+    arch: str,
+    covered: dict[int, bytearray],
+    lo: int,
+    hi: int,
+    kit: GapPrologues | None = None,
+    prologues: bool = False,
+) -> list:
+    """(candidate, gap end) of the gaps left inside [lo, hi) of one region (address order) whose
+    candidate does not start like a function; with `prologues`, (candidate, starts like a
+    function, gap end) of every gap."""
     r = codemap.region(lo)
     if r is None:
         return []
-    out = []
+    out: list = []
     m = covered[r.va]
     for a, b in _zero_runs(m, lo - r.va, min(hi, r.end) - r.va):
         hit = _gap_candidate(r, arch, a, b, kit)
-        if hit is not None and not hit[1]:
+        if hit is not None and prologues:
+            out.append(hit)
+        elif hit is not None and not hit[1]:
             out.append((hit[0], hit[2]))
     return out
+
+
+def _decodes(explorer: Explorer, va: int) -> bool:
+    """Does code at `va` decode into a chunk without an invalid instruction?"""
+    c = explorer.chunk(va)
+    return c is not None and c[1] != T_BAD
 
 
 def _zero_runs(m: bytearray, pos: int = 0, stop: int | None = None) -> Iterator[tuple[int, int]]:
