@@ -85,3 +85,25 @@ def test_exact_pic_entries_name_every_pic_function(gaps_build, triple):
     # the functions touching globals set up the PIC register; each of them is an exact entry
     for name in ("exported_leaf", "exported_caller", "helper"):
         assert b.labels[name] in exact, f"{name} at {b.labels[name]:#x} is not an exact entry"
+
+
+@pytest.mark.parametrize(
+    "triple,extra",
+    [("mipsel-linux-gnu", ()), ("powerpc-linux-gnu", ("-fno-pic", "-fno-pie")), ("riscv64-linux-gnu", ("-fno-pic",))],
+)
+def test_trials_refuse_the_middle_and_the_end_of_a_function(gaps_build, triple, extra):
+    """-O0 code: a whole function allocates its frame and sets its frame pointer; its second half
+    frees a frame it did not allocate, and its middle uses a frame pointer it did not set."""
+    b = gaps_build(triple, "-O0", not extra, extra)
+    image = parse_path(str(b.no_eh))
+    from binlens.analysis.codemap import CodeMap
+    from binlens.analysis.engine import make_backend
+
+    codemap = CodeMap(image)
+    kit = GapPrologues(image, codemap, make_backend(image, codemap))
+    va, size = b.labels["exported_caller"], b.sizes["exported_caller"]
+    third = (size // 3) & ~3
+    whole, second_half, middle = [(va, va + size)], [(va + 2 * third, va + size)], [(va + third, va + 2 * third)]
+    assert not kit.epilogue_only(whole) and not kit.borrowed_frame(whole)
+    assert kit.epilogue_only(second_half)
+    assert kit.borrowed_frame(middle)

@@ -203,9 +203,10 @@ class GapPrologues:
         return (r.va + off, ok, r.va + end)
 
     def after_call(self, va: int) -> bool:
-        """Does `va` directly follow a call (MIPS: its delay slot)? Code there that nothing reached is
-        most likely the rest of a function after a call that does not return (an -O0 epilogue),
-        not a function of its own."""
+        """Does `va` directly follow a call or an indirect jump other than a return (MIPS: its delay
+        slot)? Code there that nothing reached is most likely the rest of a function after a call
+        that does not return (an -O0 epilogue), or the cases of a switch whose table was not
+        resolved, not a function of its own."""
         r = self.codemap.region(va)
         if r is None:
             return False
@@ -213,24 +214,27 @@ class GapPrologues:
         data = r.data
         if self.arch == "riscv":
             h = struct.unpack_from("<H", data, off - 2)[0] if off >= 2 else 0
-            if h & 0xF07F == 0x9002 and (h >> 7) & 31:
-                return True  # c.jalr rs1 (rs1 = 0 is c.ebreak)
+            if h & 0xE07F == 0x8002 and (h >> 7) & 31 not in (0, 1):
+                return True  # c.jalr / c.jr through a register other than ra (rs1 = 0: c.ebreak)
             if off >= 4:
                 (w,) = struct.unpack_from("<I", data, off - 4)
-                return w & 0x7F in (0x6F, 0x67) and (w >> 7) & 31 == 1  # jal/jalr ra
+                if w & 0x7F in (0x6F, 0x67) and (w >> 7) & 31 == 1:
+                    return True  # jal/jalr ra
+                return w & 0x7FFF == 0x0067 and (w >> 15) & 31 != 1  # jalr zero, rs1 (not ra): an indirect jump
             return False
         if self.arch == "mips":
             if off < 8:
                 return False
             (w,) = self.word.unpack_from(data, off - 8)
             op = w >> 26
-            # jal, bal (regimm bgezal/bltzal with any rs), jalr
-            return op == 3 or (op == 1 and (w >> 16) & 0x1E == 0x10) or (op == 0 and w & 0x3F == 9)
+            # jal, bal (regimm bgezal/bltzal with any rs), jalr; jr through a register other than $ra
+            jr = op == 0 and w & 0x3F == 8 and (w >> 21) & 31 != 31
+            return op == 3 or (op == 1 and (w >> 16) & 0x1E == 0x10) or (op == 0 and w & 0x3F == 9) or jr
         if off < 4:
             return False
         (w,) = self.word.unpack_from(data, off - 4)
-        # bl (opcode 18 with LK), bctrl, blrl
-        return (w >> 26 == 18 and w & 1 == 1) or w in (0x4E800421, 0x4E800021)
+        # bl (opcode 18 with LK), bctrl, blrl, bctr
+        return (w >> 26 == 18 and w & 1 == 1) or w in (0x4E800421, 0x4E800021, 0x4E800420)
 
     def epilogue_only(self, spans: list[tuple[int, int]]) -> bool:
         """Does the code in `spans` ((start, end) of decoded runs) give back a stack frame it never
