@@ -139,6 +139,12 @@ def heuristic_starts(
         if image.identity.arch in PROLOGUE_ARCHES:
             if gaps.prologues is None:
                 gaps.prologues = GapPrologues(image, codemap, backend)
+                # MIPS and PowerPC instructions are aligned words: chunks begun at aligned addresses
+                # never overlap, so the coverage map is kept up to date incrementally instead of
+                # recounted each round (a misaligned pointer start could overlap another chunk: the
+                # map may then err on those bytes alone)
+                if image.identity.arch in ("mips", "ppc") and not gaps.bodies:
+                    gaps.disjoint = True
             kit = gaps.prologues
             align = kit.align
 
