@@ -107,3 +107,29 @@ def test_trials_refuse_the_middle_and_the_end_of_a_function(gaps_build, triple, 
     assert not kit.epilogue_only(whole) and not kit.borrowed_frame(whole)
     assert kit.epilogue_only(second_half)
     assert kit.borrowed_frame(middle)
+
+
+@pytest.mark.parametrize(
+    "triple,opt,pic,extra",
+    [("mips-linux-gnu", "-O2", True, ()), ("powerpc-linux-gnu", "-O0", False, ("-fno-pic", "-fno-pie"))],
+)
+def test_incremental_gap_coverage_equals_a_full_recount(gaps_build, monkeypatch, triple, opt, pic, extra):
+    """MIPS and PowerPC keep the gap coverage map between rounds (`Gaps.disjoint`): each round's
+    map must equal a rebuild from every body, and the analysis must find the same functions."""
+    from binlens.analysis import heuristics
+
+    b = gaps_build(triple, opt, pic, extra)
+    plain = {f.address for f in analyze(parse_path(str(b.no_eh))).functions}
+    kept = heuristics.Gaps.covered
+    rounds: list[bool] = []
+
+    def checked(self, bodies):  # type: ignore[no-untyped-def]
+        got = kept(self, bodies)
+        rounds.append(self.disjoint)
+        assert got == heuristics._covered_maps(self.codemap, self.explorer, bodies)
+        return got
+
+    monkeypatch.setattr(heuristics.Gaps, "covered", checked)
+    checked_run = {f.address for f in analyze(parse_path(str(b.no_eh))).functions}
+    assert len(rounds) >= 2 and all(rounds[1:]), rounds
+    assert checked_run == plain
