@@ -16,6 +16,8 @@ from itertools import chain
 from binlens.analysis.codemap import CodeMap, CodeRegion
 from binlens.analysis.discovery import Body, Explorer, FragmentIndex
 from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET, XREF_KINDS
+from binlens.analysis.prologues import ARCHES as PROLOGUE_ARCHES
+from binlens.analysis.prologues import GapPrologues
 from binlens.analysis.xrefs import pointers_in_data
 from binlens.loader.image import Image
 
@@ -83,7 +85,7 @@ def heuristic_starts(
     # (Mach-O's LC_FUNCTION_STARTS lists every function: the rest of its code is not an entry, but
     # landing pads and code after calls that do not return, which a trial cannot tell apart)
     a64 = image.identity.arch == "aarch64" and not image.function_hints.get("function_starts")
-    align = _INSN_ALIGN.get(image.identity.arch, 1)
+    insn_align = _INSN_ALIGN.get(image.identity.arch, 1)
     # code_offsets on AArch64, RISC-V, PowerPC, MIPS: a code address taken by code that starts like
     # a function is an entry even where a found function's blocks seem to run on (x86: `_starts_like_function`)
     taken = _prologue_test(image, codemap, mips) if stage == "code_offsets" and not (x86 or arm) else None
@@ -95,7 +97,7 @@ def heuristic_starts(
             va &= ~1
             if not thumb and va & 3:
                 return  # ARM instructions are word-aligned: no ARM function starts here
-        elif va % align:
+        elif va % insn_align:
             return  # no instruction of the architecture starts here
         if va in starts or va in out:
             return
@@ -159,10 +161,23 @@ def heuristic_starts(
         for _src, dst in pointers_in_data(image, codemap, set()):
             if stage == "data_pointers" or (x86 and _starts_like_function(codemap, dst)) or (mips and mips(dst)):
                 accept(dst, "pointer")
-    elif image.identity.arch in ("x86-64", "x86", "aarch64"):
+    elif image.identity.arch in ("x86-64", "x86", "aarch64") or image.identity.arch in PROLOGUE_ARCHES:
         # Gaps are code no function covers (code decoded on a path later found dead counts too).
         gaps = gaps or Gaps(codemap, explorer, disjoint=x86)
         covered = gaps.covered(bodies)
+        kit = None
+        align = 16  # x86: a trial's entry and the other gaps' entries it may tail-call are 16-byte aligned
+        if image.identity.arch in PROLOGUE_ARCHES:
+            if gaps.prologues is None:
+                gaps.prologues = GapPrologues(image, codemap, backend)
+                # MIPS and PowerPC instructions are aligned words: chunks begun at aligned addresses
+                # never overlap, so the coverage map is kept up to date incrementally instead of
+                # recounted each round (a misaligned pointer start could overlap another chunk: the
+                # map may then err on those bytes alone)
+                if image.identity.arch in ("mips", "ppc") and not gaps.bodies:
+                    gaps.disjoint = True
+            kit = gaps.prologues
+            align = kit.align
 
         def free(va: int) -> bool:
             r = codemap.region(va)
@@ -170,21 +185,29 @@ def heuristic_starts(
 
         def other_gap(target: int, lo: int, hi: int) -> bool:
             """An aligned, uncovered address outside this gap: the entry of another unreached function."""
-            if lo <= target < hi or target % 16:
-                return False
+            if lo <= target < hi or target % align or kit is not None:
+                return False  # (MIPS, PowerPC, RISC-V: entries are not aligned apart from other code)
             r = codemap.region(target)
             return r is not None and not covered[r.va][target - r.va] and r.state[target - r.va] != 2
 
         unguarded = explorer.unguarded
         case_labels = {x for j, cases in explorer.jt.items() if j not in unguarded for x in cases}
-        cands = _gap_candidates(codemap, image.identity.arch, covered, gaps.memo)
+        cands = _gap_candidates(codemap, image.identity.arch, covered, gaps.memo, kit)
         for va, prologue, _gap_end in cands:
             if prologue and va not in starts and free(va):
                 c = explorer.chunk(va)
                 if c is not None and c[1] != T_BAD:
                     out[va] = "prologue"
+        if kit is not None:  # exact PIC entries anywhere in a gap (they name their own address)
+            for va in kit.exact_entries():
+                r = codemap.region(va)
+                if va not in starts and va not in out and r is not None and not covered[r.va][va - r.va] and free(va):
+                    c = explorer.chunk(va)
+                    if c is not None and c[1] != T_BAD:
+                        out[va] = "prologue"
         if out:
             return out  # let descent from these claim their gaps before weaker guesses
+        trials = kit is not None and kit.trials
         tried: set[int] = set()
         # a rejected trial leaves the rest of its gap as new gaps:
         # their candidates join the work list, found within that gap alone
@@ -196,15 +219,32 @@ def heuristic_starts(
             tried.add(va)
             if va in starts or va in case_labels or not free(va):
                 continue  # an aligned case label of a switch found in an earlier trial is not an entry
-            if not (va % 16 == 0 if x86 else a64 and _after_a64_end(codemap, va)):
+            if not (va % align == 0 and (x86 or trials) or a64 and _after_a64_end(codemap, va)):
                 continue
+            if kit is not None and kit.after_call(va):
+                continue  # the rest of a function after a call that does not return
             ok, seen = _self_contained(explorer, va, gap_end, starts, other_gap, case_labels)
+            if ok and kit is not None:
+                chunks = explorer.chunks
+                runs = [(a, chunks[a][0]) for a in seen if a in chunks]
+                # a lone jump to a known start is a case stub of an unresolved switch, not a function
+                lone = len(runs) == 1 and runs[0][1] - runs[0][0] <= 4 and chunks[runs[0][0]][1] == T_JUMP
+                ok = not lone and not kit.epilogue_only(runs) and not kit.borrowed_frame(runs)
             if ok:
                 out[va] = "prologue"
                 continue
             explorer.unproven.add(va)  # not proven an entry, but a data pointer may still name it
             _cover(codemap, covered, explorer, seen)
-            work.extend(reversed(_candidates_within(codemap, image.identity.arch, covered, va, gap_end)))
+            if kit is None:
+                work.extend(reversed(_candidates_within(codemap, image.identity.arch, covered, va, gap_end)))
+                continue
+            # MIPS, PowerPC, RISC-V: a sub-gap that starts like a function is taken as one now (the
+            # next round's gaps forget this trial's code, so its start would not be a gap's start)
+            for sub, pro, sub_end in reversed(_candidates_within(codemap, "", covered, va, gap_end, kit, True)):
+                if pro and sub not in starts and free(sub) and _decodes(explorer, sub):
+                    out[sub] = "prologue"
+                else:
+                    work.append((sub, sub_end))
     return out
 
 
@@ -231,6 +271,7 @@ class Gaps:
         self.memo: dict[int, dict[tuple[int, int], tuple[int, bool, int] | None]] = {}
         self._refs: list[tuple[int, int]] = []
         self._refs_upto = 0
+        self.prologues: GapPrologues | None = None  # MIPS, PowerPC, RISC-V: the image's prologue tests
 
     def offset_refs(self, backend: object) -> list[tuple[int, int]]:
         """(instruction, code address) of the address-taking references not yet looked at: those
@@ -544,10 +585,11 @@ def _gap_candidates(
     arch: str,
     covered: dict[int, bytearray],
     memo: dict[int, dict[tuple[int, int], tuple[int, bool, int] | None]] | None = None,
+    kit: GapPrologues | None = None,
 ) -> list[tuple[int, bool, int]]:
     """First non-padding address of each gap (code no function covers), whether it starts like a
     function, and where the gap ends. `memo` keeps the answer per gap between rounds (it depends
-    on the gap's bounds and the code bytes only)."""
+    on the gap's bounds and the code bytes only). `kit`: the prologue tests of MIPS, PowerPC and RISC-V."""
     out = []
     memo = {} if memo is None else memo
     for r in codemap.regions:
@@ -555,26 +597,42 @@ def _gap_candidates(
         for span in _zero_runs(covered[r.va]):
             hit = seen.get(span, _MISS)
             if hit is _MISS:
-                hit = seen[span] = _gap_candidate(r, arch, *span)
+                hit = seen[span] = _gap_candidate(r, arch, *span, kit)
             if hit is not None:
                 out.append(hit)
     return out
 
 
 def _candidates_within(
-    codemap: CodeMap, arch: str, covered: dict[int, bytearray], lo: int, hi: int
-) -> list[tuple[int, int]]:
-    """(candidate, gap end) of the gaps left inside [lo, hi) of one region (address order)."""
+    codemap: CodeMap,
+    arch: str,
+    covered: dict[int, bytearray],
+    lo: int,
+    hi: int,
+    kit: GapPrologues | None = None,
+    prologues: bool = False,
+) -> list:
+    """(candidate, gap end) of the gaps left inside [lo, hi) of one region (address order) whose
+    candidate does not start like a function; with `prologues`, (candidate, starts like a
+    function, gap end) of every gap."""
     r = codemap.region(lo)
     if r is None:
         return []
-    out = []
+    out: list = []
     m = covered[r.va]
     for a, b in _zero_runs(m, lo - r.va, min(hi, r.end) - r.va):
-        hit = _gap_candidate(r, arch, a, b)
-        if hit is not None and not hit[1]:
+        hit = _gap_candidate(r, arch, a, b, kit)
+        if hit is not None and prologues:
+            out.append(hit)
+        elif hit is not None and not hit[1]:
             out.append((hit[0], hit[2]))
     return out
+
+
+def _decodes(explorer: Explorer, va: int) -> bool:
+    """Does code at `va` decode into a chunk without an invalid instruction?"""
+    c = explorer.chunk(va)
+    return c is not None and c[1] != T_BAD
 
 
 def _zero_runs(m: bytearray, pos: int = 0, stop: int | None = None) -> Iterator[tuple[int, int]]:
@@ -593,8 +651,12 @@ def _zero_runs(m: bytearray, pos: int = 0, stop: int | None = None) -> Iterator[
         pos = end
 
 
-def _gap_candidate(r: CodeRegion, arch: str, off: int, end: int) -> tuple[int, bool, int] | None:
+def _gap_candidate(
+    r: CodeRegion, arch: str, off: int, end: int, kit: GapPrologues | None = None
+) -> tuple[int, bool, int] | None:
     """The candidate of the gap [off, end) of region `r` (offsets), or None when it is all padding."""
+    if kit is not None:
+        return kit.candidate(r, off, end)
     if arch in ("x86-64", "x86"):
         p = _PAD_X86.match(r.data, off, end)
         off = p.end() if p else off
