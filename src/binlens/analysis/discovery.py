@@ -123,6 +123,9 @@ class Explorer:
         self.unguarded: set[int] = set()  # jumps whose table has no bound check
         self.unresolved: dict[int, int] = {}  # indirect jump -> its chunk, for a later retry
         self._jump_tables = jump_tables
+        # the paths each unresolved jump last failed on (not on ARM32, where the ARM/Thumb state a
+        # path's code decodes in can change under the same addresses)
+        self._retried: dict[int, tuple] | None = None if getattr(backend, "arch", "") == "arm" else {}
         self.progress: Progress | None = None
         self.covered = 0
         self._cache: dict[int, tuple] = {}
@@ -203,7 +206,15 @@ class Explorer:
         out: list[int] = []
         if self._jump_tables is None:
             return out
+        memo = self._retried
         for last, chunk_start in list(self.unresolved.items()):
+            if memo is not None:
+                # the resolvers read only the recorded paths (and fixed bytes): a jump whose paths
+                # did not change since its last failure fails again (busybox-mips: 47.5k retries)
+                key = self._path_key(chunk_start)
+                if memo.get(last) == key:
+                    continue
+                memo[last] = key
             t, guarded = self._resolve_table(chunk_start, last)
             if t:
                 del self.unresolved[last]
@@ -212,6 +223,15 @@ class Explorer:
                     self.unguarded.add(last)
                 out.extend(t)
         return out
+
+    def _path_key(self, chunk_start: int) -> tuple:
+        """Everything `_resolve_table` reads of the recorded graph for the jump in `chunk_start`."""
+        key: tuple = (self.pred.get(chunk_start), tuple(self._pred_chain(chunk_start)))
+        if self.cpred is not None:
+            key += (tuple(self._pred_chain(chunk_start, jump_first=True)),)
+            if self.cond_first:
+                key += (tuple(self._pred_chain(chunk_start, cond_first=True)),)
+        return key
 
     def _resolve_table(self, chunk_start: int, last: int) -> tuple[list[int], bool]:
         """Ask the resolver along the recorded path; on AArch64 also along the path that prefers
@@ -266,6 +286,8 @@ class Explorer:
         self._trav_noret = None
         self._reached = set()
         self._calls = set()
+        if self._retried is not None:
+            self._retried = {}
         self.pred = {}
         self.jpred = {}
         if self.cpred is not None:
