@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from binlens.analysis.armexidx import seed_exidx_starts
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.discovery import (
     NORETURN_NAMES,
@@ -162,6 +163,10 @@ def _analyze(
         _jump_table_fn(image, codemap, backend, jt_tables),
         cond_preds=image.identity.arch in ("aarch64", "arm", "mips"),
     )
+    if seeds.arm:  # ARM EHABI unwind index: its starts, each in its state (after what calls decide)
+        seed_exidx_starts(image, backend, explorer, list(seeds.starts), noret_slots | named_noret, seeds.add)
+        for va in excluded:
+            seeds.starts.pop(va, None)
     code_total = max(1, codemap.total_bytes)
     explorer.progress = lambda done, _t, _m: report(
         min(0.6, 0.6 * done / code_total), 1.0, f"decoding: {min(100, 100 * done // code_total)}% of code bytes reached"

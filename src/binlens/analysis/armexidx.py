@@ -1,0 +1,173 @@
+"""`.ARM.exidx` (the ARM EHABI unwind index) parsed from the bytes: one entry per code range.
+
+Each entry is two 32-bit words: a prel31 offset to the first address of the range, then
+EXIDX_CANTUNWIND (1), an inline unwind description (bit 31 set), or a prel31 offset to the
+range's description in `.ARM.extab`. The table is sorted by address and each range runs to the
+next entry's address. A linker also adds entries that only end the range before them (the
+CANTUNWIND sentinel after the last function, and one for code with no unwind information, such
+as the crt files' assembly), so only entries with an unwind description are taken as function
+starts (see `exidx_starts`).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from binlens.loader.image import Image
+
+EXIDX_CANTUNWIND = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ExidxEntry:
+    """One index entry: the range's first address, its size (to the next entry; 0 for the last)
+    and how it unwinds: `cantunwind`, `inline` (the description is in the entry) or `extab`."""
+
+    start: int
+    size: int
+    kind: str
+
+
+def _prel31(word: int, place: int) -> int:
+    off = word & 0x7FFFFFFF
+    if off & 0x40000000:
+        off -= 0x80000000
+    return (place + off) & 0xFFFFFFFF
+
+
+def parse_exidx(image: Image) -> list[ExidxEntry]:
+    """The entries of the image's `.ARM.exidx`, sorted by address (empty when it has none).
+
+    Entries whose address is not in a section are dropped; a truncated last entry is ignored.
+    """
+    if image.identity.arch != "arm" or image.identity.format != "ELF":
+        return []
+    sec = next((s for s in image.sections if s.name == ".ARM.exidx" and s.size and s.fsize), None)
+    if sec is None:
+        return []
+    n = min(sec.size, sec.fsize) // 8
+    data = bytes(image.data[sec.offset : sec.offset + 8 * n])
+    order = "<" if image.identity.endian == "little" else ">"
+    words = struct.unpack(f"{order}{2 * n}I", data)
+    raw = []
+    for i in range(n):
+        fn, what = words[2 * i], words[2 * i + 1]
+        if fn & 0x80000000:
+            continue  # bit 31 of the first word is always clear: not an entry
+        start = _prel31(fn, sec.va + 8 * i)
+        if what == EXIDX_CANTUNWIND:
+            kind = "cantunwind"
+        elif what & 0x80000000:
+            kind = "inline"
+        else:
+            kind = "extab"
+        raw.append((start, kind))
+    raw.sort()
+    out = []
+    for i, (start, kind) in enumerate(raw):
+        size = raw[i + 1][0] - start if i + 1 < len(raw) else 0
+        out.append(ExidxEntry(start, size, kind))
+    return out
+
+
+def exidx_starts(entries: list[ExidxEntry]) -> list[ExidxEntry]:
+    """The entries that name a function start: those with an unwind description (inline or in
+    `.ARM.extab`). CANTUNWIND entries also mark leaf functions that a compiler found need no
+    unwinding, but as many of them end the range before them (the sentinel after the last
+    function, code without unwind information), so they are not taken on their own."""
+    return [e for e in entries if e.kind != "cantunwind"]
+
+
+def _thumb_push(h0: int, h1: int) -> bool:
+    """`push {..., lr}` (16-bit) or `push.w`/`stmdb sp!, {..., lr}` (32-bit, neither sp nor pc in the list)."""
+    return h0 & 0xFF00 == 0xB500 or (h0 == 0xE92D and h1 & 0x4000 != 0 and h1 & 0xA000 == 0)
+
+
+def _arm_push(w: int) -> bool:
+    """ARM `push {..., lr}` (`stmdb sp!`, neither sp nor pc in the list) or `str lr, [sp, #-4]!`."""
+    return (w & 0xFFFF4000 == 0xE92D4000 and w & 0xA000 == 0) or w == 0xE52DE004
+
+
+def guess_state(data: bytes, valid: Callable[[bool], int], order: str = "<") -> bool | None:
+    """Is the code whose first bytes are `data` (instructions in byte order `order`) a Thumb
+    function's entry (True), an ARM one's (False), or can the bytes not tell (None)?
+
+    `valid(thumb)` is how many instructions decode from `data` in that state before an invalid
+    one (at most 4). Rules, most telling first: a Thumb `push {.., lr}` at the entry or after one
+    16-bit instruction; an ARM `push {.., lr}` followed by ARM words (condition "always"); four
+    words that all carry the "always"/unconditional condition and decode as ARM; then the one
+    state in which the bytes decode at all.
+    """
+    if len(data) < 16:
+        return None
+    h = struct.unpack_from(order + "8H", data)
+    w = struct.unpack_from(order + "4I", data)
+    always = sum(1 for x in w[1:] if x >> 28 in (0xE, 0xF))
+    if _arm_push(w[0]) and always >= 2:
+        return False
+    if _thumb_push(h[0], h[1]) or (h[0] < 0xE800 and _thumb_push(h[1], h[2])):
+        return True
+    arm_ok, thumb_ok = valid(False), valid(True)
+    if always == 3 and w[0] >> 28 == 0xE and arm_ok >= 4:
+        return False
+    if (arm_ok >= 4) != (thumb_ok >= 4):
+        return thumb_ok >= 4
+    return None
+
+
+def decodes(md: object, data: bytes, va: int) -> int:
+    """How many of the first 4 instructions of `data` decode with the capstone decoder `md` (4 when
+    a return or an unconditional branch comes first: what follows it is another function)."""
+    n = 0
+    for ins in md.disasm(data, va, 4):  # type: ignore[attr-defined]
+        n += 1
+        m, ops = ins.mnemonic, ins.op_str
+        if m in ("bx", "b", "b.w") or (m.startswith("pop") and "pc" in ops) or (m == "ldm" and "pc" in ops):
+            return 4
+    return n
+
+
+def seed_exidx_starts(
+    image: Image,
+    backend: object,
+    explorer: object,
+    starts: list[int],
+    noret: set[int],
+    add: Callable[[int, str], int | None],
+) -> int:
+    """Add the function starts `.ARM.exidx` names (as `eh_frame` starts), each in its ARM/Thumb state;
+    returns how many were added.
+
+    The table does not say the state. Code reached from the other starts first (`starts`, walked
+    now with the `noret` functions) decides it for the functions it calls (`bl` keeps the state,
+    `blx` switches). The others are guessed from their first bytes (`guess_state`); when the bytes
+    cannot tell, they take the state most of the table's called functions were decoded in (or the
+    entry point's).
+    """
+    entries = exidx_starts(parse_exidx(image))
+    if not entries:
+        return 0
+    explorer.traverse(starts, noret)  # type: ignore[attr-defined]
+    decided: dict[int, bool] = backend.decoded_thumb  # type: ignore[attr-defined]
+    thumb: set[int] = backend.thumb  # type: ignore[attr-defined]
+    votes = [decided[e.start] for e in entries if e.start in decided]
+    prior = 2 * sum(votes) >= len(votes) if votes else bool(image.identity.entry & 1)
+    order = "<" if image.code_endian == "little" else ">"
+    md = backend.md  # type: ignore[attr-defined]
+    added = 0
+    for e in entries:
+        va = e.start & ~1
+        if va not in decided:
+            data = image.read(va, 16) or b""
+            state = guess_state(data, lambda t, data=data, va=va: decodes(md(t), data, va), order)
+            if state is None:
+                state = prior
+            if state:
+                thumb.add(va)
+            else:
+                thumb.discard(va)
+        if add(va, "eh_frame") is not None:
+            added += 1
+    return added
