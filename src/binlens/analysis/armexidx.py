@@ -11,6 +11,7 @@ starts (see `exidx_starts`).
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -171,3 +172,42 @@ def seed_exidx_starts(
         if add(va, "eh_frame") is not None:
             added += 1
     return added
+
+
+def starts_with_push(data: bytes, thumb: bool, order: str = "<") -> bool:
+    """Do the bytes begin with a `push {..., lr}` in that state (Thumb: 16-bit or `push.w`; ARM:
+    `push`/`stmdb sp!` followed by two words with the "always" condition, or `str lr, [sp, #-4]!`)?"""
+    if len(data) < 16:
+        return False
+    if thumb:
+        h0, h1 = struct.unpack_from(order + "2H", data)
+        return _thumb_push(h0, h1)
+    w = struct.unpack_from(order + "4I", data)
+    return _arm_push(w[0]) and sum(1 for x in w[1:] if x >> 28 in (0xE, 0xF)) >= 2
+
+
+# a `push {..., lr}` in little-endian code: Thumb 16-bit (b5xx), Thumb-2 `push.w` (e92d 4xxx) or
+# ARM (e92d4xxx); sp and pc are not in the list
+_PUSH_LE = re.compile(rb"[\x00-\xff]\xb5|\x2d\xe9[\x00-\xff][\x40-\x5f]|[\x00-\xff][\x40-\x5f]\x2d\xe9", re.DOTALL)
+
+
+def gap_push(data: bytes, off: int, end: int, base: int) -> int | None:
+    """The first function entry that begins with a `push {..., lr}` in `data[off:end]` (code at
+    virtual address `base` + offset, little-endian instructions), as a code address whose bit 0
+    says Thumb; None when there is none. Thumb candidates are halfword-aligned, ARM ones word-aligned;
+    each must also pass `starts_with_push` in its state."""
+    pos = off + (off & 1)
+    while pos < end:
+        m = _PUSH_LE.search(data, pos, end)
+        if m is None:
+            return None
+        at = m.start()
+        window = data[at : at + 16]
+        arm = m.group()[2:] == b"\x2d\xe9"
+        if arm:
+            if at % 4 == 0 and starts_with_push(window, False):
+                return base + at
+        elif at % 2 == 0 and starts_with_push(window, True):
+            return (base + at) | 1
+        pos = at + 1
+    return None

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
 
+from binlens.analysis.armexidx import gap_push, starts_with_push
 from binlens.analysis.codemap import CodeMap, CodeRegion
 from binlens.analysis.discovery import Body, Explorer, FragmentIndex
 from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET, XREF_KINDS
@@ -126,8 +127,18 @@ def heuristic_starts(
             pending[:] = later
     elif stage in ("data_prologues", "data_pointers"):
         for _src, dst in pointers_in_data(image, codemap, set()):
-            if stage == "data_pointers" or (x86 and _starts_like_function(codemap, dst)) or (mips and mips(dst)):
+            if (
+                stage == "data_pointers"
+                or (x86 and _starts_like_function(codemap, dst))
+                or (mips and mips(dst))
+                or (arm and _arm_pushes(image, codemap, dst))  # a push in the state the pointer names
+            ):
                 accept(dst, "pointer")
+    elif arm:
+        if image.code_endian == "little":
+            gaps = gaps or Gaps(codemap, explorer, disjoint=False)
+            for va in _arm_gap_candidates(codemap, backend, gaps.covered(bodies), gaps.memo):
+                accept(va, "prologue")
     elif image.identity.arch in ("x86-64", "x86", "aarch64"):
         # Gaps are code no function covers (code decoded on a path later found dead counts too).
         gaps = gaps or Gaps(codemap, explorer, disjoint=x86)
@@ -349,6 +360,71 @@ def _set_arm_state(backend: object, va: int, thumb: bool) -> None:
         modes.add(va)
     else:
         modes.discard(va)  # e.g. a fall-through guess after a call that does not return
+
+
+def _arm_pushes(image: Image, codemap: CodeMap, va: int) -> bool:
+    """Does the ARM32 code a pointer names (bit 0: Thumb) begin with `push {..., lr}` in that state?"""
+    r = codemap.region(va & ~1)
+    if r is None:
+        return False
+    off = (va & ~1) - r.va
+    order = "<" if image.code_endian == "little" else ">"
+    return starts_with_push(bytes(r.data[off : off + 16]), bool(va & 1), order)
+
+
+def _arm_gap_candidates(
+    codemap: CodeMap,
+    backend: object,
+    covered: dict[int, bytearray],
+    memo: dict[int, dict[tuple[int, int], tuple[int, bool, int] | None]],
+) -> list[int]:
+    """ARM32: in each gap (code no function covers), the first `push {..., lr}` in either state, as
+    a code address whose bit 0 says Thumb. A gap usually begins with the literal pool of the
+    function before it, so the first non-padding address is data more often than code; the first
+    push, Thumb halfword- or ARM word-aligned, is where the next function's frame is built.
+    A function may do a little work before its push (`ldr r3, [r0, #8]; push.w {...}`): when
+    the gap, past the words pc-relative loads read and padding, begins at most 8 bytes before the
+    push with straight-line code that runs into it, the entry is there instead.
+    `memo` keeps the push per gap between rounds (it depends on the gap's bounds and bytes only)."""
+    out = []
+    literals: set[int] = backend.literals  # type: ignore[attr-defined]
+    for r in codemap.regions:
+        seen = memo.setdefault(r.va, {})
+        for span in _zero_runs(covered[r.va]):
+            hit = seen.get(span, _MISS)
+            if hit is _MISS:
+                va = gap_push(r.data, span[0], span[1], r.va)
+                hit = seen[span] = None if va is None else (va, True, r.va + span[1])
+            if hit is not None:
+                out.append(_arm_lead_in(r, backend, literals, r.va + span[0], hit[0]))
+    return out
+
+
+_ARM_PADDING = {2: (b"\x00\xbf", b"\x00\x00"), 4: (b"\x00\x00\xa0\xe1", b"\x00\xf0\x20\xe3", b"\x00\x00\x00\x00")}
+
+
+def _arm_lead_in(r: CodeRegion, backend: object, literals: set[int], lo: int, push: int) -> int:
+    """The entry of the function whose push is at `push` (bit 0: Thumb), in a gap that begins at `lo`."""
+    thumb = push & 1
+    at = push & ~1
+    step = 2 if thumb else 4
+    g = lo + (lo & 1)
+    while g < at:
+        if g in literals and g % 4 == 0:
+            g += 4
+        elif r.data[g - r.va : g - r.va + step] in _ARM_PADDING[step]:
+            g += step
+        else:
+            break
+    if not 0 < at - g <= 8 or (not thumb and g % 4):
+        return push
+    reach = g
+    for ins in backend.md(bool(thumb)).disasm(bytes(r.data[g - r.va : at - r.va]), g):  # type: ignore[attr-defined]
+        m = ins.mnemonic
+        if m.startswith(("b", "cb", "it", "tb", "pop", "ldm", "udf")) or "pc" in ins.op_str.split(",")[0]:
+            return push
+        reach = ins.address + ins.size
+    return g | thumb if reach == at else push
 
 
 def _instruction_start(codemap: CodeMap, va: int) -> bool:
