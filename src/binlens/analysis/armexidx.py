@@ -137,9 +137,13 @@ def seed_exidx_starts(
     starts: list[int],
     noret: set[int],
     add: Callable[[int, str], int | None],
-) -> int:
+) -> dict[int, int]:
     """Add the function starts `.ARM.exidx` names (as `eh_frame` starts), each in its ARM/Thumb state;
-    returns how many were added.
+    returns the ranges of those added (start -> bytes to the next entry).
+
+    A range is not a function's extent: it runs over the literal pool and padding after the
+    function, and the linker merges an entry into the one before when their unwind descriptions
+    are the same, so it may cover two functions. It tells the heuristics where known functions are.
 
     The table does not say the state. Code reached from the other starts first (`starts`, walked
     now with the `noret` functions) decides it for the functions it calls (`bl` keeps the state,
@@ -149,7 +153,7 @@ def seed_exidx_starts(
     """
     entries = exidx_starts(parse_exidx(image))
     if not entries:
-        return 0
+        return {}
     explorer.traverse(starts, noret)  # type: ignore[attr-defined]
     decided: dict[int, bool] = backend.decoded_thumb  # type: ignore[attr-defined]
     thumb: set[int] = backend.thumb  # type: ignore[attr-defined]
@@ -157,7 +161,7 @@ def seed_exidx_starts(
     prior = 2 * sum(votes) >= len(votes) if votes else bool(image.identity.entry & 1)
     order = "<" if image.code_endian == "little" else ">"
     md = backend.md  # type: ignore[attr-defined]
-    added = 0
+    added = {}
     for e in entries:
         va = e.start & ~1
         if va not in decided:
@@ -169,8 +173,8 @@ def seed_exidx_starts(
                 thumb.add(va)
             else:
                 thumb.discard(va)
-        if add(va, "eh_frame") is not None:
-            added += 1
+        if add(va, "eh_frame") is not None and e.size > 0:
+            added[va] = e.size
     return added
 
 

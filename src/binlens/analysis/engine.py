@@ -163,8 +163,10 @@ def _analyze(
         _jump_table_fn(image, codemap, backend, jt_tables),
         cond_preds=image.identity.arch in ("aarch64", "arm", "mips"),
     )
+    known = extents  # where the heuristics look for no new starts: unwind ranges and sized symbols
     if seeds.arm:  # ARM EHABI unwind index: its starts, each in its state (after what calls decide)
-        seed_exidx_starts(image, backend, explorer, list(seeds.starts), noret_slots | named_noret, seeds.add)
+        ranges = seed_exidx_starts(image, backend, explorer, list(seeds.starts), noret_slots | named_noret, seeds.add)
+        known = {**ranges, **extents}
         for va in excluded:
             seeds.starts.pop(va, None)
     code_total = max(1, codemap.total_bytes)
@@ -190,7 +192,7 @@ def _analyze(
         if stage in exhausted:
             continue
         report(0.7, 1.0, f"{len(bodies)} functions; heuristics: {stage}")
-        extra = heuristic_starts(image, codemap, explorer, backend, starts, extents, bodies, stage, gaps)
+        extra = heuristic_starts(image, codemap, explorer, backend, starts, known, bodies, stage, gaps)
         if not extra:
             exhausted.add(stage)
         else:

@@ -70,9 +70,9 @@ def heuristic_starts(
 
     out: dict[int, str] = {}
 
-    def unexplored(va: int) -> bool:
+    def unexplored(va: int, lax: bool = False) -> bool:
         r = codemap.region(va)
-        return r is not None and r.state[va - r.va] == 0 and not (inside(va) and va not in extents)
+        return r is not None and r.state[va - r.va] == 0 and (lax or not (inside(va) and va not in extents))
 
     x86 = image.identity.arch in ("x86-64", "x86")
     mips = _mips_prologue(image, codemap) if image.identity.arch == "mips" else None
@@ -88,7 +88,11 @@ def heuristic_starts(
                 return  # ARM instructions are word-aligned: no ARM function starts here
         if va in starts or va in out:
             return
-        if not unexplored(va) and va not in explorer.unproven:
+        # ARM: a linker merges the unwind entry of a function into the one before when the two
+        # describe the same frame, so one range may hold a second function: one that begins with
+        # a push in its state may start inside a range
+        lax = arm and source == "pointer" and _arm_pushes(image, codemap, va | thumb)
+        if not unexplored(va, lax) and va not in explorer.unproven:
             # an address-taken prologue that descent ran into (the fall-through after a call that
             # does not return) is still a function of its own
             if (
