@@ -387,8 +387,8 @@ def _arm_gap_candidates(
     function before it, so the first non-padding address is data more often than code; the first
     push, Thumb halfword- or ARM word-aligned, is where the next function's frame is built.
     A function may do a little work before its push (`ldr r3, [r0, #8]; push.w {...}`): when
-    the gap, past the words pc-relative loads read and padding, begins at most 8 bytes before the
-    push with straight-line code that runs into it, the entry is there instead.
+    the gap, past the words pc-relative loads read and padding, begins at most 16 bytes before the
+    push with code that runs into it (conditional branches aside: `cbz r0, 1f`), the entry is there instead.
     `memo` keeps the push per gap between rounds (it depends on the gap's bounds and bytes only)."""
     out = []
     literals: set[int] = backend.literals  # type: ignore[attr-defined]
@@ -420,13 +420,13 @@ def _arm_lead_in(r: CodeRegion, backend: object, literals: set[int], lo: int, pu
             g += step
         else:
             break
-    if not 0 < at - g <= 8 or (not thumb and g % 4):
+    if not 0 < at - g <= 16 or (not thumb and g % 4):
         return push
     reach = g
     for ins in backend.md(bool(thumb)).disasm(bytes(r.data[g - r.va : at - r.va]), g):  # type: ignore[attr-defined]
-        m = ins.mnemonic
-        if m.startswith(("b", "cb", "it", "tb", "pop", "ldm", "udf")) or "pc" in ins.op_str.split(",")[0]:
-            return push
+        m = ins.mnemonic.split(".")[0]
+        if m in ("b", "bl", "blx", "bx", "tbb", "tbh", "udf", "bkpt", "svc") or "pc" in ins.op_str:
+            return push  # only straight-line code and forward exits (`cbz r0, 1f`) come before a push
         reach = ins.address + ins.size
     return g | thumb if reach == at else push
 
