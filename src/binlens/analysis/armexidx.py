@@ -96,10 +96,11 @@ def guess_state(data: bytes, valid: Callable[[bool], int], order: str = "<") -> 
     function's entry (True), an ARM one's (False), or can the bytes not tell (None)?
 
     `valid(thumb)` is how many instructions decode from `data` in that state before an invalid
-    one (at most 4). Rules, most telling first: a Thumb `push {.., lr}` at the entry or after one
-    16-bit instruction; an ARM `push {.., lr}` followed by ARM words (condition "always"); four
-    words that all carry the "always"/unconditional condition and decode as ARM; then the one
-    state in which the bytes decode at all.
+    one (at most 4). Rules, most telling first: an ARM `push {.., lr}` followed by ARM words
+    (condition "always"); a Thumb `push {.., lr}` at the entry or after one 16-bit instruction;
+    ARM words with the "always" condition up to an ARM return (`bx lr`, `pop {.., pc}`); an ARM
+    push after one such word (`cmp r0, r1; push {r4, lr}`); four words that all carry the
+    "always" condition and decode as ARM; then the one state in which the bytes decode at all.
     """
     if len(data) < 16:
         return None
@@ -110,7 +111,16 @@ def guess_state(data: bytes, valid: Callable[[bool], int], order: str = "<") -> 
         return False
     if _thumb_push(h[0], h[1]) or (h[0] < 0xE800 and _thumb_push(h[1], h[2])):
         return True
+    for i, x in enumerate(w):  # ARM words up to a return or branch, all with the "always" condition
+        if x == 0xE12FFF1E or x & 0xFFFF8000 == 0xE8BD8000:
+            if i:
+                return False
+            break
+        if x >> 28 != 0xE:
+            break
     arm_ok, thumb_ok = valid(False), valid(True)
+    if w[0] >> 28 == 0xE and _arm_push(w[1]) and arm_ok >= 4:
+        return False
     if always == 3 and w[0] >> 28 == 0xE and arm_ok >= 4:
         return False
     if (arm_ok >= 4) != (thumb_ok >= 4):

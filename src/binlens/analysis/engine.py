@@ -21,7 +21,7 @@ from binlens.analysis.discovery import (
 )
 from binlens.analysis.ehframe import parse_eh_frame
 from binlens.analysis.functions import build_functions
-from binlens.analysis.heuristics import Gaps, heuristic_starts
+from binlens.analysis.heuristics import Gaps, arm_labels, heuristic_starts
 from binlens.analysis.model import (
     SOURCES,
     XREF_KINDS,
@@ -201,6 +201,11 @@ def _analyze(
                 if va not in excluded:
                     seeds.starts.setdefault(va, set()).add(src)
             bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret, noret_slots, excluded)
+            labels = arm_labels(explorer, bodies, seeds.starts) if seeds.arm else set()
+            if labels:  # ARM: gap guesses that code found since runs into
+                for va in labels:
+                    del seeds.starts[va]
+                bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret, noret_slots, excluded)
             if stage in ("data_prologues", "data_pointers"):
                 entries = _table_entry_seeds(image, codemap, explorer, backend, jt_tables, seeds.starts)
                 if entries:

@@ -79,7 +79,7 @@ def heuristic_starts(
 
     arm = image.identity.arch == "arm"
 
-    def accept(va: int, source: str, need_ret: bool = False) -> None:
+    def accept(va: int, source: str, need_ret: bool = False, pushes: bool = False) -> None:
         thumb = False
         if arm:  # a code address with bit 0 set names Thumb code at the even address; else ARM code
             thumb = bool(va & 1)
@@ -91,7 +91,7 @@ def heuristic_starts(
         # ARM: a linker merges the unwind entry of a function into the one before when the two
         # describe the same frame, so one range may hold a second function: one that begins with
         # a push in its state may start inside a range
-        lax = arm and source == "pointer" and _arm_pushes(image, codemap, va | thumb)
+        lax = arm and (pushes or source == "pointer" and _arm_pushes(image, codemap, va | thumb))
         if not unexplored(va, lax) and va not in explorer.unproven:
             # an address-taken prologue that descent ran into (the fall-through after a call that
             # does not return) is still a function of its own
@@ -366,6 +366,30 @@ def _set_arm_state(backend: object, va: int, thumb: bool) -> None:
         modes.discard(va)  # e.g. a fall-through guess after a call that does not return
 
 
+def arm_labels(explorer: Explorer, bodies: dict[int, Body], seeds: dict[int, set[str]]) -> set[int]:
+    """ARM32: gap guesses (`prologue` starts) that another function's code runs into (falls
+    through or branches past a condition into): a push inside a function found before the
+    function was (a shrink-wrapped frame, or an entry known only from a later stage). The caller
+    drops them, and the discovery that follows gives their code back to the function."""
+    guessed = {va for va, src in seeds.items() if src == {"prologue"}}
+    into: dict[int, int] = {}
+    chunks = explorer.chunks
+    for va in guessed:
+        a = explorer.pred.get(va)
+        c = chunks.get(a) if a is not None else None
+        if c is not None and c[0] == va and c[1] in (T_FALL, T_COND):
+            into[a] = va
+    if not into:
+        return set()
+    out = set()
+    for f, b in bodies.items():
+        for a in b.chunks:
+            x = into.get(a)
+            if x is not None and x != f:
+                out.add(x)
+    return out
+
+
 def _arm_pushes(image: Image, codemap: CodeMap, va: int) -> bool:
     """Does the ARM32 code a pointer names (bit 0: Thumb) begin with `push {..., lr}` in that state?"""
     r = codemap.region(va & ~1)
@@ -425,7 +449,8 @@ def _arm_lead_in(r: CodeRegion, backend: object, literals: set[int], lo: int, pu
     reach = g
     for ins in backend.md(bool(thumb)).disasm(bytes(r.data[g - r.va : at - r.va]), g):  # type: ignore[attr-defined]
         m = ins.mnemonic.split(".")[0]
-        if m in ("b", "bl", "blx", "bx", "tbb", "tbh", "udf", "bkpt", "svc") or "pc" in ins.op_str:
+        ops = ins.op_str
+        if m in ("b", "bl", "blx", "bx", "tbb", "tbh", "udf", "bkpt", "svc") or ops.startswith("pc") or "pc}" in ops:
             return push  # only straight-line code and forward exits (`cbz r0, 1f`) come before a push
         reach = ins.address + ins.size
     return g | thumb if reach == at else push
