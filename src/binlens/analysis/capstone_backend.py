@@ -249,7 +249,7 @@ class CapstoneBackend:
             flow, tgt = self.classify(ins)
             if self.arch == "aarch64":
                 self._adrp_refs(ins, pages)
-            elif ins.id in _LITERAL_LOADS:
+            elif self.arch == "arm" and ins.id in _LITERAL_LOADS:
                 self._literal(ins, bool(thumb))
             if flow == F_NEXT:
                 cur = nxt

@@ -201,7 +201,7 @@ def _analyze(
                 if va not in excluded:
                     seeds.starts.setdefault(va, set()).add(src)
             bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret, noret_slots, excluded)
-            labels = arm_labels(explorer, bodies, seeds.starts) if seeds.arm else set()
+            labels = arm_labels(explorer, backend, bodies, seeds.starts) if seeds.arm else set()
             if labels:  # ARM: gap guesses that code found since runs into
                 for va in labels:
                     del seeds.starts[va]

@@ -108,6 +108,8 @@ def heuristic_starts(
         if source == "pointer" and inside_body(va) and not (x86 and _starts_like_function(codemap, va)):
             return  # a label inside a function (computed goto, unresolved table), not an entry
         if arm:
+            if va in backend.literals:  # type: ignore[attr-defined]
+                return  # a literal pool word a pc-relative load reads: data
             _set_arm_state(backend, va, thumb)
         c = explorer.chunk(va)
         if c is not None and c[1] != T_BAD and (not need_ret or c[1] in (T_RET, T_JUMP)):
@@ -366,27 +368,25 @@ def _set_arm_state(backend: object, va: int, thumb: bool) -> None:
         modes.discard(va)  # e.g. a fall-through guess after a call that does not return
 
 
-def arm_labels(explorer: Explorer, bodies: dict[int, Body], seeds: dict[int, set[str]]) -> set[int]:
-    """ARM32: gap guesses (`prologue` starts) that another function's code runs into (falls
-    through or branches past a condition into): a push inside a function found before the
-    function was (a shrink-wrapped frame, or an entry known only from a later stage). The caller
+def arm_labels(explorer: Explorer, backend: object, bodies: dict[int, Body], seeds: dict[int, set[str]]) -> set[int]:
+    """ARM32: guesses (`prologue` and `pointer` starts with no other evidence) that another
+    function's code runs into (falls through or branches past a condition into): a push or a
+    coincidental data word inside a function found before the function was (a shrink-wrapped
+    frame, or an entry known only from a later stage), and those at a word that a pc-relative load
+    reads (a literal pool, named by a data word that happens to hold its address). The caller
     drops them, and the discovery that follows gives their code back to the function."""
-    guessed = {va for va, src in seeds.items() if src == {"prologue"}}
-    into: dict[int, int] = {}
+    guessed = [va for va, src in seeds.items() if src == {"prologue"} or src == {"pointer"}]
+    literals: set[int] = backend.literals  # type: ignore[attr-defined]
+    out = {va for va in guessed if va in literals}  # a word a pc-relative load reads is data
+    into: dict[int, int] = {}  # guess -> the last instruction of the chunk that runs into it
     chunks = explorer.chunks
     for va in guessed:
         a = explorer.pred.get(va)
         c = chunks.get(a) if a is not None else None
         if c is not None and c[0] == va and c[1] in (T_FALL, T_COND):
-            into[a] = va
-    if not into:
-        return set()
-    out = set()
-    for f, b in bodies.items():
-        for a in b.chunks:
-            x = into.get(a)
-            if x is not None and x != f:
-                out.add(x)
+            into[va] = c[3]
+    if into:  # a body that runs into another start lists it among its tails (from that last instruction)
+        out.update(s for f, b in bodies.items() for last, s in b.tails if s != f and into.get(s) == last)
     return out
 
 
