@@ -90,8 +90,12 @@ def heuristic_starts(
             return
         # ARM: a linker merges the unwind entry of a function into the one before when the two
         # describe the same frame, so one range may hold a second function: one that begins with
-        # a push in its state may start inside a range
-        lax = arm and (pushes or source == "pointer" and _arm_pushes(image, codemap, va | thumb))
+        # a push in its state, or that a data pointer names right after a return, may start inside a range
+        lax = arm and (
+            pushes
+            or source == "pointer"
+            and (_arm_pushes(image, codemap, va | thumb) or _arm_after_end(image, codemap, backend, va, thumb))
+        )
         if not unexplored(va, lax) and va not in explorer.unproven:
             # an address-taken prologue that descent ran into (the fall-through after a call that
             # does not return) is still a function of its own
@@ -398,6 +402,32 @@ def _arm_pushes(image: Image, codemap: CodeMap, va: int) -> bool:
     off = (va & ~1) - r.va
     order = "<" if image.code_endian == "little" else ">"
     return starts_with_push(bytes(r.data[off : off + 16]), bool(va & 1), order)
+
+
+def _arm_after_end(image: Image, codemap: CodeMap, backend: object, va: int, thumb: int) -> bool:
+    """ARM32: does a function end right before `va` (past padding and the words pc-relative loads
+    read)? That is, is the instruction before a return: Thumb `bx lr`, `pop {.., pc}`,
+    `pop.w {.., pc}`; ARM `bx lr`, `pop {.., pc}`, `ldr pc, [sp], #4`."""
+    r = codemap.region(va)
+    if r is None or image.code_endian != "little":
+        return False
+    literals: set[int] = backend.literals  # type: ignore[attr-defined]
+    data = r.data
+    o = va - r.va
+    while o >= 4:
+        if (r.va + o - 4) in literals and o % 4 == 0:
+            o -= 4
+        elif data[o - 2 : o] in (b"\x00\xbf", b"\x00\x00"):
+            o -= 2
+        else:
+            break
+    if o < 4:
+        return False
+    (h,) = struct.unpack_from("<H", data, o - 2)
+    (w,) = struct.unpack_from("<I", data, o - 4)
+    if h == 0x4770 or h & 0xFF00 == 0xBD00 or (w & 0x8000FFFF == 0x8000E8BD):
+        return True
+    return o % 4 == 0 and (w == 0xE12FFF1E or w & 0xFFFF8000 == 0xE8BD8000 or w == 0xE49DF004)
 
 
 def _arm_gap_candidates(
