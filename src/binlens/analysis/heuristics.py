@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
 
-from binlens.analysis.armexidx import gap_push, starts_with_push
+from binlens.analysis.armexidx import decodes, gap_push, guess_state, starts_with_push
 from binlens.analysis.codemap import CodeMap, CodeRegion
 from binlens.analysis.discovery import Body, Explorer, FragmentIndex
 from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET, XREF_KINDS
@@ -147,8 +147,14 @@ def heuristic_starts(
     elif arm:
         if image.code_endian == "little":
             gaps = gaps or Gaps(codemap, explorer, disjoint=False)
-            for va in _arm_gap_candidates(codemap, backend, gaps.covered(bodies), gaps.memo):
+            covered = gaps.covered(bodies)
+            for va in _arm_gap_candidates(codemap, backend, covered, gaps.memo):
                 accept(va, "prologue")
+            if not out:  # pushes first: descent from them claims their gaps before weaker guesses
+                decoded = backend.decoded_thumb  # type: ignore[attr-defined]
+                prior = 2 * sum(decoded.get(f, False) for f in starts) >= len(starts)  # most functions' state
+                for va in _arm_leaf_candidates(image, codemap, backend, covered, prior):
+                    accept(va, "prologue", need_ret=True)
     elif image.identity.arch in ("x86-64", "x86", "aarch64"):
         # Gaps are code no function covers (code decoded on a path later found dead counts too).
         gaps = gaps or Gaps(codemap, explorer, disjoint=x86)
@@ -459,6 +465,39 @@ def _arm_gap_candidates(
 
 
 _ARM_PADDING = {2: (b"\x00\xbf", b"\x00\x00"), 4: (b"\x00\x00\xa0\xe1", b"\x00\xf0\x20\xe3", b"\x00\x00\x00\x00")}
+
+
+def _arm_leaf_candidates(
+    image: Image, codemap: CodeMap, backend: object, covered: dict[int, bytearray], prior: bool
+) -> list[int]:
+    """ARM32: the first address of each gap (past padding and the words pc-relative loads read)
+    when a return comes right before it, in the state its first bytes tell (`guess_state`; else
+    `prior`, True for Thumb), as a code address whose bit 0 says Thumb: a leaf function nothing
+    references (no push to find it by). The caller takes it only when its first block returns or jumps."""
+    literals: set[int] = backend.literals  # type: ignore[attr-defined]
+    md = backend.md  # type: ignore[attr-defined]
+    out = []
+    for r in codemap.regions:
+        for lo, hi in _zero_runs(covered[r.va]):
+            g = r.va + lo + (lo & 1)
+            end = r.va + hi
+            while g + 4 <= end:
+                if g in literals and g % 4 == 0:
+                    g += 4
+                elif r.data[g - r.va : g - r.va + 2] in (b"\x00\xbf", b"\x00\x00"):
+                    g += 2
+                else:
+                    break
+            if g + 16 > end or not _arm_after_end(image, codemap, backend, g, 0):
+                continue
+            data = bytes(r.data[g - r.va : g - r.va + 16])
+            state = guess_state(data, lambda t, d=data, a=g: decodes(md(t), d, a))
+            if state is None:
+                state = prior
+            if not state and g % 4:
+                continue
+            out.append(g | int(state))
+    return out
 
 
 def _arm_lead_in(r: CodeRegion, backend: object, literals: set[int], lo: int, push: int) -> int:
