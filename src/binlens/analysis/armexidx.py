@@ -100,7 +100,9 @@ def guess_state(data: bytes, valid: Callable[[bool], int], order: str = "<") -> 
     (condition "always"); a Thumb `push {.., lr}` at the entry or after one 16-bit instruction;
     ARM words with the "always" condition up to an ARM return (`bx lr`, `pop {.., pc}`); an ARM
     push after one such word (`cmp r0, r1; push {r4, lr}`); four words that all carry the
-    "always" condition and decode as ARM; then the one state in which the bytes decode at all.
+    "always" condition and decode as ARM; Thumb when the first word would be a conditional ARM
+    instruction (no ARM entry begins with one) and the bytes decode as Thumb; then the one state
+    in which the bytes decode at all.
     """
     if len(data) < 16:
         return None
@@ -123,6 +125,8 @@ def guess_state(data: bytes, valid: Callable[[bool], int], order: str = "<") -> 
         return False
     if always == 3 and w[0] >> 28 == 0xE and arm_ok >= 4:
         return False
+    if w[0] >> 28 < 0xE and thumb_ok >= 4:
+        return True  # an ARM entry does not begin with a conditional instruction
     if (arm_ok >= 4) != (thumb_ok >= 4):
         return thumb_ok >= 4
     return None

@@ -189,6 +189,10 @@ def _analyze(
     # overlap a chunk begun at a misaligned address, so they recount each round
     gaps = Gaps(codemap, explorer, disjoint=image.identity.arch in ("x86-64", "x86"))
     for stage in stages:
+        if stage == "data_pointers":
+            gaps.after_data = True
+            if seeds.arm:  # ARM32 gaps have leaf guesses that wait for this: look at the gaps again
+                exhausted.discard("gaps")
         if stage in exhausted:
             continue
         report(0.7, 1.0, f"{len(bodies)} functions; heuristics: {stage}")

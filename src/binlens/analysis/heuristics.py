@@ -150,7 +150,9 @@ def heuristic_starts(
             covered = gaps.covered(bodies)
             for va in _arm_gap_candidates(codemap, backend, covered, gaps.memo):
                 accept(va, "prologue")
-            if not out:  # pushes first: descent from them claims their gaps before weaker guesses
+            # leaf functions (no push): pushes first, since descent from them claims their gaps; and only
+            # after the data pointers, which name a function's state (a guess in the wrong one would stay)
+            if not out and gaps.after_data:
                 decoded = backend.decoded_thumb  # type: ignore[attr-defined]
                 prior = 2 * sum(decoded.get(f, False) for f in starts) >= len(starts)  # most functions' state
                 for va in _arm_leaf_candidates(image, codemap, backend, covered, prior):
@@ -224,6 +226,7 @@ class Gaps:
         self.nsplits = 0
         self.memo: dict[int, dict[tuple[int, int], tuple[int, bool, int] | None]] = {}
         self._refs: list[tuple[int, int]] = []
+        self.after_data = False  # set once the data-pointer stages have run (ARM32 leaf guesses wait for it)
         self._refs_upto = 0
 
     def offset_refs(self, backend: object) -> list[tuple[int, int]]:
@@ -421,7 +424,7 @@ def _arm_after_end(image: Image, codemap: CodeMap, backend: object, va: int, thu
     data = r.data
     o = va - r.va
     while o >= 4:
-        if (r.va + o - 4) in literals and o % 4 == 0:
+        if (r.va + o - 4) in literals and (r.va + o) % 4 == 0:
             o -= 4
         elif data[o - 2 : o] in (b"\x00\xbf", b"\x00\x00"):
             o -= 2
@@ -433,7 +436,7 @@ def _arm_after_end(image: Image, codemap: CodeMap, backend: object, va: int, thu
     (w,) = struct.unpack_from("<I", data, o - 4)
     if h == 0x4770 or h & 0xFF00 == 0xBD00 or (w & 0x8000FFFF == 0x8000E8BD):
         return True
-    return o % 4 == 0 and (w == 0xE12FFF1E or w & 0xFFFF8000 == 0xE8BD8000 or w == 0xE49DF004)
+    return (r.va + o) % 4 == 0 and (w == 0xE12FFF1E or w & 0xFFFF8000 == 0xE8BD8000 or w == 0xE49DF004)
 
 
 def _arm_gap_candidates(
@@ -488,9 +491,9 @@ def _arm_leaf_candidates(
                     g += 2
                 else:
                     break
-            if g + 16 > end or not _arm_after_end(image, codemap, backend, g, 0):
+            if g + 4 > end or not _arm_after_end(image, codemap, backend, g, 0):
                 continue
-            data = bytes(r.data[g - r.va : g - r.va + 16])
+            data = (image.read(g, 16) or b"").ljust(16, b"\x00")  # (a short gap at a region's end)
             state = guess_state(data, lambda t, d=data, a=g: decodes(md(t), d, a))
             if state is None:
                 state = prior
