@@ -187,7 +187,7 @@ def _analyze(
     exhausted: set[str] = set()  # repeated stages that found nothing since the last find
     # x86 chunks never overlap (every byte is checked); capstone's fixed-width decoders can
     # overlap a chunk begun at a misaligned address, so they recount each round
-    gaps = Gaps(codemap, explorer, disjoint=image.identity.arch in ("x86-64", "x86"))
+    gaps = Gaps(codemap, explorer, disjoint=image.identity.arch in ("x86-64", "x86", "arm"))
     for stage in stages:
         if stage == "data_pointers":
             gaps.after_data = True
