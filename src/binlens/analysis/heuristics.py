@@ -79,7 +79,7 @@ def heuristic_starts(
 
     arm = image.identity.arch == "arm"
 
-    def accept(va: int, source: str, need_ret: bool = False, pushes: bool = False) -> None:
+    def accept(va: int, source: str, need_ret: bool = False, in_range: bool = False) -> None:
         thumb = False
         if arm:  # a code address with bit 0 set names Thumb code at the even address; else ARM code
             thumb = bool(va & 1)
@@ -89,10 +89,11 @@ def heuristic_starts(
         if va in starts or va in out:
             return
         # ARM: a linker merges the unwind entry of a function into the one before when the two
-        # describe the same frame, so one range may hold a second function: one that begins with
-        # a push in its state, or that a data pointer names right after a return, may start inside a range
+        # describe the same frame, so one range may hold a second function: a gap's push or leaf
+        # (`in_range`), or code a data pointer names that begins with a push in its state or comes
+        # right after a return, may start inside a range
         lax = arm and (
-            pushes
+            in_range
             or source == "pointer"
             and (_arm_pushes(image, codemap, va | thumb) or _arm_after_end(image, codemap, backend, va, thumb))
         )
@@ -149,14 +150,14 @@ def heuristic_starts(
             gaps = gaps or Gaps(codemap, explorer, disjoint=False)
             covered = gaps.covered(bodies)
             for va in _arm_gap_candidates(codemap, backend, covered, gaps.memo):
-                accept(va, "prologue")
+                accept(va, "prologue", in_range=True)
             # leaf functions (no push): pushes first, since descent from them claims their gaps; and only
             # after the data pointers, which name a function's state (a guess in the wrong one would stay)
             if not out and gaps.after_data:
                 decoded = backend.decoded_thumb  # type: ignore[attr-defined]
                 prior = 2 * sum(decoded.get(f, False) for f in starts) >= len(starts)  # most functions' state
                 for va in _arm_leaf_candidates(image, codemap, backend, covered, prior):
-                    accept(va, "prologue", need_ret=True)
+                    accept(va, "prologue", need_ret=True, in_range=True)
     elif image.identity.arch in ("x86-64", "x86", "aarch64"):
         # Gaps are code no function covers (code decoded on a path later found dead counts too).
         gaps = gaps or Gaps(codemap, explorer, disjoint=x86)
