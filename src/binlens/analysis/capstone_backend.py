@@ -81,6 +81,8 @@ class CapstoneBackend:
         # may name the other state for an address decoded before; a function's `mode` follows
         # the decoding, so listings show what the analysis decoded.
         self.decoded_thumb: dict[int, bool] = {}
+        # ARM32: the addresses pc-relative loads read (literal pools: data between functions)
+        self.literals: set[int] = set()
         self.x_src = array("Q")
         self.x_dst = array("Q")
         self.x_kind = bytearray()
@@ -271,6 +273,8 @@ class CapstoneBackend:
             flow, tgt = self.classify(ins)
             if self.arch == "aarch64":
                 self._adrp_refs(ins, pages)
+            elif self.arch == "arm" and ins.id in _LITERAL_LOADS:
+                self._literal(ins, bool(thumb))
             if flow == F_NEXT:
                 cur = nxt
                 continue
@@ -310,6 +314,18 @@ class CapstoneBackend:
             if page is not None:
                 self._ref(ins.address, page + ops[-1].mem.disp, K_READ)
 
+    def _literal(self, ins: cs.CsInsn, thumb: bool) -> None:
+        """Note the words an ARM32 pc-relative load reads (`ldr rX, [pc, #imm]`, `ldrd`, `vldr`)."""
+        ops = ins.operands
+        if not ops or ops[-1].type != _ARM.ARM_OP_MEM:
+            return
+        mem = ops[-1].mem
+        if mem.base != _ARM.ARM_REG_PC or mem.index != 0:
+            return
+        at = ((ins.address + (4 if thumb else 8)) & ~3) + mem.disp
+        n = 8 if ins.id in (_ARM.ARM_INS_LDRD, _ARM.ARM_INS_VLDR) else 4
+        self.literals.update(range(at, at + n, 4))
+
     def _ref(self, src: int, dst: int, kind: int) -> None:
         if self.image.is_mapped(dst):
             self.x_src.append(src)
@@ -332,6 +348,11 @@ class CapstoneBackend:
                 )
             )
         return out
+
+
+_LITERAL_LOADS = frozenset(
+    (_ARM.ARM_INS_LDR, _ARM.ARM_INS_LDRD, _ARM.ARM_INS_VLDR, _ARM.ARM_INS_LDRH, _ARM.ARM_INS_LDRB, _ARM.ARM_INS_LDRSH)
+)
 
 
 def _arm_table_jump(ins: cs.CsInsn, cond: bool) -> int:

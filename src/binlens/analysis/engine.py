@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from binlens.analysis.armexidx import seed_exidx_starts
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.discovery import (
     NORETURN_NAMES,
@@ -20,7 +21,7 @@ from binlens.analysis.discovery import (
 )
 from binlens.analysis.ehframe import parse_eh_frame
 from binlens.analysis.functions import build_functions
-from binlens.analysis.heuristics import Gaps, heuristic_starts
+from binlens.analysis.heuristics import Gaps, arm_labels, heuristic_starts
 from binlens.analysis.model import (
     SOURCES,
     XREF_KINDS,
@@ -164,6 +165,12 @@ def _analyze(
         cond_first=image.identity.arch in ("ppc", "riscv"),
         case_extent=image.identity.arch in ("ppc", "riscv"),
     )
+    known = extents  # where the heuristics look for no new starts: unwind ranges and sized symbols
+    if seeds.arm:  # ARM EHABI unwind index: its starts, each in its state (after what calls decide)
+        ranges = seed_exidx_starts(image, backend, explorer, list(seeds.starts), noret_slots | named_noret, seeds.add)
+        known = {**ranges, **extents}
+        for va in excluded:
+            seeds.starts.pop(va, None)
     code_total = max(1, codemap.total_bytes)
     explorer.progress = lambda done, _t, _m: report(
         min(0.6, 0.6 * done / code_total), 1.0, f"decoding: {min(100, 100 * done // code_total)}% of code bytes reached"
@@ -182,12 +189,16 @@ def _analyze(
     exhausted: set[str] = set()  # repeated stages that found nothing since the last find
     # x86 chunks never overlap (every byte is checked); capstone's fixed-width decoders can
     # overlap a chunk begun at a misaligned address, so they recount each round
-    gaps = Gaps(codemap, explorer, disjoint=image.identity.arch in ("x86-64", "x86"))
+    gaps = Gaps(codemap, explorer, disjoint=image.identity.arch in ("x86-64", "x86", "arm"))
     for stage in stages:
+        if stage == "data_pointers":
+            gaps.after_data = True
+            if seeds.arm:  # ARM32 gaps have leaf guesses that wait for this: look at the gaps again
+                exhausted.discard("gaps")
         if stage in exhausted:
             continue
         report(0.7, 1.0, f"{len(bodies)} functions; heuristics: {stage}")
-        extra = heuristic_starts(image, codemap, explorer, backend, starts, extents, bodies, stage, gaps)
+        extra = heuristic_starts(image, codemap, explorer, backend, starts, known, bodies, stage, gaps)
         if not extra:
             exhausted.add(stage)
         else:
@@ -196,6 +207,11 @@ def _analyze(
                 if va not in excluded:
                     seeds.starts.setdefault(va, set()).add(src)
             bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret, noret_slots, excluded)
+            labels = arm_labels(explorer, backend, bodies, seeds.starts) if seeds.arm else set()
+            if labels:  # ARM: gap guesses that code found since runs into
+                for va in labels:
+                    del seeds.starts[va]
+                bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret, noret_slots, excluded)
             if stage in ("data_prologues", "data_pointers"):
                 entries = _table_entry_seeds(image, codemap, explorer, backend, jt_tables, seeds.starts)
                 if entries:

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
 
+from binlens.analysis.armexidx import decodes, gap_push, guess_state, starts_with_push
 from binlens.analysis.codemap import CodeMap, CodeRegion
 from binlens.analysis.discovery import Body, Explorer, FragmentIndex
 from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET, XREF_KINDS
@@ -74,9 +75,9 @@ def heuristic_starts(
 
     out: dict[int, str] = {}
 
-    def unexplored(va: int) -> bool:
+    def unexplored(va: int, lax: bool = False) -> bool:
         r = codemap.region(va)
-        return r is not None and r.state[va - r.va] == 0 and not (inside(va) and va not in extents)
+        return r is not None and r.state[va - r.va] == 0 and (lax or not (inside(va) and va not in extents))
 
     x86 = image.identity.arch in ("x86-64", "x86")
     mips = _mips_prologue(image, codemap) if image.identity.arch == "mips" else None
@@ -90,7 +91,7 @@ def heuristic_starts(
     # a function is an entry even where a found function's blocks seem to run on (x86: `_starts_like_function`)
     taken = _prologue_test(image, codemap, mips) if stage == "code_offsets" and not (x86 or arm) else None
 
-    def accept(va: int, source: str, need_ret: bool = False) -> None:
+    def accept(va: int, source: str, need_ret: bool = False, in_range: bool = False) -> None:
         thumb = False
         if arm:  # a code address with bit 0 set names Thumb code at the even address; else ARM code
             thumb = bool(va & 1)
@@ -101,7 +102,16 @@ def heuristic_starts(
             return  # no instruction of the architecture starts here
         if va in starts or va in out:
             return
-        if not unexplored(va) and va not in explorer.unproven:
+        # ARM: a linker merges the unwind entry of a function into the one before when the two
+        # describe the same frame, so one range may hold a second function: a gap's push or leaf
+        # (`in_range`), or code a data pointer names that begins with a push in its state or comes
+        # right after a return, may start inside a range
+        lax = arm and (
+            in_range
+            or source == "pointer"
+            and (_arm_pushes(image, codemap, va | thumb) or _arm_after_end(image, codemap, backend, va, thumb))
+        )
+        if not unexplored(va, lax) and va not in explorer.unproven:
             # an address-taken prologue that descent ran into (the fall-through after a call that
             # does not return) is still a function of its own
             if (
@@ -122,6 +132,8 @@ def heuristic_starts(
         ):
             return  # a label inside a function (computed goto, unresolved table), not an entry
         if arm:
+            if va in backend.literals:  # type: ignore[attr-defined]
+                return  # a literal pool word a pc-relative load reads: data
             _set_arm_state(backend, va, thumb)
         c = explorer.chunk(va)
         if c is not None and c[1] != T_BAD and (not need_ret or c[1] in (T_RET, T_JUMP)):
@@ -159,8 +171,26 @@ def heuristic_starts(
             pending[:] = later
     elif stage in ("data_prologues", "data_pointers"):
         for _src, dst in pointers_in_data(image, codemap, set()):
-            if stage == "data_pointers" or (x86 and _starts_like_function(codemap, dst)) or (mips and mips(dst)):
+            if (
+                stage == "data_pointers"
+                or (x86 and _starts_like_function(codemap, dst))
+                or (mips and mips(dst))
+                or (arm and _arm_pushes(image, codemap, dst))  # a push in the state the pointer names
+            ):
                 accept(dst, "pointer")
+    elif arm:
+        if image.code_endian == "little":
+            gaps = gaps or Gaps(codemap, explorer, disjoint=False)
+            covered = gaps.covered(bodies)
+            for va in _arm_gap_candidates(codemap, backend, covered, gaps.memo):
+                accept(va, "prologue", in_range=True)
+            # leaf functions (no push): pushes first, since descent from them claims their gaps; and only
+            # after the data pointers, which name a function's state (a guess in the wrong one would stay)
+            if not out and gaps.after_data:
+                decoded = backend.decoded_thumb  # type: ignore[attr-defined]
+                prior = 2 * sum(decoded.get(f, False) for f in starts) >= len(starts)  # most functions' state
+                for va in _arm_leaf_candidates(image, codemap, backend, covered, prior):
+                    accept(va, "prologue", need_ret=True, in_range=True)
     elif image.identity.arch in ("x86-64", "x86", "aarch64") or image.identity.arch in PROLOGUE_ARCHES:
         # Gaps are code no function covers (code decoded on a path later found dead counts too).
         gaps = gaps or Gaps(codemap, explorer, disjoint=x86)
@@ -270,6 +300,7 @@ class Gaps:
         self.nsplits = 0
         self.memo: dict[int, dict[tuple[int, int], tuple[int, bool, int] | None]] = {}
         self._refs: list[tuple[int, int]] = []
+        self.after_data = False  # set once the data-pointer stages have run (ARM32 leaf guesses wait for it)
         self._refs_upto = 0
         self.prologues: GapPrologues | None = None  # MIPS, PowerPC, RISC-V: the image's prologue tests
 
@@ -423,6 +454,153 @@ def _set_arm_state(backend: object, va: int, thumb: bool) -> None:
         modes.add(va)
     else:
         modes.discard(va)  # e.g. a fall-through guess after a call that does not return
+
+
+def arm_labels(explorer: Explorer, backend: object, bodies: dict[int, Body], seeds: dict[int, set[str]]) -> set[int]:
+    """ARM32: guesses (`prologue` and `pointer` starts with no other evidence) that another
+    function's code runs into (falls through or branches past a condition into): a push or a
+    coincidental data word inside a function found before the function was (a shrink-wrapped
+    frame, or an entry known only from a later stage), and those at a word that a pc-relative load
+    reads (a literal pool, named by a data word that happens to hold its address). The caller
+    drops them, and the discovery that follows gives their code back to the function."""
+    guessed = [va for va, src in seeds.items() if src == {"prologue"} or src == {"pointer"}]
+    literals: set[int] = backend.literals  # type: ignore[attr-defined]
+    out = {va for va in guessed if va in literals}  # a word a pc-relative load reads is data
+    into: dict[int, int] = {}  # guess -> the last instruction of the chunk that runs into it
+    chunks = explorer.chunks
+    for va in guessed:
+        a = explorer.pred.get(va)
+        c = chunks.get(a) if a is not None else None
+        if c is not None and c[0] == va and c[1] in (T_FALL, T_COND):
+            into[va] = c[3]
+    if into:  # a body that runs into another start lists it among its tails (from that last instruction)
+        out.update(s for f, b in bodies.items() for last, s in b.tails if s != f and into.get(s) == last)
+    return out
+
+
+def _arm_pushes(image: Image, codemap: CodeMap, va: int) -> bool:
+    """Does the ARM32 code a pointer names (bit 0: Thumb) begin with `push {..., lr}` in that state?"""
+    r = codemap.region(va & ~1)
+    if r is None:
+        return False
+    off = (va & ~1) - r.va
+    order = "<" if image.code_endian == "little" else ">"
+    return starts_with_push(bytes(r.data[off : off + 16]), bool(va & 1), order)
+
+
+def _arm_after_end(image: Image, codemap: CodeMap, backend: object, va: int, thumb: int) -> bool:
+    """ARM32: does a function end right before `va` (past padding and the words pc-relative loads
+    read)? That is, is the instruction before a return: Thumb `bx lr`, `pop {.., pc}`,
+    `pop.w {.., pc}`; ARM `bx lr`, `pop {.., pc}`, `ldr pc, [sp], #4`."""
+    r = codemap.region(va)
+    if r is None or image.code_endian != "little":
+        return False
+    literals: set[int] = backend.literals  # type: ignore[attr-defined]
+    data = r.data
+    o = va - r.va
+    while o >= 4:
+        if (r.va + o - 4) in literals and (r.va + o) % 4 == 0:
+            o -= 4
+        elif data[o - 2 : o] in (b"\x00\xbf", b"\x00\x00"):
+            o -= 2
+        else:
+            break
+    if o < 4:
+        return False
+    (h,) = struct.unpack_from("<H", data, o - 2)
+    (w,) = struct.unpack_from("<I", data, o - 4)
+    if h == 0x4770 or h & 0xFF00 == 0xBD00 or (w & 0x8000FFFF == 0x8000E8BD):
+        return True
+    return (r.va + o) % 4 == 0 and (w == 0xE12FFF1E or w & 0xFFFF8000 == 0xE8BD8000 or w == 0xE49DF004)
+
+
+def _arm_gap_candidates(
+    codemap: CodeMap,
+    backend: object,
+    covered: dict[int, bytearray],
+    memo: dict[int, dict[tuple[int, int], tuple[int, bool, int] | None]],
+) -> list[int]:
+    """ARM32: in each gap (code no function covers), the first `push {..., lr}` in either state, as
+    a code address whose bit 0 says Thumb. A gap usually begins with the literal pool of the
+    function before it, so the first non-padding address is data more often than code; the first
+    push, Thumb halfword- or ARM word-aligned, is where the next function's frame is built.
+    A function may do a little work before its push (`ldr r3, [r0, #8]; push.w {...}`): when
+    the gap, past the words pc-relative loads read and padding, begins at most 16 bytes before the
+    push with code that runs into it (conditional branches aside: `cbz r0, 1f`), the entry is there instead.
+    `memo` keeps the push per gap between rounds (it depends on the gap's bounds and bytes only)."""
+    out = []
+    literals: set[int] = backend.literals  # type: ignore[attr-defined]
+    for r in codemap.regions:
+        seen = memo.setdefault(r.va, {})
+        for span in _zero_runs(covered[r.va]):
+            hit = seen.get(span, _MISS)
+            if hit is _MISS:
+                va = gap_push(r.data, span[0], span[1], r.va)
+                hit = seen[span] = None if va is None else (va, True, r.va + span[1])
+            if hit is not None:
+                out.append(_arm_lead_in(r, backend, literals, r.va + span[0], hit[0]))
+    return out
+
+
+_ARM_PADDING = {2: (b"\x00\xbf", b"\x00\x00"), 4: (b"\x00\x00\xa0\xe1", b"\x00\xf0\x20\xe3", b"\x00\x00\x00\x00")}
+
+
+def _arm_leaf_candidates(
+    image: Image, codemap: CodeMap, backend: object, covered: dict[int, bytearray], prior: bool
+) -> list[int]:
+    """ARM32: the first address of each gap (past padding and the words pc-relative loads read)
+    when a return comes right before it, in the state its first bytes tell (`guess_state`; else
+    `prior`, True for Thumb), as a code address whose bit 0 says Thumb: a leaf function nothing
+    references (no push to find it by). The caller takes it only when its first block returns or jumps."""
+    literals: set[int] = backend.literals  # type: ignore[attr-defined]
+    md = backend.md  # type: ignore[attr-defined]
+    out = []
+    for r in codemap.regions:
+        for lo, hi in _zero_runs(covered[r.va]):
+            g = r.va + lo + (lo & 1)
+            end = r.va + hi
+            while g + 4 <= end:
+                if g in literals and g % 4 == 0:
+                    g += 4
+                elif r.data[g - r.va : g - r.va + 2] in (b"\x00\xbf", b"\x00\x00"):
+                    g += 2
+                else:
+                    break
+            if g + 4 > end or not _arm_after_end(image, codemap, backend, g, 0):
+                continue
+            data = (image.read(g, 16) or b"").ljust(16, b"\x00")  # (a short gap at a region's end)
+            state = guess_state(data, lambda t, d=data, a=g: decodes(md(t), d, a))
+            if state is None:
+                state = prior
+            if not state and g % 4:
+                continue
+            out.append(g | int(state))
+    return out
+
+
+def _arm_lead_in(r: CodeRegion, backend: object, literals: set[int], lo: int, push: int) -> int:
+    """The entry of the function whose push is at `push` (bit 0: Thumb), in a gap that begins at `lo`."""
+    thumb = push & 1
+    at = push & ~1
+    step = 2 if thumb else 4
+    g = lo + (lo & 1)
+    while g < at:
+        if g in literals and g % 4 == 0:
+            g += 4
+        elif r.data[g - r.va : g - r.va + step] in _ARM_PADDING[step]:
+            g += step
+        else:
+            break
+    if not 0 < at - g <= 16 or (not thumb and g % 4):
+        return push
+    reach = g
+    for ins in backend.md(bool(thumb)).disasm(bytes(r.data[g - r.va : at - r.va]), g):  # type: ignore[attr-defined]
+        m = ins.mnemonic.split(".")[0]
+        ops = ins.op_str
+        if m in ("b", "bl", "blx", "bx", "tbb", "tbh", "udf", "bkpt", "svc") or ops.startswith("pc") or "pc}" in ops:
+            return push  # only straight-line code and forward exits (`cbz r0, 1f`) come before a push
+        reach = ins.address + ins.size
+    return g | thumb if reach == at else push
 
 
 def _instruction_start(codemap: CodeMap, va: int) -> bool:
