@@ -83,6 +83,7 @@ def main() -> int:
     if bad:
         ap.error(f"unknown tool(s): {', '.join(bad)}")
     workdir = args.workdir.resolve()
+    tools.OBJDUMP = corpus.ARCHES[args.arch].tool("objdump")  # the cross binutils' objdump off x86-64
     files: list[tuple[str, Path]] = []
     if not args.no_corpus:
         for b in corpus.build_all(workdir, corpus.variants_from_args(args), args.jobs):

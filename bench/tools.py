@@ -233,9 +233,13 @@ def run_peer(tool: str, path: Path, workdir: Path, timeout: float) -> Run:
     return run
 
 
+# the objdump of the files' architecture (speed.py --arch sets the cross binutils' `<triple>-objdump`)
+OBJDUMP = "objdump"
+
+
 def run_objdump(path: Path, timeout: float) -> Run:
     """`objdump -d FILE > /dev/null`: the speed baseline."""
-    run = measure(["objdump", "-d", str(path)], timeout)
+    run = measure([OBJDUMP, "-d", str(path)], timeout)
     run.tool = "objdump"
     return run
 
@@ -276,5 +280,5 @@ def tool_version(tool: str, workdir: Path) -> str:
         first = subprocess.run(["readelf", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
         return "readelf " + first.split()[-1] + " +exidx"
     if tool == "objdump":
-        return subprocess.run(["objdump", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+        return subprocess.run([OBJDUMP, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
     return peer_version(tool, workdir)
