@@ -84,18 +84,18 @@ def test_analysis_raising_from_progress_restores_the_collector(compile_c):
 
 def _check_gap_rounds(path: Path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Analyse `path`, checking each round's kept coverage map against a full rebuild."""
-    from binlens.analysis import heuristics
+    from binlens.analysis import gapmap
 
     rounds: list[int] = []
-    kept = heuristics.Gaps.covered
+    kept = gapmap.Gaps.covered
 
     def checked(self, bodies):  # type: ignore[no-untyped-def]
         got = kept(self, bodies)
-        assert got == heuristics._covered_maps(self.codemap, self.explorer, bodies)
+        assert got == gapmap.covered_maps(self.codemap, self.explorer, bodies)
         rounds.append(sum(m.count(1) for m in got.values()))
         return got
 
-    monkeypatch.setattr(heuristics.Gaps, "covered", checked)
+    monkeypatch.setattr(gapmap.Gaps, "covered", checked)
     result = analyze(parse_path(str(path)))
     assert result.covered_bytes > 0
     return rounds

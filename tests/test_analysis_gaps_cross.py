@@ -116,20 +116,20 @@ def test_trials_refuse_the_middle_and_the_end_of_a_function(gaps_build, triple, 
 def test_incremental_gap_coverage_equals_a_full_recount(gaps_build, monkeypatch, triple, opt, pic, extra):
     """MIPS and PowerPC keep the gap coverage map between rounds (`Gaps.disjoint`): each round's
     map must equal a rebuild from every body, and the analysis must find the same functions."""
-    from binlens.analysis import heuristics
+    from binlens.analysis import gapmap
 
     b = gaps_build(triple, opt, pic, extra)
     plain = {f.address for f in analyze(parse_path(str(b.no_eh))).functions}
-    kept = heuristics.Gaps.covered
+    kept = gapmap.Gaps.covered
     rounds: list[bool] = []
 
     def checked(self, bodies):  # type: ignore[no-untyped-def]
         got = kept(self, bodies)
         rounds.append(self.disjoint)
-        assert got == heuristics._covered_maps(self.codemap, self.explorer, bodies)
+        assert got == gapmap.covered_maps(self.codemap, self.explorer, bodies)
         return got
 
-    monkeypatch.setattr(heuristics.Gaps, "covered", checked)
+    monkeypatch.setattr(gapmap.Gaps, "covered", checked)
     checked_run = {f.address for f in analyze(parse_path(str(b.no_eh))).functions}
     assert len(rounds) >= 2 and all(rounds[1:]), rounds
     assert checked_run == plain

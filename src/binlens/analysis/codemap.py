@@ -8,6 +8,7 @@ Keeping this as a `bytearray` per region lets splits and gap searches run in C (
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from binlens.loader.image import Image
@@ -75,3 +76,25 @@ class CodeMap:
     @property
     def total_bytes(self) -> int:
         return sum(len(r.data) for r in self.regions)
+
+
+def instruction_start(codemap: CodeMap, va: int) -> bool:
+    """Does an instruction decoded so far begin at `va`?"""
+    r = codemap.region(va)
+    return r is not None and r.state[va - r.va] in (1, 3)
+
+
+def zero_runs(m: bytearray, pos: int = 0, stop: int | None = None) -> Iterator[tuple[int, int]]:
+    """(start, end) of each maximal run of two or more zero bytes in a map of 0s and 1s (C-speed
+    finds), within [pos, stop) when given (a run is cut at `stop`)."""
+    find = m.find
+    stop = len(m) if stop is None else stop
+    while True:
+        start = find(b"\x00\x00", pos, stop)
+        if start < 0:
+            return
+        end = find(b"\x01", start, stop)
+        if end < 0:
+            end = stop
+        yield start, end
+        pos = end

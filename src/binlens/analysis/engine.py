@@ -21,7 +21,9 @@ from binlens.analysis.discovery import (
 )
 from binlens.analysis.ehframe import parse_eh_frame
 from binlens.analysis.functions import build_functions
-from binlens.analysis.heuristics import Gaps, arm_labels, heuristic_starts
+from binlens.analysis.gapmap import Gaps
+from binlens.analysis.heuristics import heuristic_starts
+from binlens.analysis.heuristics_arm import arm_labels
 from binlens.analysis.model import (
     SOURCES,
     XREF_KINDS,

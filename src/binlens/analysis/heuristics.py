@@ -9,13 +9,19 @@ from __future__ import annotations
 import bisect
 import re
 import struct
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from itertools import chain
 
-from binlens.analysis.armexidx import decodes, gap_push, guess_state, starts_with_push
-from binlens.analysis.codemap import CodeMap, CodeRegion
+from binlens.analysis.codemap import CodeMap, CodeRegion, instruction_start, zero_runs
 from binlens.analysis.discovery import Body, Explorer, FragmentIndex
+from binlens.analysis.gapmap import Gaps, body_spans, cover, offset_refs_from
+from binlens.analysis.heuristics_arm import (
+    arm_after_end,
+    arm_gap_candidates,
+    arm_leaf_candidates,
+    arm_pushes,
+    set_arm_state,
+)
 from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET, XREF_KINDS
 from binlens.analysis.prologues import ARCHES as PROLOGUE_ARCHES
 from binlens.analysis.prologues import GapPrologues
@@ -70,7 +76,7 @@ def heuristic_starts(
 
     def inside_body(va: int) -> bool:
         if not spans:
-            spans.append(FragmentIndex(_body_spans(explorer, bodies)))
+            spans.append(FragmentIndex(body_spans(explorer, bodies)))
         return spans[0](va)
 
     out: dict[int, str] = {}
@@ -109,7 +115,7 @@ def heuristic_starts(
         lax = arm and (
             in_range
             or source == "pointer"
-            and (_arm_pushes(image, codemap, va | thumb) or _arm_after_end(image, codemap, backend, va, thumb))
+            and (arm_pushes(image, codemap, va | thumb) or arm_after_end(image, codemap, backend, va, thumb))
         )
         if not unexplored(va, lax) and va not in explorer.unproven:
             # an address-taken prologue that descent ran into (the fall-through after a call that
@@ -118,7 +124,7 @@ def heuristic_starts(
                 source == "pointer"
                 and x86
                 and image.identity.format == "ELF"
-                and _instruction_start(codemap, va)
+                and instruction_start(codemap, va)
                 and not inside(va)
                 and _starts_like_function(codemap, va)
             ):
@@ -134,7 +140,7 @@ def heuristic_starts(
         if arm:
             if va in backend.literals:  # type: ignore[attr-defined]
                 return  # a literal pool word a pc-relative load reads: data
-            _set_arm_state(backend, va, thumb)
+            set_arm_state(backend, va, thumb)
         c = explorer.chunk(va)
         if c is not None and c[1] != T_BAD and (not need_ret or c[1] in (T_RET, T_JUMP)):
             out[va] = source
@@ -143,7 +149,7 @@ def heuristic_starts(
         # code addresses taken by instructions (`lea`, immediates) in code a function reaches; run
         # again after later stages, since code found later takes addresses too (main's handlers)
         # (each reference is looked at once, in the first round where its instruction is reached)
-        pending = gaps.offset_refs(backend) if gaps is not None else _offset_refs(backend, codemap, 0)
+        pending = gaps.offset_refs(backend) if gaps is not None else offset_refs_from(backend, codemap, 0)
         if pending:
             reached = sorted(chain.from_iterable(b.chunks for b in bodies.values()))  # repeats are harmless
             ends = [explorer.chunks[a][0] for a in reached]
@@ -159,7 +165,7 @@ def heuristic_starts(
                         prologue is not None
                         and dst not in starts
                         and not unexplored(dst)
-                        and _instruction_start(codemap, dst)
+                        and instruction_start(codemap, dst)
                         and not inside(dst)
                         and prologue(dst)
                     ):
@@ -175,21 +181,21 @@ def heuristic_starts(
                 stage == "data_pointers"
                 or (x86 and _starts_like_function(codemap, dst))
                 or (mips and mips(dst))
-                or (arm and _arm_pushes(image, codemap, dst))  # a push in the state the pointer names
+                or (arm and arm_pushes(image, codemap, dst))  # a push in the state the pointer names
             ):
                 accept(dst, "pointer")
     elif arm:
         if image.code_endian == "little":
             gaps = gaps or Gaps(codemap, explorer, disjoint=False)
             covered = gaps.covered(bodies)
-            for va in _arm_gap_candidates(codemap, backend, covered, gaps.memo):
+            for va in arm_gap_candidates(codemap, backend, covered, gaps.memo):
                 accept(va, "prologue", in_range=True)
             # leaf functions (no push): pushes first, since descent from them claims their gaps; and only
             # after the data pointers, which name a function's state (a guess in the wrong one would stay)
             if not out and gaps.after_data:
                 decoded = backend.decoded_thumb  # type: ignore[attr-defined]
                 prior = 2 * sum(decoded.get(f, False) for f in starts) >= len(starts)  # most functions' state
-                for va in _arm_leaf_candidates(image, codemap, backend, covered, prior):
+                for va in arm_leaf_candidates(image, codemap, backend, covered, prior):
                     accept(va, "prologue", need_ret=True, in_range=True)
     elif image.identity.arch in ("x86-64", "x86", "aarch64") or image.identity.arch in PROLOGUE_ARCHES:
         # Gaps are code no function covers (code decoded on a path later found dead counts too).
@@ -264,7 +270,7 @@ def heuristic_starts(
                 out[va] = "prologue"
                 continue
             explorer.unproven.add(va)  # not proven an entry, but a data pointer may still name it
-            _cover(codemap, covered, explorer, seen)
+            cover(codemap, covered, explorer, seen)
             if kit is None:
                 work.extend(reversed(_candidates_within(codemap, image.identity.arch, covered, va, gap_end)))
                 continue
@@ -276,336 +282,6 @@ def heuristic_starts(
                 else:
                     work.append((sub, sub_end))
     return out
-
-
-class Gaps:
-    """The coverage map of the gap heuristic, kept up to date between its rounds.
-
-    `covered` is 1 for each code byte inside a chunk of some function. Instead of rebuilding it
-    from every body each round, it counts per chunk the bodies that hold it and re-marks only the
-    chunks of bodies that changed since the last round (partition hands back the same Body
-    object when a body did not change) and chunks split since then. Chunks never overlap on
-    x86 (its decoder checks every byte), so each chunk's bytes are marked exactly when some body
-    holds it; where chunks may overlap (`disjoint=False`: AArch64 code entered at a misaligned
-    address) each round recounts from scratch.
-    """
-
-    def __init__(self, codemap: CodeMap, explorer: Explorer, disjoint: bool = True) -> None:
-        self.codemap = codemap
-        self.explorer = explorer
-        self.disjoint = disjoint  # False: chunks may overlap, so each round recounts from scratch
-        self.maps = {r.va: bytearray(len(r.data)) for r in codemap.regions}
-        self.count: dict[int, int] = {}
-        self.bodies: dict[int, Body] = {}
-        self.nsplits = 0
-        self.memo: dict[int, dict[tuple[int, int], tuple[int, bool, int] | None]] = {}
-        self._refs: list[tuple[int, int]] = []
-        self.after_data = False  # set once the data-pointer stages have run (ARM32 leaf guesses wait for it)
-        self._refs_upto = 0
-        self.prologues: GapPrologues | None = None  # MIPS, PowerPC, RISC-V: the image's prologue tests
-
-    def offset_refs(self, backend: object) -> list[tuple[int, int]]:
-        """(instruction, code address) of the address-taking references not yet looked at: those
-        decoded since the last call join the ones whose instruction no function reached yet (the
-        caller keeps in the list what it leaves for later)."""
-        n = len(backend.x_kind)  # type: ignore[attr-defined]
-        if n > self._refs_upto:
-            self._refs += _offset_refs(backend, self.codemap, self._refs_upto)
-            self._refs_upto = n
-        return self._refs
-
-    def covered(self, bodies: dict[int, Body]) -> dict[int, bytearray]:
-        """Per region, the coverage of `bodies` (a copy the caller may mark further)."""
-        if not self.disjoint:
-            return _covered_maps(self.codemap, self.explorer, bodies)
-        if not self.bodies:  # the first round: every chunk of every body is new
-            counted: Counter[int] = Counter()  # (a dict: kept as the counts, not copied)
-            for b in bodies.values():
-                counted.update(b.chunks)
-            self.count = counted
-            self.bodies = dict(bodies)
-            self.nsplits = len(self.explorer.splits)
-            _cover(self.codemap, self.maps, self.explorer, self.count)
-            return {va: bytearray(m) for va, m in self.maps.items()}
-        count = self.count
-        touched: set[int] = set()
-        old = self.bodies
-        gone: list[int] = []  # one entry per (changed body, chunk it no longer holds)
-        came: list[int] = []
-        for f, b in old.items():
-            nb = bodies.get(f)
-            if nb is b:
-                continue
-            if nb is None:
-                gone.extend(b.chunks)
-            else:  # a recomputed body mostly holds the same chunks: count only the difference
-                was, now = set(b.chunks), set(nb.chunks)
-                gone.extend(was - now)
-                came.extend(now - was)
-        for f, b in bodies.items():
-            if f not in old:
-                came.extend(b.chunks)
-        for a in gone:
-            n = count[a] - 1
-            if n:
-                count[a] = n
-            else:
-                del count[a]
-                touched.add(a)
-        for a in came:
-            n = count.get(a, 0)
-            count[a] = n + 1
-            if not n:
-                touched.add(a)
-        splits = self.explorer.splits
-        for h, va in splits[self.nsplits :]:
-            touched.add(h)
-            touched.add(va)
-        self.nsplits = len(splits)
-        self.bodies = dict(bodies)
-        held = {a for a in touched if a in count}
-        _cover(self.codemap, self.maps, self.explorer, touched - held, b"\x00")
-        _cover(self.codemap, self.maps, self.explorer, held)
-        return {va: bytearray(m) for va, m in self.maps.items()}
-
-
-def _offset_refs(backend: object, codemap: CodeMap, start: int) -> list[tuple[int, int]]:
-    """(src, dst) of the `offset` references from index `start` on whose target is code."""
-    b = backend
-    kinds = b.x_kind  # type: ignore[attr-defined]
-    out = []
-    contains = codemap.contains
-    takes = getattr(b, "takes_address", None)  # x86: only lea and mov/push of an address count
-    i = kinds.find(_K_OFFSET, start)
-    while i >= 0:
-        dst = b.x_dst[i]  # type: ignore[attr-defined]
-        src = b.x_src[i]  # type: ignore[attr-defined]
-        if contains(dst) and (takes is None or takes(src)):
-            out.append((src, dst))
-        i = kinds.find(_K_OFFSET, i + 1)
-    return out
-
-
-def _covered_maps(codemap: CodeMap, explorer: Explorer, bodies: dict[int, Body]) -> dict[int, bytearray]:
-    """Per code region, 1 for each byte inside a chunk of some function."""
-    maps = {r.va: bytearray(len(r.data)) for r in codemap.regions}
-    _cover(codemap, maps, explorer, set().union(*(b.chunks for b in bodies.values())))
-    return maps
-
-
-def _cover(
-    codemap: CodeMap, maps: dict[int, bytearray], explorer: Explorer, chunks: Iterable[int], fill: bytes = b"\x01"
-) -> None:
-    """Set the bytes of `chunks` in `maps` to `fill`: chunks in address order, adjacent ones as one run."""
-    get = explorer.chunks.get
-    r = None
-    m = bytearray()
-    base = rend = 0
-    lo = hi = -1  # the current run, as offsets into m
-    for a in sorted(chunks):
-        c = get(a)
-        if c is None:
-            continue
-        if r is None or not base <= a < rend:
-            if hi > lo:
-                m[lo:hi] = fill * (hi - lo)
-            lo = hi = -1
-            r = codemap.region(a)
-            if r is None:
-                continue
-            m = maps[r.va]
-            base, rend = r.va, r.end
-        o = a - base
-        e = min(c[0], rend) - base
-        if e <= o:
-            continue
-        if lo <= o <= hi:
-            if e > hi:
-                hi = e
-        else:
-            if hi > lo:
-                m[lo:hi] = fill * (hi - lo)
-            lo, hi = o, e
-    if hi > lo:
-        m[lo:hi] = fill * (hi - lo)
-
-
-def _body_spans(explorer: Explorer, bodies: dict[int, Body]) -> list[tuple[int, int]]:
-    """(entry, size) of the contiguous run of blocks from each function's entry."""
-    out = []
-    chunks = explorer.chunks
-    for f, b in bodies.items():
-        end = f
-        for a in sorted([a for a in b.chunks if a >= f and a in chunks]):
-            if a > end + 16:
-                break
-            e = chunks[a][0]
-            if e > end:
-                end = e
-        if end > f:
-            out.append((f, end - f))
-    return out
-
-
-def _set_arm_state(backend: object, va: int, thumb: bool) -> None:
-    """Decode the unexplored ARM32 code at `va` in the state a pointer to it names (Thumb when its bit 0 was set)."""
-    modes: set[int] = backend.thumb  # type: ignore[attr-defined]
-    if thumb:
-        modes.add(va)
-    else:
-        modes.discard(va)  # e.g. a fall-through guess after a call that does not return
-
-
-def arm_labels(explorer: Explorer, backend: object, bodies: dict[int, Body], seeds: dict[int, set[str]]) -> set[int]:
-    """ARM32: guesses (`prologue` and `pointer` starts with no other evidence) that another
-    function's code runs into (falls through or branches past a condition into): a push or a
-    coincidental data word inside a function found before the function was (a shrink-wrapped
-    frame, or an entry known only from a later stage), and those at a word that a pc-relative load
-    reads (a literal pool, named by a data word that happens to hold its address). The caller
-    drops them, and the discovery that follows gives their code back to the function."""
-    guessed = [va for va, src in seeds.items() if src == {"prologue"} or src == {"pointer"}]
-    literals: set[int] = backend.literals  # type: ignore[attr-defined]
-    out = {va for va in guessed if va in literals}  # a word a pc-relative load reads is data
-    into: dict[int, int] = {}  # guess -> the last instruction of the chunk that runs into it
-    chunks = explorer.chunks
-    for va in guessed:
-        a = explorer.pred.get(va)
-        c = chunks.get(a) if a is not None else None
-        if c is not None and c[0] == va and c[1] in (T_FALL, T_COND):
-            into[va] = c[3]
-    if into:  # a body that runs into another start lists it among its tails (from that last instruction)
-        out.update(s for f, b in bodies.items() for last, s in b.tails if s != f and into.get(s) == last)
-    return out
-
-
-def _arm_pushes(image: Image, codemap: CodeMap, va: int) -> bool:
-    """Does the ARM32 code a pointer names (bit 0: Thumb) begin with `push {..., lr}` in that state?"""
-    r = codemap.region(va & ~1)
-    if r is None:
-        return False
-    off = (va & ~1) - r.va
-    order = "<" if image.code_endian == "little" else ">"
-    return starts_with_push(bytes(r.data[off : off + 16]), bool(va & 1), order)
-
-
-def _arm_after_end(image: Image, codemap: CodeMap, backend: object, va: int, thumb: int) -> bool:
-    """ARM32: does a function end right before `va` (past padding and the words pc-relative loads
-    read)? That is, is the instruction before a return: Thumb `bx lr`, `pop {.., pc}`,
-    `pop.w {.., pc}`; ARM `bx lr`, `pop {.., pc}`, `ldr pc, [sp], #4`."""
-    r = codemap.region(va)
-    if r is None or image.code_endian != "little":
-        return False
-    literals: set[int] = backend.literals  # type: ignore[attr-defined]
-    data = r.data
-    o = va - r.va
-    while o >= 4:
-        if (r.va + o - 4) in literals and (r.va + o) % 4 == 0:
-            o -= 4
-        elif data[o - 2 : o] in (b"\x00\xbf", b"\x00\x00"):
-            o -= 2
-        else:
-            break
-    if o < 4:
-        return False
-    (h,) = struct.unpack_from("<H", data, o - 2)
-    (w,) = struct.unpack_from("<I", data, o - 4)
-    if h == 0x4770 or h & 0xFF00 == 0xBD00 or (w & 0x8000FFFF == 0x8000E8BD):
-        return True
-    return (r.va + o) % 4 == 0 and (w == 0xE12FFF1E or w & 0xFFFF8000 == 0xE8BD8000 or w == 0xE49DF004)
-
-
-def _arm_gap_candidates(
-    codemap: CodeMap,
-    backend: object,
-    covered: dict[int, bytearray],
-    memo: dict[int, dict[tuple[int, int], tuple[int, bool, int] | None]],
-) -> list[int]:
-    """ARM32: in each gap (code no function covers), the first `push {..., lr}` in either state, as
-    a code address whose bit 0 says Thumb. A gap usually begins with the literal pool of the
-    function before it, so the first non-padding address is data more often than code; the first
-    push, Thumb halfword- or ARM word-aligned, is where the next function's frame is built.
-    A function may do a little work before its push (`ldr r3, [r0, #8]; push.w {...}`): when
-    the gap, past the words pc-relative loads read and padding, begins at most 16 bytes before the
-    push with code that runs into it (conditional branches aside: `cbz r0, 1f`), the entry is there instead.
-    `memo` keeps the push per gap between rounds (it depends on the gap's bounds and bytes only)."""
-    out = []
-    literals: set[int] = backend.literals  # type: ignore[attr-defined]
-    for r in codemap.regions:
-        seen = memo.setdefault(r.va, {})
-        for span in _zero_runs(covered[r.va]):
-            hit = seen.get(span, _MISS)
-            if hit is _MISS:
-                va = gap_push(r.data, span[0], span[1], r.va)
-                hit = seen[span] = None if va is None else (va, True, r.va + span[1])
-            if hit is not None:
-                out.append(_arm_lead_in(r, backend, literals, r.va + span[0], hit[0]))
-    return out
-
-
-_ARM_PADDING = {2: (b"\x00\xbf", b"\x00\x00"), 4: (b"\x00\x00\xa0\xe1", b"\x00\xf0\x20\xe3", b"\x00\x00\x00\x00")}
-
-
-def _arm_leaf_candidates(
-    image: Image, codemap: CodeMap, backend: object, covered: dict[int, bytearray], prior: bool
-) -> list[int]:
-    """ARM32: the first address of each gap (past padding and the words pc-relative loads read)
-    when a return comes right before it, in the state its first bytes tell (`guess_state`; else
-    `prior`, True for Thumb), as a code address whose bit 0 says Thumb: a leaf function nothing
-    references (no push to find it by). The caller takes it only when its first block returns or jumps."""
-    literals: set[int] = backend.literals  # type: ignore[attr-defined]
-    md = backend.md  # type: ignore[attr-defined]
-    out = []
-    for r in codemap.regions:
-        for lo, hi in _zero_runs(covered[r.va]):
-            g = r.va + lo + (lo & 1)
-            end = r.va + hi
-            while g + 4 <= end:
-                if g in literals and g % 4 == 0:
-                    g += 4
-                elif r.data[g - r.va : g - r.va + 2] in (b"\x00\xbf", b"\x00\x00"):
-                    g += 2
-                else:
-                    break
-            if g + 4 > end or not _arm_after_end(image, codemap, backend, g, 0):
-                continue
-            data = (image.read(g, 16) or b"").ljust(16, b"\x00")  # (a short gap at a region's end)
-            state = guess_state(data, lambda t, d=data, a=g: decodes(md(t), d, a))
-            if state is None:
-                state = prior
-            if not state and g % 4:
-                continue
-            out.append(g | int(state))
-    return out
-
-
-def _arm_lead_in(r: CodeRegion, backend: object, literals: set[int], lo: int, push: int) -> int:
-    """The entry of the function whose push is at `push` (bit 0: Thumb), in a gap that begins at `lo`."""
-    thumb = push & 1
-    at = push & ~1
-    step = 2 if thumb else 4
-    g = lo + (lo & 1)
-    while g < at:
-        if g in literals and g % 4 == 0:
-            g += 4
-        elif r.data[g - r.va : g - r.va + step] in _ARM_PADDING[step]:
-            g += step
-        else:
-            break
-    if not 0 < at - g <= 16 or (not thumb and g % 4):
-        return push
-    reach = g
-    for ins in backend.md(bool(thumb)).disasm(bytes(r.data[g - r.va : at - r.va]), g):  # type: ignore[attr-defined]
-        m = ins.mnemonic.split(".")[0]
-        ops = ins.op_str
-        if m in ("b", "bl", "blx", "bx", "tbb", "tbh", "udf", "bkpt", "svc") or ops.startswith("pc") or "pc}" in ops:
-            return push  # only straight-line code and forward exits (`cbz r0, 1f`) come before a push
-        reach = ins.address + ins.size
-    return g | thumb if reach == at else push
-
-
-def _instruction_start(codemap: CodeMap, va: int) -> bool:
-    r = codemap.region(va)
-    return r is not None and r.state[va - r.va] in (1, 3)
 
 
 def _starts_like_function(codemap: CodeMap, va: int) -> bool:
@@ -772,7 +448,7 @@ def _gap_candidates(
     memo = {} if memo is None else memo
     for r in codemap.regions:
         seen = memo.setdefault(r.va, {})
-        for span in _zero_runs(covered[r.va]):
+        for span in zero_runs(covered[r.va]):
             hit = seen.get(span, _MISS)
             if hit is _MISS:
                 hit = seen[span] = _gap_candidate(r, arch, *span, kit)
@@ -798,7 +474,7 @@ def _candidates_within(
         return []
     out: list = []
     m = covered[r.va]
-    for a, b in _zero_runs(m, lo - r.va, min(hi, r.end) - r.va):
+    for a, b in zero_runs(m, lo - r.va, min(hi, r.end) - r.va):
         hit = _gap_candidate(r, arch, a, b, kit)
         if hit is not None and prologues:
             out.append(hit)
@@ -811,22 +487,6 @@ def _decodes(explorer: Explorer, va: int) -> bool:
     """Does code at `va` decode into a chunk without an invalid instruction?"""
     c = explorer.chunk(va)
     return c is not None and c[1] != T_BAD
-
-
-def _zero_runs(m: bytearray, pos: int = 0, stop: int | None = None) -> Iterator[tuple[int, int]]:
-    """(start, end) of each maximal run of two or more zero bytes in a map of 0s and 1s (C-speed
-    finds), within [pos, stop) when given (a run is cut at `stop`)."""
-    find = m.find
-    stop = len(m) if stop is None else stop
-    while True:
-        start = find(b"\x00\x00", pos, stop)
-        if start < 0:
-            return
-        end = find(b"\x01", start, stop)
-        if end < 0:
-            end = stop
-        yield start, end
-        pos = end
 
 
 def _gap_candidate(

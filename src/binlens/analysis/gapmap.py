@@ -1,0 +1,183 @@
+"""The gap heuristic's coverage map (`Gaps`): which code bytes some function's chunks hold, kept
+up to date between the heuristic's rounds, and the code addresses reached instructions take."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from binlens.analysis.codemap import CodeMap
+from binlens.analysis.discovery import Body, Explorer
+from binlens.analysis.model import XREF_KINDS
+from binlens.analysis.prologues import GapPrologues
+
+_K_OFFSET = XREF_KINDS.index("offset")
+
+
+class Gaps:
+    """The coverage map of the gap heuristic, kept up to date between its rounds.
+
+    `covered` is 1 for each code byte inside a chunk of some function. Instead of rebuilding it
+    from every body each round, it counts per chunk the bodies that hold it and re-marks only the
+    chunks of bodies that changed since the last round (partition hands back the same Body
+    object when a body did not change) and chunks split since then. Chunks never overlap on
+    x86 (its decoder checks every byte), so each chunk's bytes are marked exactly when some body
+    holds it; where chunks may overlap (`disjoint=False`: AArch64 code entered at a misaligned
+    address) each round recounts from scratch.
+    """
+
+    def __init__(self, codemap: CodeMap, explorer: Explorer, disjoint: bool = True) -> None:
+        self.codemap = codemap
+        self.explorer = explorer
+        self.disjoint = disjoint  # False: chunks may overlap, so each round recounts from scratch
+        self.maps = {r.va: bytearray(len(r.data)) for r in codemap.regions}
+        self.count: dict[int, int] = {}
+        self.bodies: dict[int, Body] = {}
+        self.nsplits = 0
+        self.memo: dict[int, dict[tuple[int, int], tuple[int, bool, int] | None]] = {}
+        self._refs: list[tuple[int, int]] = []
+        self.after_data = False  # set once the data-pointer stages have run (ARM32 leaf guesses wait for it)
+        self._refs_upto = 0
+        self.prologues: GapPrologues | None = None  # MIPS, PowerPC, RISC-V: the image's prologue tests
+
+    def offset_refs(self, backend: object) -> list[tuple[int, int]]:
+        """(instruction, code address) of the address-taking references not yet looked at: those
+        decoded since the last call join the ones whose instruction no function reached yet (the
+        caller keeps in the list what it leaves for later)."""
+        n = len(backend.x_kind)  # type: ignore[attr-defined]
+        if n > self._refs_upto:
+            self._refs += offset_refs_from(backend, self.codemap, self._refs_upto)
+            self._refs_upto = n
+        return self._refs
+
+    def covered(self, bodies: dict[int, Body]) -> dict[int, bytearray]:
+        """Per region, the coverage of `bodies` (a copy the caller may mark further)."""
+        if not self.disjoint:
+            return covered_maps(self.codemap, self.explorer, bodies)
+        if not self.bodies:  # the first round: every chunk of every body is new
+            counted: Counter[int] = Counter()  # (a dict: kept as the counts, not copied)
+            for b in bodies.values():
+                counted.update(b.chunks)
+            self.count = counted
+            self.bodies = dict(bodies)
+            self.nsplits = len(self.explorer.splits)
+            cover(self.codemap, self.maps, self.explorer, self.count)
+            return {va: bytearray(m) for va, m in self.maps.items()}
+        count = self.count
+        touched: set[int] = set()
+        old = self.bodies
+        gone: list[int] = []  # one entry per (changed body, chunk it no longer holds)
+        came: list[int] = []
+        for f, b in old.items():
+            nb = bodies.get(f)
+            if nb is b:
+                continue
+            if nb is None:
+                gone.extend(b.chunks)
+            else:  # a recomputed body mostly holds the same chunks: count only the difference
+                was, now = set(b.chunks), set(nb.chunks)
+                gone.extend(was - now)
+                came.extend(now - was)
+        for f, b in bodies.items():
+            if f not in old:
+                came.extend(b.chunks)
+        for a in gone:
+            n = count[a] - 1
+            if n:
+                count[a] = n
+            else:
+                del count[a]
+                touched.add(a)
+        for a in came:
+            n = count.get(a, 0)
+            count[a] = n + 1
+            if not n:
+                touched.add(a)
+        splits = self.explorer.splits
+        for h, va in splits[self.nsplits :]:
+            touched.add(h)
+            touched.add(va)
+        self.nsplits = len(splits)
+        self.bodies = dict(bodies)
+        held = {a for a in touched if a in count}
+        cover(self.codemap, self.maps, self.explorer, touched - held, b"\x00")
+        cover(self.codemap, self.maps, self.explorer, held)
+        return {va: bytearray(m) for va, m in self.maps.items()}
+
+
+def offset_refs_from(backend: object, codemap: CodeMap, start: int) -> list[tuple[int, int]]:
+    """(src, dst) of the `offset` references from index `start` on whose target is code."""
+    b = backend
+    kinds = b.x_kind  # type: ignore[attr-defined]
+    out = []
+    contains = codemap.contains
+    takes = getattr(b, "takes_address", None)  # x86: only lea and mov/push of an address count
+    i = kinds.find(_K_OFFSET, start)
+    while i >= 0:
+        dst = b.x_dst[i]  # type: ignore[attr-defined]
+        src = b.x_src[i]  # type: ignore[attr-defined]
+        if contains(dst) and (takes is None or takes(src)):
+            out.append((src, dst))
+        i = kinds.find(_K_OFFSET, i + 1)
+    return out
+
+
+def covered_maps(codemap: CodeMap, explorer: Explorer, bodies: dict[int, Body]) -> dict[int, bytearray]:
+    """Per code region, 1 for each byte inside a chunk of some function."""
+    maps = {r.va: bytearray(len(r.data)) for r in codemap.regions}
+    cover(codemap, maps, explorer, set().union(*(b.chunks for b in bodies.values())))
+    return maps
+
+
+def cover(
+    codemap: CodeMap, maps: dict[int, bytearray], explorer: Explorer, chunks: Iterable[int], fill: bytes = b"\x01"
+) -> None:
+    """Set the bytes of `chunks` in `maps` to `fill`: chunks in address order, adjacent ones as one run."""
+    get = explorer.chunks.get
+    r = None
+    m = bytearray()
+    base = rend = 0
+    lo = hi = -1  # the current run, as offsets into m
+    for a in sorted(chunks):
+        c = get(a)
+        if c is None:
+            continue
+        if r is None or not base <= a < rend:
+            if hi > lo:
+                m[lo:hi] = fill * (hi - lo)
+            lo = hi = -1
+            r = codemap.region(a)
+            if r is None:
+                continue
+            m = maps[r.va]
+            base, rend = r.va, r.end
+        o = a - base
+        e = min(c[0], rend) - base
+        if e <= o:
+            continue
+        if lo <= o <= hi:
+            if e > hi:
+                hi = e
+        else:
+            if hi > lo:
+                m[lo:hi] = fill * (hi - lo)
+            lo, hi = o, e
+    if hi > lo:
+        m[lo:hi] = fill * (hi - lo)
+
+
+def body_spans(explorer: Explorer, bodies: dict[int, Body]) -> list[tuple[int, int]]:
+    """(entry, size) of the contiguous run of blocks from each function's entry."""
+    out = []
+    chunks = explorer.chunks
+    for f, b in bodies.items():
+        end = f
+        for a in sorted([a for a in b.chunks if a >= f and a in chunks]):
+            if a > end + 16:
+                break
+            e = chunks[a][0]
+            if e > end:
+                end = e
+        if end > f:
+            out.append((f, end - f))
+    return out
