@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Iterator
 
 from binlens.analysis.codemap import CodeMap, CodeRegion
 from binlens.loader.image import Image
@@ -274,18 +275,12 @@ class GapPrologues:
         data = r.data
         out = []
         if self.arch == "riscv":
-            while off + 2 <= end:
-                (h,) = struct.unpack_from("<H", data, off)
-                if h & 3 == 3:
-                    if off + 4 > end:
-                        break
-                    (w,) = struct.unpack_from("<I", data, off)
-                    off += 4
-                    opc = w & 0x7F
-                    mem = opc in (0x03, 0x07, 0x23, 0x27) and (w >> 15) & 31 == 8  # load/store off s0
-                    out.append((mem, opc not in (0x23, 0x27, 0x63) and (w >> 7) & 31 == 8))
+            for size, h in _rv_stream(data, off, end):
+                if size == 4:
+                    opc = h & 0x7F
+                    mem = opc in (0x03, 0x07, 0x23, 0x27) and (h >> 15) & 31 == 8  # load/store off s0
+                    out.append((mem, opc not in (0x23, 0x27, 0x63) and (h >> 7) & 31 == 8))
                     continue
-                off += 2
                 q, f3 = h & 3, h >> 13
                 if q == 0:  # c.addi4spn, c.fld, c.lw, c.ld (rd' bits 4:2), c.fsd, c.sw, c.sd; base rs1' bits 9:7
                     out.append((f3 != 0 and (h >> 7) & 7 == 0, f3 < 4 and (h >> 2) & 7 == 0))
@@ -316,18 +311,11 @@ class GapPrologues:
         data = r.data
         out = []
         if self.arch == "riscv":
-            while off + 2 <= end:
-                (h,) = struct.unpack_from("<H", data, off)
-                if h & 3 == 3:
-                    if off + 4 > end:
-                        break
-                    (w,) = struct.unpack_from("<I", data, off)
-                    off += 4
-                    if w & 0x0FFF == 0x0113 and (w >> 12) & 7 == 0:  # addi sp, rs1, imm
-                        out.append(-1 if w & 0x000F8000 == 0x00010000 and w >> 31 else 1)
-                    continue
-                off += 2
-                if h & 0xEF83 in (0x6101, 0x0101):  # c.addi16sp / c.addi sp
+            for size, h in _rv_stream(data, off, end):
+                if size == 4:
+                    if h & 0x0FFF == 0x0113 and (h >> 12) & 7 == 0:  # addi sp, rs1, imm
+                        out.append(-1 if h & 0x000F8000 == 0x00010000 and h >> 31 else 1)
+                elif h & 0xEF83 in (0x6101, 0x0101):  # c.addi16sp / c.addi sp
                     out.append(-1 if h & 0x1000 else 1)
                 elif h & 0xFF83 == 0x8102 and h & 0x7C:  # c.mv sp, rs2
                     out.append(1)
@@ -405,3 +393,19 @@ class GapPrologues:
                 return False  # c.j, c.beqz, c.bnez; c.jr, c.jalr
             off += 2
         return False
+
+
+def _rv_stream(data: bytes, off: int, end: int) -> Iterator[tuple[int, int]]:
+    """(size, bits) of each RISC-V instruction in [off, end): 16-bit compressed ones and 32-bit ones
+    (a halfword whose low two bits are 11 begins a 32-bit instruction)."""
+    while off + 2 <= end:
+        (h,) = struct.unpack_from("<H", data, off)
+        if h & 3 != 3:
+            off += 2
+            yield 2, h
+            continue
+        if off + 4 > end:
+            return
+        (w,) = struct.unpack_from("<I", data, off)
+        off += 4
+        yield 4, w
