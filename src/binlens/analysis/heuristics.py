@@ -24,7 +24,7 @@ from binlens.analysis.heuristics_arm import (
 )
 from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET, XREF_KINDS
 from binlens.analysis.prologues import ARCHES as PROLOGUE_ARCHES
-from binlens.analysis.prologues import GapPrologues
+from binlens.analysis.prologues import INSN_ALIGN, GapPrologues
 from binlens.analysis.xrefs import pointers_in_data
 from binlens.loader.image import Image
 
@@ -49,9 +49,6 @@ _X86_PROLOGUES = (
     b"\x40\x55",  # push rbp (REX, MSVC x64)
 )
 _MISS = object()
-# instruction alignment of fixed-width (or 16-bit-granular) architectures; ARM32 is handled apart
-# (bit 0 names the Thumb state)
-_INSN_ALIGN = {"aarch64": 4, "mips": 4, "ppc": 4, "riscv": 2}
 _PAD_X86 = re.compile(
     rb"(?:\x90|\xcc|\xf4|\x0f\x0b|\x00|\x66+\x90"
     rb"|\x66*\x2e?\x0f\x1f(?:\x00|\x40\x00|\x44\x00\x00|\x80\x00\x00\x00\x00|\x84\x00\x00\x00\x00\x00)"
@@ -92,7 +89,7 @@ def heuristic_starts(
     # (Mach-O's LC_FUNCTION_STARTS lists every function: the rest of its code is not an entry, but
     # landing pads and code after calls that do not return, which a trial cannot tell apart)
     a64 = image.identity.arch == "aarch64" and not image.function_hints.get("function_starts")
-    insn_align = _INSN_ALIGN.get(image.identity.arch, 1)
+    insn_align = INSN_ALIGN.get(image.identity.arch, 1)
     # code_offsets on AArch64, RISC-V, PowerPC, MIPS: a code address taken by code that starts like
     # a function is an entry even where a found function's blocks seem to run on (x86: `_starts_like_function`)
     taken = _prologue_test(image, codemap, mips) if stage == "code_offsets" and not (x86 or arm) else None

@@ -23,6 +23,9 @@ from binlens.analysis.codemap import CodeMap, CodeRegion
 from binlens.loader.image import Image
 
 ARCHES = ("mips", "ppc", "riscv")
+# instruction alignment of fixed-width (or 16-bit-granular) architectures; ARM32 is handled apart
+# (bit 0 names the Thumb state)
+INSN_ALIGN = {"aarch64": 4, "mips": 4, "ppc": 4, "riscv": 2}
 _MIPS_GP_BIAS = 0x7FF0  # _gp lies this far past the start of the MIPS GOT
 _PPC64_TOC_BIAS = 0x8000  # .TOC. lies this far past the start of the PPC64 .got
 _MIPS_ADDU_GP_T9 = 0x0399E021  # addu $gp, $gp, $t9
@@ -76,7 +79,7 @@ class GapPrologues:
         self._exact: list[int] | None = None
         # gap trials (`heuristics._self_contained`) at the first address of gaps without a prologue
         self.trials = True
-        self.align = 2 if self.arch == "riscv" else 4  # where entries (and a trial's tail calls) may lie
+        self.align = INSN_ALIGN[self.arch]  # where entries (and a trial's tail calls) may lie
 
     # ------------------------------------------------------------------ exact entries
     def exact_entries(self) -> list[int]:
@@ -272,10 +275,9 @@ class GapPrologues:
 
     def _fp_accesses(self, r: CodeRegion, off: int, end: int) -> list[tuple[bool, bool]]:
         """(uses the frame pointer as a memory base, may write it) per instruction of [off, end)."""
-        data = r.data
         out = []
         if self.arch == "riscv":
-            for size, h in _rv_stream(data, off, end):
+            for size, h in _rv_stream(r.data, off, end):
                 if size == 4:
                     opc = h & 0x7F
                     mem = opc in (0x03, 0x07, 0x23, 0x27) and (h >> 15) & 31 == 8  # load/store off s0
@@ -289,9 +291,7 @@ class GapPrologues:
                 else:  # c.slli, c.lwsp, c.ldsp, c.mv, c.add (rd bits 11:7); c.swsp/c.sdsp store
                     out.append((False, f3 not in (5, 6, 7) and (h >> 7) & 31 == 8))
             return out
-        word = self.word
-        for at in range(off + (-(r.va + off)) % 4, end - 3, 4):
-            (w,) = word.unpack_from(data, at)
+        for w in self._words(r, off, end):
             op = w >> 26
             if self.arch == "mips":
                 mem = op in _MIPS_MEM_OPS and (w >> 21) & 31 == 30
@@ -305,13 +305,18 @@ class GapPrologues:
                 out.append((mem, (rd and op in _PPC_RD_OPS) or (ra and op in _PPC_RA_OPS)))
         return out
 
+    def _words(self, r: CodeRegion, off: int, end: int) -> Iterator[int]:
+        """The aligned instruction words of [off, end) of `r` (MIPS, PowerPC), in the image's order."""
+        unpack = self.word.unpack_from
+        for at in range(off + (-(r.va + off)) % 4, end - 3, 4):
+            yield unpack(r.data, at)[0]
+
     def _sp_writes(self, r: CodeRegion, off: int, end: int) -> list[int]:
         """-1 for each allocation of a stack frame in [off, end) of `r`, +1 for each other write of
         the stack pointer (freeing a frame, or restoring it from another register)."""
-        data = r.data
         out = []
         if self.arch == "riscv":
-            for size, h in _rv_stream(data, off, end):
+            for size, h in _rv_stream(r.data, off, end):
                 if size == 4:
                     if h & 0x0FFF == 0x0113 and (h >> 12) & 7 == 0:  # addi sp, rs1, imm
                         out.append(-1 if h & 0x000F8000 == 0x00010000 and h >> 31 else 1)
@@ -320,9 +325,7 @@ class GapPrologues:
                 elif h & 0xFF83 == 0x8102 and h & 0x7C:  # c.mv sp, rs2
                     out.append(1)
             return out
-        word = self.word
-        for at in range(off + (-(r.va + off)) % 4, end - 3, 4):
-            (w,) = word.unpack_from(data, at)
+        for w in self._words(r, off, end):
             op = w >> 26
             if self.arch == "mips":
                 if (w >> 16) in (0x27BD, 0x67BD):  # (d)addiu $sp, $sp, imm
