@@ -114,19 +114,16 @@ class PairRefs:
         self.begins = self._begins_for(arch, backend.ptr_size == 8)
 
     @staticmethod
-    def _begins_for(arch: str, wide: bool) -> Callable[[cs.CsInsn], bool]:
-        """A cheap test (mnemonic and operand text) for an instruction that may begin a pair."""
+    def _begins_for(arch: str, wide: bool) -> Callable[[str, str, int], bool]:
+        """A cheap test (mnemonic, operand text and address) for an instruction that may begin a pair."""
         if arch == "riscv":
-            return lambda ins: ins.mnemonic in ("auipc", "lui", "c.lui")
+            return lambda m, _text, _a: m in ("auipc", "lui", "c.lui")
         if arch == "ppc":
             if wide:  # TOC-relative: `addis rN, r2, hi`, or a TOC slot load `ld rN, off(r2)`
-                return lambda ins: ins.mnemonic in ("lis", "addis") or ins.op_str.endswith("(r2)")
+                return lambda m, text, _a: m in ("lis", "addis") or text.endswith("(r2)")
             # or a PIC base: `bcl 20,31,1f; 1: mflr r30` (capstone: `bdnzl` to the next instruction)
-            return lambda ins: (
-                ins.mnemonic in ("lis", "addis")
-                or (ins.mnemonic.endswith("l") and ins.op_str.endswith(f"0x{ins.address + 4:x}"))
-            )
-        return lambda ins: ins.mnemonic == "lui" or ins.op_str.endswith("($gp)")
+            return lambda m, text, a: m in ("lis", "addis") or (m.endswith("l") and text.endswith(f"0x{a + 4:x}"))
+        return lambda m, text, _a: m == "lui" or text.endswith("($gp)")
 
     def evaluate(self, insns: list[cs.CsInsn], carried: dict[str, tuple] | None = None) -> dict[str, tuple]:
         """Record the references of the pairs completed in `insns` (one chunk, from its first high

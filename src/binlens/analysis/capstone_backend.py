@@ -11,6 +11,7 @@ forward evaluation (`PairRefs`) and recorded as a reference of the instruction t
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 
 import capstone as cs
 from capstone import arm as _ARM
@@ -87,7 +88,17 @@ class CapstoneBackend:
         self.x_dst = array("Q")
         self.x_kind = bytearray()
         self.delay = 1 if self.arch == "mips" else 0
+        # chunks holding bytes an earlier chunk holds too (an instruction decoded across another
+        # chunk's instructions, a MIPS delay slot that is another chunk's start): the gap
+        # heuristic's coverage map lays these over its count of the others, which never overlap
+        self.overlapping: set[int] = set()
         self.pairs = PairRefs(self) if self.arch in PairRefs.ARCHES else None
+        self._may_flow = _may_flow_for(self.arch)
+        # a decoder without operand details for the chunks' straight runs (ARM32 classifies by them)
+        self._lite_md: cs.Cs | None = None
+        if self.arch != "arm":
+            self._lite_md = cs.Cs(*_mode(image))
+            self._lite_md.detail = False
 
     def md(self, thumb: bool) -> cs.Cs:
         m = self._md.get(thumb)
@@ -217,21 +228,33 @@ class CapstoneBackend:
             return self._decode_chunk(va, None)
         pairs = self.pairs
         carried = pairs.carry.pop(va, None) if pairs.carry else None
-        formed: list[cs.CsInsn] = []
+        formed: list[tuple[int, int]] = []
         out = self._decode_chunk(va, formed, carried is not None)
         if formed:
-            after = pairs.evaluate(formed, carried)
+            after = pairs.evaluate(self._detailed(formed), carried)
             if after and out is not None and out[1] in (T_CALL, T_ICALL) and out[2]:
                 pairs.keep(out[2][-1], after)  # callee-saved registers keep their formed addresses
         return out
 
+    def _detailed(self, insns: list[tuple[int, int]]) -> list[cs.CsInsn]:
+        """The instructions (address, size) of one straight run, decoded again with their operands."""
+        start = insns[0][0]
+        end = insns[-1][0] + insns[-1][1]
+        return list(self.md(False).disasm(self.image.read(start, end - start) or b"", start, len(insns)))
+
     def _decode_chunk(
-        self, va: int, formed: list[cs.CsInsn] | None, whole: bool = False
+        self, va: int, formed: list[tuple[int, int]] | None, whole: bool = False
     ) -> tuple[int, int, tuple[int, ...], int] | None:
-        """`decode_chunk`; `formed` (when not None) collects the chunk's instructions from the first
-        that begins an address pair on (from the first on when `whole`: the pair evaluation looks at them)."""
-        thumb = va in self.thumb or (va & 1 and self.arch == "arm")
-        va &= ~1 if self.arch == "arm" else ~0
+        """`decode_chunk`; `formed` (when not None) collects (address, size) of the chunk's instructions
+        from the first that begins an address pair on (from the first on when `whole`: the pair
+        evaluation looks at them).
+
+        Except on ARM32, the chunk is decoded without operand details (capstone's detail objects
+        cost ~9x the decoding from Python); the instructions whose flow or address references need
+        their operands are decoded again, one by one, with them."""
+        arm = self.arch == "arm"
+        thumb = va in self.thumb or (va & 1 and arm)
+        va &= ~1 if arm else ~0
         r = self.codemap.region(va)
         if r is None:
             return None
@@ -240,69 +263,84 @@ class CapstoneBackend:
         if state[off] == BODY:
             return None
         md = self.md(bool(thumb))
-        if self.arch == "arm":
+        if arm:
             self.decoded_thumb[va] = bool(thumb)
         state[off] = CHUNK
         cur = last = va
         first = True
         pending: tuple[int, int, tuple[int, ...]] | None = None
         slot_left = 0
-        pages: dict[int, int] = {}
-        for ins in _stream(md, r.data, off, va):
-            o = ins.address - r.va
+        pages: dict[int, int] = {}  # AArch64: register -> the page an `adrp` put there
+        paged: set[str] = set()  # the names of those registers
+        a64 = self.arch == "aarch64"
+        begins = self.pairs.begins if formed is not None else None  # type: ignore[union-attr]
+        may_flow = self._may_flow
+        data = r.data
+        for a, n, m, text, ins in _stream(md, self._lite_md, data, off, va):
+            o = a - r.va
             if not first:
                 s = state[o]
-                if s in (CHUNK, INSN) and pending is None:
-                    return cur, T_FALL, (cur,), last
+                if s in (CHUNK, INSN):
+                    if pending is None:
+                        return cur, T_FALL, (cur,), last
+                    self.overlapping.add(va)  # a delay slot another chunk starts with
                 if s == BODY:
                     return cur, T_BAD, (), last
                 state[o] = INSN
             first = False
-            n = ins.size
-            state[o + 1 : o + n] = bytes([BODY]) * (n - 1)
-            if formed is not None and (formed or whole or self.pairs.begins(ins)):  # type: ignore[union-attr]
-                formed.append(ins)
-            last = ins.address if pending is None else last
-            nxt = ins.address + n
+            if state.count(0, o + 1, o + n) != n - 1:  # bytes of other chunks inside the instruction
+                self.overlapping.add(va)
+            state[o + 1 : o + n] = _BODY_RUNS[n]
+            if begins is not None and (formed or whole or begins(m, text, a)):
+                formed.append((a, n))  # type: ignore[union-attr]
+            last = a if pending is None else last
+            nxt = a + n
             if pending is not None:
                 slot_left -= 1
                 if slot_left <= 0:
                     end, term, targets = pending
                     return nxt, term, tuple(nxt if x == -2 else x for x in targets), last
                 continue
-            flow, tgt = self.classify(ins)
-            if self.arch == "aarch64":
-                self._adrp_refs(ins, pages)
-            elif self.arch == "arm" and ins.id in _LITERAL_LOADS:
-                self._literal(ins, bool(thumb))
+            if a64 and (m == "adrp" or m == "adr" or paged and _a64_paged(m, text, paged)):
+                ins = ins or _one(md, data, o, a)
+                self._adrp_refs(ins, pages, paged)
+            if ins is not None:
+                flow, tgt = self.classify(ins)
+                if arm and ins.id in _LITERAL_LOADS:
+                    self._literal(ins, bool(thumb))
+            elif may_flow(m):
+                flow, tgt = self.classify(_one(md, data, o, a))
+            else:
+                flow, tgt = F_NEXT, -1
             if flow == F_NEXT:
                 cur = nxt
                 continue
             if thumb:
-                if flow == F_CALL and ins.mnemonic.startswith("blx"):
+                if flow == F_CALL and m.startswith("blx"):
                     pass  # switches to ARM state
                 elif tgt != -1:
                     self.thumb.add(tgt)
                 elif flow in (F_IJUMP, F_CIJUMP):
-                    self.thumb.add(ins.address)  # the jump-table resolver decodes its path in this mode
+                    self.thumb.add(a)  # the jump-table resolver decodes its path in this mode
                 if flow in (F_COND, F_CALL, F_ICALL, F_CIJUMP):
                     self.thumb.add(nxt + self.delay * 4)  # execution goes on there, still in Thumb state
-            elif flow == F_CALL and tgt != -1 and self.arch == "arm" and ins.mnemonic.startswith("blx"):
+            elif flow == F_CALL and tgt != -1 and arm and m.startswith("blx"):
                 self.thumb.add(tgt)  # ARM state `blx #imm` always switches to Thumb
             term, targets = _TERMS[flow](tgt)
             if self.delay and flow not in (F_RET, F_STOP) or self.delay and flow == F_RET:
                 pending = (nxt, term, targets)
                 slot_left = self.delay
-                last = ins.address
+                last = a
                 continue
-            return nxt, term, tuple(nxt if x == -2 else x for x in targets), ins.address
+            return nxt, term, tuple(nxt if x == -2 else x for x in targets), a
         return cur, T_BAD, (), last
 
-    def _adrp_refs(self, ins: cs.CsInsn, pages: dict[int, int]) -> None:
+    def _adrp_refs(self, ins: cs.CsInsn, pages: dict[int, int], paged: set[str]) -> None:
         m = ins.mnemonic
         ops = ins.operands
         if m == "adrp" and len(ops) == 2:
             pages[ops[0].reg] = ops[1].imm
+            paged.add(ins.reg_name(ops[0].reg))
         elif m == "adr" and len(ops) == 2:
             self._ref(ins.address, ops[1].imm, K_OFFSET)
         elif m == "add" and len(ops) == 3 and ops[1].type == cs.CS_OP_REG and ops[2].type == cs.CS_OP_IMM:
@@ -350,6 +388,7 @@ class CapstoneBackend:
         return out
 
 
+_BODY_RUNS = [bytes([BODY]) * max(0, n - 1) for n in range(17)]
 _LITERAL_LOADS = frozenset(
     (_ARM.ARM_INS_LDR, _ARM.ARM_INS_LDRD, _ARM.ARM_INS_VLDR, _ARM.ARM_INS_LDRH, _ARM.ARM_INS_LDRB, _ARM.ARM_INS_LDRSH)
 )
@@ -389,14 +428,60 @@ _TERMS = {
 }
 
 
-def _stream(md: cs.Cs, data: bytes, off: int, va: int):  # noqa: ANN201 - a generator of CsInsn
-    """Instructions from `off` on, decoded in small windows (capstone decodes a whole buffer at once)."""
+def _stream(md: cs.Cs, lite: cs.Cs | None, data: bytes, off: int, va: int):  # noqa: ANN201 - a generator
+    """(address, size, mnemonic, operand text, CsInsn or None) of the instructions from `off` on,
+    decoded in small windows (capstone decodes a whole buffer at once): by `lite` (a decoder
+    without details) when given, else by `md` with details."""
     while off < len(data):
         n = 0
-        for ins in md.disasm(data[off : off + 256], va, 24):
-            n += ins.size
-            yield ins
+        if lite is not None:
+            for a, size, m, text in lite.disasm_lite(data[off : off + 256], va, 24):
+                n += size
+                yield a, size, m, text, None
+        else:
+            for ins in md.disasm(data[off : off + 256], va, 24):
+                n += ins.size
+                yield ins.address, ins.size, ins.mnemonic, ins.op_str, ins
         if n == 0:
             return
         off += n
         va += n
+
+
+def _one(md: cs.Cs, data: bytes, off: int, va: int) -> cs.CsInsn:
+    """The instruction at `off`, decoded with its operands."""
+    return next(md.disasm(data[off : off + 4], va, 1))
+
+
+def _a64_paged(m: str, text: str, paged: set[str]) -> bool:
+    """Can this `add` or load/store use a register an `adrp` set (`paged`)? From the operand text:
+    the second operand of `add`, the base register of a memory operand."""
+    if m == "add":
+        parts = text.split(", ", 2)
+        return len(parts) == 3 and parts[1] in paged
+    if not m.startswith(("ldr", "str")):
+        return False
+    i = text.find("[")
+    if i < 0:
+        return False
+    j = text.find(",", i)
+    k = text.find("]", i)
+    return text[i + 1 : (j if 0 <= j < k else k)] in paged
+
+
+def _may_flow_for(arch: str) -> Callable[[str], bool]:
+    """A test on the mnemonic alone: may `classify` call this instruction anything but F_NEXT?"""
+    if arch == "aarch64":
+        names = frozenset(
+            ("b", "bl", "br", "braa", "brab", "braaz", "brabz", "blr", "blraa", "blrab", "blraaz", "blrabz")
+            + ("ret", "retaa", "retab", "eret", "brk", "udf", "hlt", "cbz", "cbnz", "tbz", "tbnz")
+        )
+        return lambda m: m in names or m.startswith("b.")
+    if arch == "mips":
+        return lambda m: m[:1] in ("b", "j") or m == "sdbbp"
+    if arch == "ppc":
+        return lambda m: m[:1] == "b" or m == "trap"
+    if arch == "riscv":
+        rv = frozenset(("ret", "mret", "sret", "ebreak", "unimp"))
+        return lambda m: m[:1] in ("b", "j") or m.startswith(("c.b", "c.j")) or m.removeprefix("c.") in rv
+    return lambda m: True

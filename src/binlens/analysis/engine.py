@@ -190,9 +190,7 @@ def _analyze(
     stages = offsets + ["gaps"] * _GAP_ROUNDS + offsets + ["data_prologues", "data_pointers"]
     stages += offsets + ["gaps"] * _GAP_ROUNDS + offsets
     exhausted: set[str] = set()  # repeated stages that found nothing since the last find
-    # x86 chunks never overlap (every byte is checked); capstone's fixed-width decoders can
-    # overlap a chunk begun at a misaligned address, so they recount each round
-    gaps = Gaps(codemap, explorer, disjoint=image.identity.arch in ("x86-64", "x86", "arm"))
+    gaps = Gaps(codemap, explorer)  # the gap stage's coverage map, kept up to date between its rounds
     for stage in stages:
         if stage == "data_pointers":
             gaps.after_data = True

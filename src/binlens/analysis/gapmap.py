@@ -20,20 +20,24 @@ class Gaps:
     `covered` is 1 for each code byte inside a chunk of some function. Instead of rebuilding it
     from every body each round, it counts per chunk the bodies that hold it and re-marks only the
     chunks of bodies that changed since the last round (partition hands back the same Body
-    object when a body did not change) and chunks split since then. Chunks never overlap on
-    x86 (its decoder checks every byte), so each chunk's bytes are marked exactly when some body
-    holds it; where chunks may overlap (`disjoint=False`: AArch64 code entered at a misaligned
-    address) each round recounts from scratch.
+    object when a body did not change) and chunks split since then. That is exact for chunks
+    that share no byte with another. The x86 decoder checks every byte, so its chunks never
+    overlap; the capstone backend names the chunks that do (`overlapping`: code entered at a
+    misaligned address, a RISC-V instruction decoded across another's halves, a MIPS delay slot
+    that starts another chunk), and those, with the parts split off them, are laid over a copy
+    of the map each round instead of being counted in it.
     """
 
-    def __init__(self, codemap: CodeMap, explorer: Explorer, disjoint: bool = True) -> None:
+    def __init__(self, codemap: CodeMap, explorer: Explorer) -> None:
         self.codemap = codemap
         self.explorer = explorer
-        self.disjoint = disjoint  # False: chunks may overlap, so each round recounts from scratch
         self.maps = {r.va: bytearray(len(r.data)) for r in codemap.regions}
         self.count: dict[int, int] = {}
         self.bodies: dict[int, Body] = {}
         self.nsplits = 0
+        # the chunks that may share bytes with others (the backend's set, grown by their split parts)
+        self.odd: set[int] = getattr(explorer.backend, "overlapping", set())
+        self.held_odd: set[int] = set()  # those some body holds
         self.memo: dict[int, dict[tuple[int, int], tuple[int, bool, int] | None]] = {}
         self._refs: list[tuple[int, int]] = []
         self.after_data = False  # set once the data-pointer stages have run (ARM32 leaf guesses wait for it)
@@ -52,19 +56,25 @@ class Gaps:
 
     def covered(self, bodies: dict[int, Body]) -> dict[int, bytearray]:
         """Per region, the coverage of `bodies` (a copy the caller may mark further)."""
-        if not self.disjoint:
-            return covered_maps(self.codemap, self.explorer, bodies)
+        odd = self.odd
+        splits = self.explorer.splits
+        touched: set[int] = set()
+        for h, va in splits[self.nsplits :]:
+            touched.add(h)
+            touched.add(va)
+            if h in odd:
+                odd.add(va)  # the part split off a chunk that overlaps another may be where it does
+        self.nsplits = len(splits)
         if not self.bodies:  # the first round: every chunk of every body is new
             counted: Counter[int] = Counter()  # (a dict: kept as the counts, not copied)
             for b in bodies.values():
                 counted.update(b.chunks)
             self.count = counted
             self.bodies = dict(bodies)
-            self.nsplits = len(self.explorer.splits)
-            cover(self.codemap, self.maps, self.explorer, self.count)
-            return {va: bytearray(m) for va, m in self.maps.items()}
+            self.held_odd = {a for a in odd if a in counted}
+            cover(self.codemap, self.maps, self.explorer, [a for a in counted if a not in odd])
+            return self._copy()
         count = self.count
-        touched: set[int] = set()
         old = self.bodies
         gone: list[int] = []  # one entry per (changed body, chunk it no longer holds)
         came: list[int] = []
@@ -93,16 +103,19 @@ class Gaps:
             count[a] = n + 1
             if not n:
                 touched.add(a)
-        splits = self.explorer.splits
-        for h, va in splits[self.nsplits :]:
-            touched.add(h)
-            touched.add(va)
-        self.nsplits = len(splits)
         self.bodies = dict(bodies)
         held = {a for a in touched if a in count}
-        cover(self.codemap, self.maps, self.explorer, touched - held, b"\x00")
-        cover(self.codemap, self.maps, self.explorer, held)
-        return {va: bytearray(m) for va, m in self.maps.items()}
+        self.held_odd = {a for a in self.held_odd if a in count} | (held & odd)
+        cover(self.codemap, self.maps, self.explorer, touched - held - odd, b"\x00")
+        cover(self.codemap, self.maps, self.explorer, held - odd)
+        return self._copy()
+
+    def _copy(self) -> dict[int, bytearray]:
+        """The map, with the held chunks that may overlap others laid over it."""
+        maps = {va: bytearray(m) for va, m in self.maps.items()}
+        if self.held_odd:
+            cover(self.codemap, maps, self.explorer, self.held_odd)
+        return maps
 
 
 def offset_refs_from(backend: object, codemap: CodeMap, start: int) -> list[tuple[int, int]]:
@@ -123,7 +136,8 @@ def offset_refs_from(backend: object, codemap: CodeMap, start: int) -> list[tupl
 
 
 def covered_maps(codemap: CodeMap, explorer: Explorer, bodies: dict[int, Body]) -> dict[int, bytearray]:
-    """Per code region, 1 for each byte inside a chunk of some function."""
+    """Per code region, 1 for each byte inside a chunk of some function: the map `Gaps` keeps, built
+    from scratch (what the tests check it against)."""
     maps = {r.va: bytearray(len(r.data)) for r in codemap.regions}
     cover(codemap, maps, explorer, set().union(*(b.chunks for b in bodies.values())))
     return maps

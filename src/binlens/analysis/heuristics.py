@@ -183,7 +183,7 @@ def heuristic_starts(
                 accept(dst, "pointer")
     elif arm:
         if image.code_endian == "little":
-            gaps = gaps or Gaps(codemap, explorer, disjoint=False)
+            gaps = gaps or Gaps(codemap, explorer)
             covered = gaps.covered(bodies)
             for va in arm_gap_candidates(codemap, backend, covered, gaps.memo):
                 accept(va, "prologue", in_range=True)
@@ -196,7 +196,7 @@ def heuristic_starts(
                     accept(va, "prologue", need_ret=True, in_range=True)
     elif image.identity.arch in ("x86-64", "x86", "aarch64") or image.identity.arch in PROLOGUE_ARCHES:
         # Gaps are code no function covers (code decoded on a path later found dead counts too).
-        gaps = gaps or Gaps(codemap, explorer, disjoint=x86)
+        gaps = gaps or Gaps(codemap, explorer)
         covered = gaps.covered(bodies)
         kit = None
         align = 16  # x86: a trial's entry and the other gaps' entries it may tail-call are 16-byte aligned
