@@ -94,11 +94,7 @@ class CapstoneBackend:
         self.overlapping: set[int] = set()
         self.pairs = PairRefs(self) if self.arch in PairRefs.ARCHES else None
         self._may_flow = _may_flow_for(self.arch)
-        # a decoder without operand details for the chunks' straight runs (ARM32 classifies by them)
-        self._lite_md: cs.Cs | None = None
-        if self.arch != "arm":
-            self._lite_md = cs.Cs(*_mode(image))
-            self._lite_md.detail = False
+        self._lite: dict[bool, cs.Cs] = {}  # decoders without operand details, by ARM32 state
 
     def md(self, thumb: bool) -> cs.Cs:
         m = self._md.get(thumb)
@@ -108,6 +104,14 @@ class CapstoneBackend:
             m.detail = True
             m.skipdata = False
             self._md[thumb] = m
+        return m
+
+    def lite_md(self, thumb: bool) -> cs.Cs:
+        """A decoder without operand details (for the straight runs of chunks)."""
+        m = self._lite.get(thumb)
+        if m is None:
+            m = self._lite[thumb] = cs.Cs(*_mode(self.image, thumb))
+            m.detail = False
         return m
 
     # ------------------------------------------------------------------ classification
@@ -275,8 +279,9 @@ class CapstoneBackend:
         a64 = self.arch == "aarch64"
         begins = self.pairs.begins if formed is not None else None  # type: ignore[union-attr]
         may_flow = self._may_flow
+        it_at = it_left = 0  # Thumb: where the last IT block began, and how many instructions it still covers
         data = r.data
-        for a, n, m, text, ins in _stream(md, self._lite_md, data, off, va):
+        for a, n, m, text in _stream(self.lite_md(bool(thumb)), data, off, va):
             o = a - r.va
             if not first:
                 s = state[o]
@@ -301,17 +306,24 @@ class CapstoneBackend:
                     end, term, targets = pending
                     return nxt, term, tuple(nxt if x == -2 else x for x in targets), last
                 continue
+            ins = None
             if a64 and (m == "adrp" or m == "adr" or paged and _a64_paged(m, text, paged)):
-                ins = ins or _one(md, data, o, a)
+                ins = _one(md, data, o, a)
                 self._adrp_refs(ins, pages, paged)
-            if ins is not None:
+            if ins is None and may_flow(m, text):
+                if it_left > 0:  # inside a Thumb IT block: its condition comes from the `it` before
+                    *_, ins = md.disasm(data[it_at : o + n], a - (o - it_at))
+                else:
+                    ins = _one(md, data, o, a)
+            it_left -= 1
+            if thumb and m[:2] == "it" and len(m) <= 5:  # it, itt, ite, ..., itete: 1 to 4 conditional
+                it_at, it_left = o, len(m) - 1
+            if ins is None:
+                flow, tgt = F_NEXT, -1
+            else:
                 flow, tgt = self.classify(ins)
                 if arm and ins.id in _LITERAL_LOADS:
                     self._literal(ins, bool(thumb))
-            elif may_flow(m):
-                flow, tgt = self.classify(_one(md, data, o, a))
-            else:
-                flow, tgt = F_NEXT, -1
             if flow == F_NEXT:
                 cur = nxt
                 continue
@@ -428,20 +440,14 @@ _TERMS = {
 }
 
 
-def _stream(md: cs.Cs, lite: cs.Cs | None, data: bytes, off: int, va: int):  # noqa: ANN201 - a generator
-    """(address, size, mnemonic, operand text, CsInsn or None) of the instructions from `off` on,
-    decoded in small windows (capstone decodes a whole buffer at once): by `lite` (a decoder
-    without details) when given, else by `md` with details."""
+def _stream(md: cs.Cs, data: bytes, off: int, va: int):  # noqa: ANN201 - a generator of tuples
+    """(address, size, mnemonic, operand text) of the instructions from `off` on, decoded in small
+    windows (capstone decodes a whole buffer at once)."""
     while off < len(data):
         n = 0
-        if lite is not None:
-            for a, size, m, text in lite.disasm_lite(data[off : off + 256], va, 24):
-                n += size
-                yield a, size, m, text, None
-        else:
-            for ins in md.disasm(data[off : off + 256], va, 24):
-                n += ins.size
-                yield ins.address, ins.size, ins.mnemonic, ins.op_str, ins
+        for t in md.disasm_lite(data[off : off + 256], va, 24):
+            n += t[1]
+            yield t
         if n == 0:
             return
         off += n
@@ -469,19 +475,22 @@ def _a64_paged(m: str, text: str, paged: set[str]) -> bool:
     return text[i + 1 : (j if 0 <= j < k else k)] in paged
 
 
-def _may_flow_for(arch: str) -> Callable[[str], bool]:
-    """A test on the mnemonic alone: may `classify` call this instruction anything but F_NEXT?"""
+def _may_flow_for(arch: str) -> Callable[[str, str], bool]:
+    """A test on the mnemonic and operand text alone: may `classify` call this instruction anything
+    but F_NEXT (or, on ARM32, is it a pc-relative load of a literal)?"""
     if arch == "aarch64":
         names = frozenset(
             ("b", "bl", "br", "braa", "brab", "braaz", "brabz", "blr", "blraa", "blrab", "blraaz", "blrabz")
             + ("ret", "retaa", "retab", "eret", "brk", "udf", "hlt", "cbz", "cbnz", "tbz", "tbnz")
         )
-        return lambda m: m in names or m.startswith("b.")
+        return lambda m, _text: m in names or m.startswith("b.")
+    if arch == "arm":  # branches, compare-and-branch, table branches, traps, and whatever names pc
+        return lambda m, text: m.startswith(("b", "cb", "tb", "udf", "bkpt", "trap")) or "pc" in text
     if arch == "mips":
-        return lambda m: m[:1] in ("b", "j") or m == "sdbbp"
+        return lambda m, _text: m[:1] in ("b", "j") or m == "sdbbp"
     if arch == "ppc":
-        return lambda m: m[:1] == "b" or m == "trap"
+        return lambda m, _text: m[:1] == "b" or m == "trap"
     if arch == "riscv":
         rv = frozenset(("ret", "mret", "sret", "ebreak", "unimp"))
-        return lambda m: m[:1] in ("b", "j") or m.startswith(("c.b", "c.j")) or m.removeprefix("c.") in rv
-    return lambda m: True
+        return lambda m, _text: m[:1] in ("b", "j") or m.startswith(("c.b", "c.j")) or m.removeprefix("c.") in rv
+    return lambda _m, _text: True
