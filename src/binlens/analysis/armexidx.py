@@ -91,6 +91,11 @@ def _arm_push(w: int) -> bool:
     return (w & 0xFFFF4000 == 0xE92D4000 and w & 0xA000 == 0) or w == 0xE52DE004
 
 
+def _arm_test(w: int) -> bool:
+    """An ARM `cmp`, `cmn`, `tst` or `teq` (register or immediate) with the "always" condition."""
+    return w >> 28 == 0xE and (w >> 20) & 0xDF in (0x11, 0x13, 0x15, 0x17)
+
+
 def guess_state(data: bytes, valid: Callable[[bool], int], order: str = "<") -> bool | None:
     """Is the code whose first bytes are `data` (instructions in byte order `order`) a Thumb
     function's entry (True), an ARM one's (False), or can the bytes not tell (None)?
@@ -100,9 +105,10 @@ def guess_state(data: bytes, valid: Callable[[bool], int], order: str = "<") -> 
     (condition "always"); a Thumb `push {.., lr}` at the entry or after one 16-bit instruction;
     ARM words with the "always" condition up to an ARM return (`bx lr`, `pop {.., pc}`); an ARM
     push after one such word (`cmp r0, r1; push {r4, lr}`); four words that all carry the
-    "always" condition and decode as ARM; Thumb when the first word would be a conditional ARM
-    instruction (no ARM entry begins with one) and the bytes decode as Thumb; then the one state
-    in which the bytes decode at all.
+    "always" condition and decode as ARM; an ARM test followed by a word predicated on it; Thumb
+    when the first word would be a conditional ARM instruction (no ARM entry begins with one) and
+    the bytes decode as Thumb; Thumb when they begin with `cbz`/`cbnz` and decode as Thumb; then
+    the one state in which the bytes decode at all.
     """
     if len(data) < 16:
         return None
@@ -125,8 +131,12 @@ def guess_state(data: bytes, valid: Callable[[bool], int], order: str = "<") -> 
         return False
     if always == 3 and w[0] >> 28 == 0xE and arm_ok >= 4:
         return False
+    if _arm_test(w[0]) and w[1] >> 28 < 0xE and arm_ok >= 4:
+        return False  # a test, then code predicated on it (`cmp r0, #0; ldrne r3, [r0]`)
     if w[0] >> 28 < 0xE and thumb_ok >= 4:
         return True  # an ARM entry does not begin with a conditional instruction
+    if h[0] & 0xF500 == 0xB100 and thumb_ok >= 4:
+        return True  # a Thumb null check first: `cbz r0, 1f` / `cbnz`
     if (arm_ok >= 4) != (thumb_ok >= 4):
         return thumb_ok >= 4
     return None

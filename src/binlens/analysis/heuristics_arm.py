@@ -115,11 +115,12 @@ _ARM_PADDING = {2: (b"\x00\xbf", b"\x00\x00"), 4: (b"\x00\x00\xa0\xe1", b"\x00\x
 
 def arm_leaf_candidates(
     image: Image, codemap: CodeMap, backend: object, covered: dict[int, bytearray], prior: bool
-) -> list[int]:
+) -> list[tuple[int, int]]:
     """ARM32: the first address of each gap (past padding and the words pc-relative loads read)
     when a return comes right before it, in the state its first bytes tell (`guess_state`; else
     `prior`, True for Thumb), as a code address whose bit 0 says Thumb: a leaf function nothing
-    references (no push to find it by). The caller takes it only when its first block returns or jumps."""
+    references (no push to find it by), with the end of its gap. The caller takes it only when its
+    first block returns or jumps, or its code stays inside the gap."""
     literals: set[int] = backend.literals  # type: ignore[attr-defined]
     md = backend.md  # type: ignore[attr-defined]
     out = []
@@ -128,9 +129,10 @@ def arm_leaf_candidates(
             g = r.va + lo + (lo & 1)
             end = r.va + hi
             while g + 4 <= end:
+                o = g - r.va
                 if g in literals and g % 4 == 0:
                     g += 4
-                elif r.data[g - r.va : g - r.va + 2] in (b"\x00\xbf", b"\x00\x00"):
+                elif r.data[o : o + 2] == b"\x00\xbf" or r.data[o : o + 2] == b"\x00\x00" and not _arm_word(r, o):
                     g += 2
                 else:
                     break
@@ -142,8 +144,14 @@ def arm_leaf_candidates(
                 state = prior
             if not state and g % 4:
                 continue
-            out.append(g | int(state))
+            out.append((g | int(state), end))
     return out
+
+
+def _arm_word(r: CodeRegion, o: int) -> bool:
+    """Is there an ARM instruction with the "always" condition at the word-aligned offset `o` (whose
+    low halfword may be zero, like Thumb's `movs r0, r0` padding: `cmp r0, #0` is e3500000)?"""
+    return (r.va + o) % 4 == 0 and len(r.data) >= o + 4 and r.data[o + 3] >> 4 == 0xE and r.data[o + 2] != 0
 
 
 def _arm_lead_in(r: CodeRegion, backend: object, literals: set[int], lo: int, push: int) -> int:
