@@ -112,12 +112,13 @@ def test_incremental_gap_coverage_equals_a_full_recount(compile_c, monkeypatch, 
 
 
 def test_incremental_gap_coverage_through_changed_bodies_and_splits(monkeypatch):
-    """An MSVC x86 program without unwind data: 14 rounds, hundreds of recomputed bodies and splits."""
+    """An MSVC x86 program without unwind data: 7 rounds (14 before a round took every function
+    laid out after one it found), hundreds of recomputed bodies and splits."""
     path = corpus_dir("jmptbl") / "test_msvc_1900_32.exe"
     if not path.exists():
         pytest.skip(f"{path} is absent")
     rounds = _check_gap_rounds(path, monkeypatch)
-    assert len(rounds) >= 10 and rounds == sorted(rounds)
+    assert len(rounds) >= 5 and rounds == sorted(rounds)
 
 
 def test_partition_and_functions_with_no_starts(compile_c):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import re
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from itertools import chain
 
 from binlens.analysis.codemap import CodeMap, CodeRegion, instruction_start, zero_runs
@@ -224,11 +224,21 @@ def heuristic_starts(
         unguarded = explorer.unguarded
         case_labels = {x for j, cases in explorer.jt.items() if j not in unguarded for x in cases}
         cands = _gap_candidates(codemap, image.identity.arch, covered, gaps.memo, kit)
-        for va, prologue, _gap_end in cands:
-            if prologue and va not in starts and free(va):
-                c = explorer.chunk(va)
-                if c is not None and c[1] != T_BAD:
-                    out[va] = "prologue"
+        # A gap that starts like a function is taken as one; the code it reaches within the gap is
+        # then covered, and a sub-gap left after it that starts like a function is taken too in
+        # the same round (unreferenced functions laid out one after another: one round each before)
+        peel = [(va, gap_end) for va, prologue, gap_end in reversed(cands) if prologue]
+        bound = set(starts)
+        while peel:
+            va, gap_end = peel.pop()
+            if va in bound or not free(va) or not _decodes(explorer, va):
+                continue
+            out[va] = "prologue"
+            bound.add(va)
+            _ok, seen = _self_contained(explorer, va, gap_end, bound, other_gap, case_labels)
+            cover(codemap, covered, explorer, seen)
+            rest = _candidates_within(codemap, image.identity.arch, covered, va, gap_end, kit, True)
+            peel.extend((sub, sub_end) for sub, pro, sub_end in reversed(rest) if pro)
         if kit is not None:  # exact PIC entries anywhere in a gap (they name their own address)
             for va in kit.exact_entries():
                 r = codemap.region(va)
@@ -373,7 +383,7 @@ def _self_contained(
     explorer: Explorer,
     start: int,
     gap_end: int,
-    starts: dict[int, set[str]],
+    starts: Container[int],
     elsewhere: Callable[[int, int, int], bool] = lambda va, lo, hi: False,
     case_labels: set[int] | None = None,
 ) -> tuple[bool, set[int]]:
