@@ -122,6 +122,7 @@ class Explorer:
         self.jt: dict[int, list[int]] = {}  # indirect jump address -> case targets
         self.unguarded: set[int] = set()  # jumps whose table has no bound check
         self.unresolved: dict[int, int] = {}  # indirect jump -> its chunk, for a later retry
+        self.gotos: list[tuple[int, int, list[int]]] = []  # computed-goto tables: (function, end, labels)
         self._jump_tables = jump_tables
         # the paths each unresolved jump last failed on (not on ARM32, where the ARM/Thumb state a
         # path's code decodes in can change under the same addresses)
@@ -226,7 +227,7 @@ class Explorer:
 
     def _path_key(self, chunk_start: int) -> tuple:
         """Everything `_resolve_table` reads of the recorded graph for the jump in `chunk_start`."""
-        key: tuple = (self.pred.get(chunk_start), tuple(self._pred_chain(chunk_start)))
+        key: tuple = (len(self.gotos), self.pred.get(chunk_start), tuple(self._pred_chain(chunk_start)))
         if self.cpred is not None:
             key += (tuple(self._pred_chain(chunk_start, jump_first=True)),)
             if self.cond_first:
@@ -247,6 +248,8 @@ class Explorer:
                 third = self._pred_chain(chunk_start, cond_first=True)
                 if third != chain and third != other:
                     t, guarded = self._jump_tables(slice_start, last, third)  # type: ignore[misc]
+        if not t and self.gotos:  # a computed goto of a function with a dispatch table (gototables.py)
+            t, guarded = next((labels for lo, hi, labels in self.gotos if lo <= last < hi), []), False
         return t, guarded
 
     def _pred_chain(

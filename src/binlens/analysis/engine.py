@@ -22,6 +22,7 @@ from binlens.analysis.discovery import (
 from binlens.analysis.ehframe import parse_eh_frame
 from binlens.analysis.functions import build_functions
 from binlens.analysis.gapmap import Gaps
+from binlens.analysis.gototables import goto_tables
 from binlens.analysis.heuristics import heuristic_starts
 from binlens.analysis.heuristics_arm import arm_labels
 from binlens.analysis.model import (
@@ -215,9 +216,11 @@ def _analyze(
                 bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret, noret_slots, excluded)
             if stage in ("data_prologues", "data_pointers"):
                 entries = _table_entry_seeds(image, codemap, explorer, backend, jt_tables, seeds.starts)
-                if entries:
-                    for va in entries:
-                        del seeds.starts[va]
+                labels, gotos = goto_tables(image, codemap, explorer, backend, bodies, starts)
+                if entries or gotos:
+                    for va in entries | labels:
+                        seeds.starts.pop(va, None)
+                    explorer.gotos += gotos
                     bodies, starts, noret = _discover(
                         explorer, seeds.starts, extents, frag, noret, noret_slots, excluded
                     )
