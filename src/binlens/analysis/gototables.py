@@ -44,29 +44,28 @@ def goto_tables(
         return set(), []
     ptr = 8 if image.identity.bits == 64 else 4
     thumb_bit = 1 if image.identity.arch == "arm" else 0
-    runs: dict[int, list[int]] = {}  # first word -> targets
-    cur: list[tuple[int, int]] = []
-    for src, dst in [*sorted(pointers_in_data(image, codemap, set())), (-1, -1)]:
-        if cur and src == cur[-1][0] + ptr:
-            cur.append((src, dst))
-            continue
-        if len(cur) >= MIN_ENTRIES:
-            runs[cur[0][0]] = [d & ~thumb_bit for _s, d in cur]
-        cur = [(src, dst)]
-    if not runs:
-        return set(), []
-    # Something must take the address of the table's first word: code (directly or by loading it
-    # from a data word holding it), or at least such a word (a GOT slot: the PowerPC PIC load `lwz
-    # r9, off(r30)` chunks after r30 was set is followed by no pair evaluation). A run of function
-    # pointers inside a struct (an SQLite VFS: its methods after a name and sizes) is taken by the
-    # struct's address, not its first pointer's.
-    holder = {src: dst for src, dst in pointers_in_data(image, codemap, set(runs)) if dst in runs}
+    words = dict(pointers_in_data(image, codemap, set()))  # data word -> the code address it holds
+    # A table begins at a word whose address something takes: code (directly, or by loading it from
+    # a data word holding it), or at least such a word (a GOT slot: the PowerPC PIC load `lwz r9,
+    # off(r30)` chunks after r30 was set is followed by no pair evaluation); it runs on over the
+    # code pointers that follow. A run of function pointers inside a struct (an SQLite VFS: its
+    # methods after a name and sizes) is taken by the struct's address, not its first pointer's.
+    holder = {src: dst for src, dst in pointers_in_data(image, codemap, set(words)) if dst in words}
     takers: dict[int, list[int]] = {t: [] for t in holder.values()}
-    holder.update((t, t) for t in runs)
+    holder.update((t, t) for t in words)
     for src, dst in zip(backend.x_src, backend.x_dst, strict=True):  # type: ignore[attr-defined]
         table = holder.get(dst)
         if table is not None:
             takers.setdefault(table, []).append(src)
+    runs: dict[int, list[int]] = {}  # first word -> targets
+    for table in takers:
+        run = []
+        at = table
+        while at in words:
+            run.append(words[at] & ~thumb_bit)
+            at += ptr
+        if len(run) >= MIN_ENTRIES:
+            runs[table] = run
     # the function a table's labels lie in: the last start before them with better evidence than a
     # guess or a jump (the labels' code jumps back into its function: tail calls, while the labels
     # are taken for functions)
@@ -74,8 +73,9 @@ def goto_tables(
     jumps = sorted(explorer.unresolved)
     drop: set[int] = set()
     out: list[tuple[int, int, list[int]]] = []
-    for table, srcs in takers.items():
-        targets = sorted(set(runs[table]))
+    for table, targets_run in runs.items():
+        srcs = takers[table]
+        targets = sorted(set(targets_run))
         i = bisect.bisect_right(trusted, targets[0]) - 1
         if i < 0 or trusted[i] == targets[0]:
             continue

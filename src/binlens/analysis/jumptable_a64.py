@@ -96,6 +96,8 @@ def a64_jump_table_targets(
         t = v if absolute else (base + (_extend(_register_value(v, size, signed, width), ext) << shift)) & _MASK
         if jt.near_code(codemap, t, jump_va, 4):  # only targets in code next to the jump
             targets.append(t)
+        elif absolute:
+            break  # a mask bounds the index, not the table: the words after it are other data
     return targets, table, True
 
 
