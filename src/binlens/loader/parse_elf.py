@@ -1,12 +1,14 @@
-"""A pure-Python reader for plain x86/x86-64 ELF executables and shared objects.
+"""A pure-Python reader for plain ELF executables and shared objects.
 
 Importing LIEF costs ~0.6 s, more than the whole analysis of a small program. Most inputs are
-ordinary little-endian x86/x86-64 ELF files, whose headers this module reads with `struct` into
-the very Image LIEF's path builds (`parse_lief._parse_elf`; the tests compare the two field by
-field). Anything it does not fully understand - another architecture, a relocatable object,
-a header or table out of the file's bounds, an unknown relocation type - raises `NeedsLief`,
-and the worker hands the file to LIEF instead. Every loop is bounded by the file's size, so a
-hostile file cannot hang it; it still runs in the worker's forked child.
+ordinary ELF files of the machines in `elf_machines.MACHINES` (x86, x86-64, AArch64, ARM, MIPS32,
+PowerPC, PPC64 ELFv2, RISC-V; little- or big-endian), whose headers this module reads with
+`struct` into the very Image LIEF's path builds (`parse_lief._parse_elf`; the tests and
+`bench/elf_readers.py` compare the two field by field). Anything it does not fully understand -
+another machine, MIPS64, PPC64 ELFv1, a relocatable object, a header or table out of the file's
+bounds, an unknown relocation type - raises `NeedsLief`, and the worker hands the file to LIEF
+instead. Every loop is bounded by the file's size, so a hostile file cannot hang it; it still runs
+in the worker's forked child.
 """
 
 from __future__ import annotations
