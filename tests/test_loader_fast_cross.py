@@ -130,6 +130,9 @@ def test_fast_reader_declines_what_lief_must_read(cross_c, tmp_path):
     v1 = _patched(ppc64, tmp_path / "v1", 0x30, struct.pack("<I", flags & ~3 | 1))
     with pytest.raises(NeedsLief):
         parse_elf(v1.read_bytes(), "v1")
+    # the worker and the CLI's early start do not even try them
+    assert not fast_candidate(v1.read_bytes()[:64]) and fast_candidate(ppc64.read_bytes()[:64])
+    assert not fast_candidate(cross_c("mips64-linux-gnuabi64", "pie").read_bytes()[:20])
     # 32-bit AArch64 (ILP32) and 64-bit ARM are not plain files of their machine either
     arm = bytearray(cross_c("arm-linux-gnueabihf", "pie").read_bytes())
     arm[18:20] = struct.pack("<H", 183)

@@ -105,7 +105,7 @@ def _fast_format(path: str) -> bool:
 
     try:
         with open(os.path.expanduser(path), "rb") as fh:
-            return fast_candidate(fh.read(20))
+            return fast_candidate(fh.read(64))
     except OSError:
         return False
 

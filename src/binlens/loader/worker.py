@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from binlens.errors import BinlensError
-from binlens.loader.elf_machines import MACHINES
+from binlens.loader.elf_machines import fast_machine
 from binlens.loader.image import Image, encode_image
 from binlens.loader.isolate import FALLBACK, STATUS_ERROR, STATUS_OK, read_frame, write_answer
 
@@ -39,11 +39,16 @@ def _fast(data: bytes, file_name: str, slice_name: str | None) -> Image:
 
 
 def fast_candidate(data: bytes) -> bool:
-    """An ELF header of a machine the fast reader knows (`elf_machines.MACHINES`), in either byte
-    order: worth a try of the fast reader."""
-    if len(data) < 20 or data[:4] != b"\x7fELF" or data[5] not in (1, 2):
+    """An ELF header (its first 20 bytes or more) of a machine and class the fast reader knows
+    (`elf_machines.MACHINES`), in either byte order: worth a try of the fast reader. With the
+    whole header, PowerPC64 ELFv1 files (declined by the reader) are left out too."""
+    if len(data) < 20 or data[:4] != b"\x7fELF" or data[5] not in (1, 2) or data[4] not in (1, 2):
         return False
-    return int.from_bytes(data[18:20], "little" if data[5] == 1 else "big") in MACHINES
+    order = "little" if data[5] == 1 else "big"
+    machine = int.from_bytes(data[18:20], order)
+    if fast_machine(machine, 64 if data[4] == 2 else 32) is None:
+        return False
+    return machine != 21 or len(data) < 0x34 or int.from_bytes(data[0x30:0x34], order) & 3 == 2
 
 
 def _lief(data: bytes, file_name: str, slice_name: str | None) -> Image:
