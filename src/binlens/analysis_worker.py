@@ -98,14 +98,14 @@ def prestart(path: str | None = None, slice_name: str | None = None, home: str |
 
 
 def _fast_format(path: str) -> bool:
-    """Is `path` a file the fast ELF reader takes (x86/x86-64 ELF)? Only those start early: any
+    """Is `path` a file the fast ELF reader takes (an ELF file of a machine it knows)? Only those start early: any
     other format would make the early process import LIEF beside the CLI's parser worker, while
     the CLI's own request hands over the image that worker parsed."""
     from binlens.loader.worker import fast_candidate
 
     try:
         with open(os.path.expanduser(path), "rb") as fh:
-            return fast_candidate(fh.read(20))
+            return fast_candidate(fh.read(64))
     except OSError:
         return False
 

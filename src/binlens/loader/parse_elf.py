@@ -1,12 +1,14 @@
-"""A pure-Python reader for plain x86/x86-64 ELF executables and shared objects.
+"""A pure-Python reader for plain ELF executables and shared objects.
 
 Importing LIEF costs ~0.6 s, more than the whole analysis of a small program. Most inputs are
-ordinary little-endian x86/x86-64 ELF files, whose headers this module reads with `struct` into
-the very Image LIEF's path builds (`parse_lief._parse_elf`; the tests compare the two field by
-field). Anything it does not fully understand - another architecture, a relocatable object,
-a header or table out of the file's bounds, an unknown relocation type - raises `NeedsLief`,
-and the worker hands the file to LIEF instead. Every loop is bounded by the file's size, so a
-hostile file cannot hang it; it still runs in the worker's forked child.
+ordinary ELF files of the machines in `elf_machines.MACHINES` (x86, x86-64, AArch64, ARM, MIPS32,
+PowerPC, PPC64 ELFv2, RISC-V; little- or big-endian), whose headers this module reads with
+`struct` into the very Image LIEF's path builds (`parse_lief._parse_elf`; the tests and
+`bench/elf_readers.py` compare the two field by field). Anything it does not fully understand -
+another machine, MIPS64, PPC64 ELFv1, a relocatable object, a header or table out of the file's
+bounds, an unknown relocation type - raises `NeedsLief`, and the worker hands the file to LIEF
+instead. Every loop is bounded by the file's size, so a hostile file cannot hang it; it still runs
+in the worker's forked child.
 """
 
 from __future__ import annotations
@@ -17,33 +19,13 @@ from collections.abc import Callable
 from typing import Any
 
 from binlens.loader.demangle import demangle
+from binlens.loader.elf_machines import Machine, fast_machine
 from binlens.loader.image import Export, Identity, Image, Import, Relocation, Section, Segment, Symbol
 
 
 class NeedsLief(Exception):
     """The file is outside this reader's plain subset; parse it with LIEF."""
 
-
-# Relocation type names as LIEF spells them (psABI numbering), by machine.
-_X86_64_RELOCS = (  # noqa: SIM905 - a table in psABI order
-    "NONE 64 PC32 GOT32 PLT32 COPY GLOB_DAT JUMP_SLOT RELATIVE GOTPCREL 32 32S 16 PC16 8 PC8 DTPMOD64 DTPOFF64 "
-    "TPOFF64 TLSGD TLSLD DTPOFF32 GOTTPOFF TPOFF32 PC64 GOTOFF64 GOTPC32 GOT64 GOTPCREL64 GOTPC64 GOTPLT64 "
-    "PLTOFF64 SIZE32 SIZE64 GOTPC32_TLSDESC TLSDESC_CALL TLSDESC IRELATIVE RELATIVE64 PC32_BND PLT32_BND "
-    "GOTPCRELX REX_GOTPCRELX"
-).split()
-_I386_RELOCS = {
-    n: name
-    for n, name in enumerate(
-        (  # noqa: SIM905
-            "NONE 32 PC32 GOT32 PLT32 COPY GLOB_DAT JUMP_SLOT RELATIVE GOTOFF GOTPC 32PLT - - TLS_TPOFF TLS_IE "
-            "TLS_GOTIE TLS_LE TLS_GD TLS_LDM 16 PC16 8 PC8 TLS_GD_32 TLS_GD_PUSH TLS_GD_CALL TLS_GD_POP TLS_LDM_32 "
-            "TLS_LDM_PUSH TLS_LDM_CALL TLS_LDM_POP TLS_LDO_32 TLS_IE_32 TLS_LE_32 TLS_DTPMOD32 TLS_DTPOFF32 "
-            "TLS_TPOFF32 - TLS_GOTDESC TLS_DESC_CALL TLS_DESC IRELATIVE"
-        ).split()
-    )
-    if name != "-"
-}
-_MACHINES = {62: ("x86-64", 64, "X86_64_", dict(enumerate(_X86_64_RELOCS))), 3: ("x86", 32, "X86_", _I386_RELOCS)}
 
 # Dynamic tags.
 DT_NEEDED, DT_PLTRELSZ, DT_STRTAB, DT_SYMTAB, DT_RELA, DT_RELASZ = 1, 2, 5, 6, 7, 8
@@ -59,13 +41,22 @@ SYM_BINDING = {0: "local", 2: "weak"}
 
 
 class _Reader:
-    """Bounds-checked little-endian access to the file and its mapped addresses."""
+    """Bounds-checked access to the file (in its byte order) and its mapped addresses."""
 
-    def __init__(self, data: bytes, is64: bool) -> None:
+    def __init__(self, data: bytes, is64: bool, big: bool) -> None:
         self.data = data
         self.is64 = is64
         self.ptr = 8 if is64 else 4
+        self.order = ">" if big else "<"
         self.loads: list[tuple[int, int, int]] = []  # (vaddr, filesz, offset)
+        self._structs: dict[str, struct.Struct] = {}
+
+    def st(self, fmt: str) -> struct.Struct:
+        """The struct for `fmt` in the file's byte order."""
+        found = self._structs.get(fmt)
+        if found is None:
+            found = self._structs[fmt] = struct.Struct(self.order + fmt)
+        return found
 
     def need(self, offset: int, size: int) -> None:
         if offset < 0 or size < 0 or offset + size > len(self.data):
@@ -94,24 +85,35 @@ class _Reader:
         raise NeedsLief("a dynamic table is not backed by file bytes")
 
 
-def parse_elf(data: bytes, file_name: str, sha256: str | None = None) -> Image:
-    """Parse a plain x86/x86-64 ELF executable or shared object; raise NeedsLief otherwise."""
-    if len(data) < 52 or data[:4] != b"\x7fELF" or data[5] != 1 or data[4] not in (1, 2):
-        raise NeedsLief("not a little-endian ELF")
+def _header(data: bytes) -> tuple[_Reader, Machine, tuple[int, ...]]:
+    """The reader, the machine and the header fields after e_ident, for a file the fast reader takes."""
+    if len(data) < 52 or data[:4] != b"\x7fELF" or data[5] not in (1, 2) or data[4] not in (1, 2):
+        raise NeedsLief("not an ELF file of a known class and byte order")
     is64 = data[4] == 2
-    rd = _Reader(data, is64)
-    hdr = rd.unpack(struct.Struct("<HHIQQQIHHHHHH" if is64 else "<HHIIIIIHHHHHH"), 16)
-    e_type, machine, _ver, entry, phoff, shoff, flags, _eh, phentsize, phnum, shentsize, shnum, shstrndx = hdr
-    if machine not in _MACHINES or e_type not in (2, 3):
-        raise NeedsLief("not an x86/x86-64 executable or shared object")
-    arch, bits, reloc_prefix, reloc_names = _MACHINES[machine]
-    if (bits == 64) != is64 or phentsize != (56 if is64 else 32) or shentsize != (64 if is64 else 40):
+    rd = _Reader(data, is64, big=data[5] == 2)
+    hdr = rd.unpack(rd.st("HHIQQQIHHHHHH" if is64 else "HHIIIIIHHHHHH"), 16)
+    e_type, machine_id, _ver, _entry, _phoff, _shoff, flags, _eh, phentsize, phnum, shentsize, shnum, shstrndx = hdr
+    machine = fast_machine(machine_id, 64 if is64 else 32)
+    if machine is None or e_type not in (2, 3):
+        raise NeedsLief("not an executable or shared object of a machine the fast reader knows")
+    if machine_id == 21 and flags & 3 != 2:
+        raise NeedsLief("a PowerPC64 ELFv1 file (function descriptors)")
+    if phentsize != (56 if is64 else 32) or shentsize != (64 if is64 else 40):
         raise NeedsLief("unusual header sizes")
     if not 0 < shnum < 0xFF00 or not 0 < shstrndx < shnum or phnum >= 0xFFFF:
         raise NeedsLief("no ordinary section table")
+    return rd, machine, hdr
+
+
+def parse_elf(data: bytes, file_name: str, sha256: str | None = None) -> Image:
+    """Parse a plain ELF executable or shared object of a machine in `elf_machines.MACHINES`
+    (either class, either byte order); raise NeedsLief for anything LIEF must read instead."""
+    rd, machine, hdr = _header(data)
+    _t, _m, _v, entry, phoff, shoff, flags, _eh, _phs, phnum, _shs, shnum, shstrndx = hdr
+    is64 = rd.is64
     phdrs = _program_headers(rd, phoff, phnum)
     segments = _segments(phdrs)
-    shdrs = rd.table(struct.Struct("<IIQQQQIIQQ" if is64 else "<IIIIIIIIII"), shoff, shnum)
+    shdrs = rd.table(rd.st("IIQQQQIIQQ" if is64 else "IIIIIIIIII"), shoff, shnum)
     sections = _sections(rd, shdrs, shstrndx)
     dyn = _dynamic(rd, phdrs)
     if any(sh[1] in (4, 9) and (not dyn or not sh[2] & 0x2) for sh in shdrs):
@@ -122,7 +124,7 @@ def parse_elf(data: bytes, file_name: str, sha256: str | None = None) -> Image:
     symtab = _raw_symbols(rd, shdrs, SHT_SYMTAB)
     dynsyms = _dynsyms(rd, shdrs, dyn)
     symbols = _symbols(symtab, dynsyms)
-    relocs = _relocations(rd, dyn, dynsyms, reloc_prefix, reloc_names)
+    relocs = _relocations(rd, dyn, dynsyms, machine)
     imports = _imports(rd, dyn, dynsyms, relocs)
     exports = [Export(demangle(s[0]), s[0], s[4]) for s in (*dynsyms, *symtab) if s[4] and _is_exported(s)]
     hints = {
@@ -132,14 +134,14 @@ def parse_elf(data: bytes, file_name: str, sha256: str | None = None) -> Image:
         "fini_array": _array_functions(rd, dyn, (DT_FINI_ARRAY, DT_FINI_ARRAYSZ), None, DT_FINI),
     }
     loads = [p for p in phdrs if p[0] == 1]
-    image_base = min((p[2] - p[1] for p in loads), default=0) if loads else 0
+    image_base = min(((p[2] - p[1]) & 0xFFFFFFFFFFFFFFFF for p in loads), default=0)  # as LIEF: in uint64
     ident = Identity(
         sha256=sha256 or hashlib.sha256(data).hexdigest(),
         size=len(data),
         format="ELF",
-        arch=arch,
-        bits=bits,
-        endian="little",
+        arch=machine.arch,
+        bits=machine.bits or (64 if is64 else 32),
+        endian="big" if rd.order == ">" else "little",
         image_base=image_base,
         entry=entry,
         file_name=file_name,
@@ -161,10 +163,10 @@ def parse_elf(data: bytes, file_name: str, sha256: str | None = None) -> Image:
 def _program_headers(rd: _Reader, phoff: int, phnum: int) -> list[tuple[int, int, int, int, int, int]]:
     """(type, offset, vaddr, filesz, memsz, flags) of every program header."""
     if rd.is64:
-        raw = rd.table(struct.Struct("<IIQQQQQQ"), phoff, phnum)
+        raw = rd.table(rd.st("IIQQQQQQ"), phoff, phnum)
         out = [(t, off, va, fsz, msz, fl) for t, fl, off, va, _pa, fsz, msz, _al in raw]
     else:
-        raw = rd.table(struct.Struct("<IIIIIIII"), phoff, phnum)
+        raw = rd.table(rd.st("IIIIIIII"), phoff, phnum)
         out = [(t, off, va, fsz, msz, fl) for t, off, va, _pa, fsz, msz, fl, _al in raw]
     for t, off, va, fsz, _msz, _fl in out:
         if t == 1:
@@ -237,13 +239,9 @@ def _raw_symbols(rd: _Reader, shdrs: list[tuple[Any, ...]], stype: int) -> list[
         if sh[9] not in (0, size) or sh[5] % size:
             raise NeedsLief("unusual symbol entry size")
         if rd.is64:
-            rows = (
-                (n, i, sx, v, sz) for n, i, _o, sx, v, sz in rd.table(struct.Struct("<IBBHQQ"), sh[4], sh[5] // size)
-            )
+            rows = ((n, i, sx, v, sz) for n, i, _o, sx, v, sz in rd.table(rd.st("IBBHQQ"), sh[4], sh[5] // size))
         else:
-            rows = (
-                (n, i, sx, v, sz) for n, v, sz, i, _o, sx in rd.table(struct.Struct("<IIIBBH"), sh[4], sh[5] // size)
-            )
+            rows = ((n, i, sx, v, sz) for n, v, sz, i, _o, sx in rd.table(rd.st("IIIBBH"), sh[4], sh[5] // size))
         names: dict[int, str] = {}
         for n, info, shndx, value, sz in rows:
             name = names.get(n)
@@ -282,7 +280,7 @@ def _dynamic(rd: _Reader, phdrs: list[tuple[int, int, int, int, int, int]]) -> d
     for t, off, _va, fsz, _msz, _fl in phdrs:
         if t != 2:
             continue
-        fmt = struct.Struct("<qQ" if rd.is64 else "<iI")
+        fmt = rd.st("qQ" if rd.is64 else "iI")
         for tag, val in rd.table(fmt, off, fsz // fmt.size):
             if tag == 0:
                 break
@@ -320,7 +318,7 @@ def _rel_table(
     if addr_tag not in dyn:
         return []
     size = dyn.get(size_tag, [0])[0]
-    fmt = struct.Struct(("<QQq" if rela else "<QQ") if rd.is64 else ("<IIi" if rela else "<II"))
+    fmt = rd.st(("QQq" if rela else "QQ") if rd.is64 else ("IIi" if rela else "II"))
     if size % fmt.size:
         raise NeedsLief("a relocation table of an odd size")
     if size == 0:
@@ -330,29 +328,32 @@ def _rel_table(
 
 
 def _relocations(
-    rd: _Reader, dyn: dict[int, list[int]], dynsyms: list[tuple[Any, ...]], prefix: str, names: dict[int, str]
+    rd: _Reader, dyn: dict[int, list[int]], dynsyms: list[tuple[Any, ...]], machine: Machine
 ) -> list[tuple[int, str, str | None, int, int, bool]]:
     """(address, type, symbol name, addend, symbol index, is_plt) for the dynamic, then the PLT relocations."""
     shift, mask = (32, 0xFFFFFFFF) if rd.is64 else (8, 0xFF)
     plt_rela = dyn.get(DT_PLTREL, [DT_RELA])[0] == DT_RELA
-    relative = next(n for n, name in names.items() if name == "RELATIVE")
+    relr = _relr(rd, dyn)
+    relative = next((n for n, name in machine.relocs.items() if name.endswith("_RELATIVE")), None)
+    if relr and relative is None:
+        raise NeedsLief("a DT_RELR table on a machine without a RELATIVE type")
     tables = [
         (_rel_table(rd, dyn, DT_RELA, DT_RELASZ, True), False),
         (_rel_table(rd, dyn, DT_REL, DT_RELSZ, False), False),
-        ([(va, relative, 0) for va in _relr(rd, dyn)], False),
+        ([(va, relative, 0) for va in relr], False),
         (_rel_table(rd, dyn, DT_JMPREL, DT_PLTRELSZ, plt_rela), True),
     ]
     out = []
     for rows, is_plt in tables:
         for offset, info, addend in rows:
-            kind = names.get(info & mask)
+            kind = machine.reloc_name(info & mask)
             if kind is None:
                 raise NeedsLief("an unknown relocation type")
             index = info >> shift
             if index >= len(dynsyms):
                 raise NeedsLief("a relocation names a symbol past the table")
             name = dynsyms[index][0] if index else ""
-            out.append((offset, prefix + kind, name or None, addend, index, is_plt))
+            out.append((offset, kind, name or None, addend, index, is_plt))
     return out
 
 
@@ -364,7 +365,7 @@ def _relr(rd: _Reader, dyn: dict[int, list[int]]) -> list[int]:
     n = size // rd.ptr
     if not n:
         return []
-    fmt = struct.Struct(f"<{n}{'Q' if rd.is64 else 'I'}")
+    fmt = rd.st(f"{n}{'Q' if rd.is64 else 'I'}")
     out: list[int] = []
     where = 0
     for entry in rd.unpack(fmt, rd.va_offset(dyn[DT_RELR][0], fmt.size)):
@@ -393,8 +394,8 @@ def _libraries(rd: _Reader, dyn: dict[int, list[int]], nsyms: int) -> Callable[[
     by_index: dict[int, str] = {}
     if DT_VERNEED in dyn:
         off = rd.va_offset(dyn[DT_VERNEED][0], 16)
-        vn = struct.Struct("<HHIII")
-        vna = struct.Struct("<IHHII")
+        vn = rd.st("HHIII")
+        vna = rd.st("IHHII")
         for _ in range(min(dyn.get(DT_VERNEEDNUM, [0])[0], len(rd.data) // 16)):
             _v, cnt, file_off, aux, nxt = rd.unpack(vn, off)
             lib = rd.cstr(strtab + file_off, str_end)
@@ -410,7 +411,7 @@ def _libraries(rd: _Reader, dyn: dict[int, list[int]], nsyms: int) -> Callable[[
             off += nxt
     versym: tuple[int, ...] = ()
     if DT_VERSYM in dyn and nsyms:
-        vs = struct.Struct(f"<{nsyms}H")
+        vs = rd.st(f"{nsyms}H")
         versym = rd.unpack(vs, rd.va_offset(dyn[DT_VERSYM][0], vs.size))
 
     def library(index: int) -> str | None:
@@ -453,7 +454,7 @@ def _array_functions(
         size = dyn.get(tags[1], [0])[0]
         n = size // rd.ptr
         if n:
-            fmt = struct.Struct(f"<{n}{'Q' if rd.is64 else 'I'}")
+            fmt = rd.st(f"{n}{'Q' if rd.is64 else 'I'}")
             found.update(rd.unpack(fmt, rd.va_offset(dyn[tags[0]][0], fmt.size)))
     found.update(dyn.get(single, []))
     found.discard(0)

@@ -5,7 +5,8 @@ plain tuples (`image.encode_image`, without the bytes, which the parent already 
 relays the child's answer as it is, without decoding it. The worker survives a crash, an abort or
 a hang of the child and turns each into a clean error.
 
-Plain x86/x86-64 ELF files go to the pure-Python reader (`parse_elf`) first; LIEF, which takes
+Plain ELF files of the machines in `elf_machines.MACHINES` (x86, x86-64, AArch64, ARM, MIPS,
+PowerPC, RISC-V; either byte order) go to the pure-Python reader (`parse_elf`) first; LIEF, which takes
 ~0.6 s to import, is imported by the worker only when a file needs it (any other format, or an
 ELF file the fast reader leaves to LIEF), and from then on every child inherits it.
 """
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from binlens.errors import BinlensError
+from binlens.loader.elf_machines import fast_machine
 from binlens.loader.image import Image, encode_image
 from binlens.loader.isolate import FALLBACK, STATUS_ERROR, STATUS_OK, read_frame, write_answer
 
@@ -37,8 +39,16 @@ def _fast(data: bytes, file_name: str, slice_name: str | None) -> Image:
 
 
 def fast_candidate(data: bytes) -> bool:
-    """A little-endian x86/x86-64 ELF header: worth a try of the fast reader."""
-    return len(data) >= 20 and data[:4] == b"\x7fELF" and data[5] == 1 and data[18:20] in (b"\x3e\x00", b"\x03\x00")
+    """An ELF header (its first 20 bytes or more) of a machine and class the fast reader knows
+    (`elf_machines.MACHINES`), in either byte order: worth a try of the fast reader. With the
+    whole header, PowerPC64 ELFv1 files (declined by the reader) are left out too."""
+    if len(data) < 20 or data[:4] != b"\x7fELF" or data[5] not in (1, 2) or data[4] not in (1, 2):
+        return False
+    order = "little" if data[5] == 1 else "big"
+    machine = int.from_bytes(data[18:20], order)
+    if fast_machine(machine, 64 if data[4] == 2 else 32) is None:
+        return False
+    return machine != 21 or len(data) < 0x34 or int.from_bytes(data[0x30:0x34], order) & 3 == 2
 
 
 def _lief(data: bytes, file_name: str, slice_name: str | None) -> Image:
