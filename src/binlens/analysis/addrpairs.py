@@ -103,11 +103,15 @@ class PairRefs:
             # GOT load into a scratch register (whose address alone is recorded), a `lui`
             completes = frozenset({"addiu", "daddiu", "addi", "daddi", "lui", *self.loads, *self.stores})
             kept = tuple(f"${r}," for r in self.saved)
+            # (loads and stores through the stack or frame pointer never complete a pair: -O0 code
+            # reaches its locals that way, and such chunks skip the evaluation too)
+            frame = ("($sp)", "($fp)")
             self.completes = lambda ins: (
                 ins.mnemonic in completes
                 and not (
                     ins.mnemonic in self.loads and ins.op_str.endswith("($gp)") and not ins.op_str.startswith(kept)
                 )
+                and not ins.op_str.endswith(frame)
             )
             if gp is not None:
                 self.gp_reads = lambda insns: self._gp_reads(insns, gp)
