@@ -253,9 +253,10 @@ class CapstoneBackend:
         from the first that begins an address pair on (from the first on when `whole`: the pair
         evaluation looks at them).
 
-        Except on ARM32, the chunk is decoded without operand details (capstone's detail objects
-        cost ~9x the decoding from Python); the instructions whose flow or address references need
-        their operands are decoded again, one by one, with them."""
+        The chunk is decoded without operand details (capstone's detail objects cost ~9x the
+        decoding from Python); the instructions whose flow or address references need their
+        operands (`_may_flow_for`, AArch64 `adrp` pairs) are decoded again, one by one, with them
+        (inside a Thumb IT block, from its `it` instruction on: the condition comes from there)."""
         arm = self.arch == "arm"
         thumb = va in self.thumb or (va & 1 and arm)
         va &= ~1 if arm else ~0
