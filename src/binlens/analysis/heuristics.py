@@ -94,7 +94,9 @@ def heuristic_starts(
     # a function is an entry even where a found function's blocks seem to run on (x86: `_starts_like_function`)
     taken = _prologue_test(image, codemap, mips) if stage == "code_offsets" and not (x86 or arm) else None
 
-    def accept(va: int, source: str, need_ret: bool = False, in_range: bool = False, gap_end: int = 0) -> None:
+    def accept(
+        va: int, source: str, need_ret: bool = False, in_range: bool = False, gap_end: int = 0, trial: bool = False
+    ) -> None:
         thumb = False
         if arm:  # a code address with bit 0 set names Thumb code at the even address; else ARM code
             thumb = bool(va & 1)
@@ -141,9 +143,15 @@ def heuristic_starts(
         c = explorer.chunk(va)
         if c is None or c[1] == T_BAD:
             return
-        # `need_ret`: the first block returns or jumps, or (with the gap's end) the code from here
-        # stays in the gap, leaving it only by calls and tail calls
-        if not need_ret or c[1] in (T_RET, T_JUMP) or gap_end and _self_contained(explorer, va, gap_end, starts)[0]:
+        # `need_ret`: the first block returns or jumps (not with `trial`), or (with the gap's end) the
+        # code from here stays in the gap, leaving it only by calls and tail calls
+        if (
+            not need_ret
+            or not trial
+            and c[1] in (T_RET, T_JUMP)
+            or gap_end
+            and _self_contained(explorer, va, gap_end, starts)[0]
+        ):
             out[va] = source
 
     if stage == "code_offsets":
@@ -196,8 +204,8 @@ def heuristic_starts(
             if not out and gaps.after_data:
                 decoded = backend.decoded_thumb  # type: ignore[attr-defined]
                 prior = 2 * sum(decoded.get(f, False) for f in starts) >= len(starts)  # most functions' state
-                for va, gap_end in arm_leaf_candidates(image, codemap, backend, covered, prior):
-                    accept(va, "prologue", need_ret=True, in_range=True, gap_end=gap_end)
+                for va, gap_end, after_tail in arm_leaf_candidates(image, codemap, backend, covered, prior):
+                    accept(va, "prologue", need_ret=True, in_range=True, gap_end=gap_end, trial=after_tail)
     elif image.identity.arch in ("x86-64", "x86", "aarch64") or image.identity.arch in PROLOGUE_ARCHES:
         # Gaps are code no function covers (code decoded on a path later found dead counts too).
         gaps = gaps or Gaps(codemap, explorer)

@@ -56,10 +56,11 @@ def arm_pushes(image: Image, codemap: CodeMap, va: int) -> bool:
     return starts_with_push(bytes(r.data[off : off + 16]), bool(va & 1), order)
 
 
-def arm_after_end(image: Image, codemap: CodeMap, backend: object, va: int, thumb: int) -> bool:
+def arm_after_end(image: Image, codemap: CodeMap, backend: object, va: int, thumb: int, tail: bool = False) -> bool:
     """ARM32: does a function end right before `va` (past padding and the words pc-relative loads
     read)? That is, is the instruction before a return: Thumb `bx lr`, `pop {.., pc}`,
-    `pop.w {.., pc}`; ARM `bx lr`, `pop {.., pc}`, `ldr pc, [sp], #4`."""
+    `pop.w {.., pc}`; ARM `bx lr`, `pop {.., pc}`, `ldr pc, [sp], #4`; with `tail`, also an
+    unconditional branch (a tail call: Thumb `b.n`, `b.w`; ARM `b`)."""
     r = codemap.region(va)
     if r is None or image.code_endian != "little":
         return False
@@ -79,7 +80,10 @@ def arm_after_end(image: Image, codemap: CodeMap, backend: object, va: int, thum
     (w,) = struct.unpack_from("<I", data, o - 4)
     if h == 0x4770 or h & 0xFF00 == 0xBD00 or (w & 0x8000FFFF == 0x8000E8BD):
         return True
-    return (r.va + o) % 4 == 0 and (w == 0xE12FFF1E or w & 0xFFFF8000 == 0xE8BD8000 or w == 0xE49DF004)
+    if tail and (h & 0xF800 == 0xE000 or (w & 0xF800 == 0xF000 and w >> 16 & 0xD000 == 0x9000)):
+        return True
+    arm_end = w == 0xE12FFF1E or w & 0xFFFF8000 == 0xE8BD8000 or w == 0xE49DF004 or tail and w >> 24 == 0xEA
+    return (r.va + o) % 4 == 0 and arm_end
 
 
 def arm_gap_candidates(
@@ -115,12 +119,13 @@ _ARM_PADDING = {2: (b"\x00\xbf", b"\x00\x00"), 4: (b"\x00\x00\xa0\xe1", b"\x00\x
 
 def arm_leaf_candidates(
     image: Image, codemap: CodeMap, backend: object, covered: dict[int, bytearray], prior: bool
-) -> list[tuple[int, int]]:
+) -> list[tuple[int, int, bool]]:
     """ARM32: the first address of each gap (past padding and the words pc-relative loads read)
-    when a return comes right before it, in the state its first bytes tell (`guess_state`; else
+    when a return or a tail call (an unconditional branch: then the third item is True) comes
+    right before it, in the state its first bytes tell (`guess_state`; else
     `prior`, True for Thumb), as a code address whose bit 0 says Thumb: a leaf function nothing
     references (no push to find it by), with the end of its gap. The caller takes it only when its
-    first block returns or jumps, or its code stays inside the gap."""
+    code stays inside the gap, or (after a return) when its first block returns or jumps."""
     literals: set[int] = backend.literals  # type: ignore[attr-defined]
     md = backend.md  # type: ignore[attr-defined]
     out = []
@@ -136,7 +141,10 @@ def arm_leaf_candidates(
                     g += 2
                 else:
                     break
-            if g + 4 > end or not arm_after_end(image, codemap, backend, g, 0):
+            if g + 4 > end:
+                continue
+            after_tail = not arm_after_end(image, codemap, backend, g, 0)
+            if after_tail and not arm_after_end(image, codemap, backend, g, 0, tail=True):
                 continue
             data = (image.read(g, 16) or b"").ljust(16, b"\x00")  # (a short gap at a region's end)
             state = guess_state(data, lambda t, d=data, a=g: decodes(md(t), d, a))
@@ -144,7 +152,7 @@ def arm_leaf_candidates(
                 state = prior
             if not state and g % 4:
                 continue
-            out.append((g | int(state), end))
+            out.append((g | int(state), end, after_tail))
     return out
 
 
