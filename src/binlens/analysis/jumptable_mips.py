@@ -152,6 +152,9 @@ def _reginfo_gp(image: object) -> int | None:
     return None
 
 
+_REG_NAMES: dict[int, str] = {}  # capstone MIPS register id -> name (the same in every MIPS mode)
+
+
 class _State:
     """Registers, stack slots, the pending branch and the bounds learnt along one path."""
 
@@ -180,7 +183,10 @@ class _State:
         return ("v", self._next)
 
     def name(self, reg: int) -> str:
-        return self.md.reg_name(reg) or str(reg)
+        k = _REG_NAMES.get(reg)
+        if k is None:  # (a ctypes call each time otherwise: 400k of them on sqlite3 -O0's address pairs)
+            k = _REG_NAMES[reg] = self.md.reg_name(reg) or str(reg)
+        return k
 
     def read(self, reg: int) -> Value:
         k = self.name(reg)
