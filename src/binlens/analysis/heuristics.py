@@ -20,6 +20,7 @@ from binlens.analysis.heuristics_arm import (
     arm_gap_candidates,
     arm_leaf_candidates,
     arm_pushes,
+    arm_runs_into,
     set_arm_state,
 )
 from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET, XREF_KINDS
@@ -205,6 +206,11 @@ def heuristic_starts(
                 decoded = backend.decoded_thumb  # type: ignore[attr-defined]
                 prior = 2 * sum(decoded.get(f, False) for f in starts) >= len(starts)  # most functions' state
                 for va, gap_end, after_tail in arm_leaf_candidates(image, codemap, backend, covered, prior):
+                    if starts.get(gap_end) == {"prologue"} and arm_runs_into(codemap, backend, va, gap_end):
+                        # the checks before a frame whose push was found first: the entry is here (the
+                        # push, which this code now runs into, is dropped after the next discovery)
+                        accept(va, "prologue", in_range=True)
+                        continue
                     accept(va, "prologue", need_ret=True, in_range=True, gap_end=gap_end, trial=after_tail)
     elif image.identity.arch in ("x86-64", "x86", "aarch64") or image.identity.arch in PROLOGUE_ARCHES:
         # Gaps are code no function covers (code decoded on a path later found dead counts too).

@@ -28,9 +28,10 @@ def arm_labels(explorer: Explorer, backend: object, bodies: dict[int, Body], see
     """ARM32: guesses (`prologue` and `pointer` starts with no other evidence) that another
     function's code runs into (falls through or branches past a condition into): a push or a
     coincidental data word inside a function found before the function was (a shrink-wrapped
-    frame, or an entry known only from a later stage), and those at a word that a pc-relative load
-    reads (a literal pool, named by a data word that happens to hold its address). The caller
-    drops them, and the discovery that follows gives their code back to the function."""
+    frame, or an entry known only from a later stage); gap guesses another function branches to on
+    a condition; and those at a word that a pc-relative load reads (a literal pool, named by a
+    data word that happens to hold its address). The caller drops them, and the discovery that
+    follows gives their code back to the function."""
     guessed = [va for va, src in seeds.items() if src == {"prologue"} or src == {"pointer"}]
     literals: set[int] = backend.literals  # type: ignore[attr-defined]
     out = {va for va in guessed if va in literals}  # a word a pc-relative load reads is data
@@ -43,6 +44,11 @@ def arm_labels(explorer: Explorer, backend: object, bodies: dict[int, Body], see
             into[va] = c[3]
     if into:  # a body that runs into another start lists it among its tails (from that last instruction)
         out.update(s for f, b in bodies.items() for last, s in b.tails if s != f and into.get(s) == last)
+    # a gap guess another function branches to on a condition: the exit of a function's checks
+    # (`cbz r0, 1f` ... `1: mov.w r0, #-1; bx lr`), found as a leaf before that function was
+    pushed = {va for va in guessed if seeds[va] == {"prologue"}}
+    if pushed:
+        out.update(s for f, b in bodies.items() for s in b.cond_tails if s != f and s in pushed)
     return out
 
 
@@ -156,6 +162,17 @@ def arm_leaf_candidates(
     return out
 
 
+def arm_runs_into(codemap: CodeMap, backend: object, va: int, push: int) -> bool:
+    """ARM32: does the code at `va` (bit 0: Thumb) run into the function start `push` found before
+    it by its push, as a function's checks before its frame do (`_arm_lead_in`)?"""
+    r = codemap.region(va & ~1)
+    thumb = int(backend.decoded_thumb.get(push, False))  # type: ignore[attr-defined]
+    if r is None or thumb != va & 1:
+        return False
+    literals: set[int] = backend.literals  # type: ignore[attr-defined]
+    return _arm_lead_in(r, backend, literals, va & ~1, push | thumb) == va
+
+
 def _arm_word(r: CodeRegion, o: int) -> bool:
     """Is there an ARM instruction with the "always" condition at the word-aligned offset `o` (whose
     low halfword may be zero, like Thumb's `movs r0, r0` padding: `cmp r0, #0` is e3500000)?"""
@@ -175,13 +192,21 @@ def _arm_lead_in(r: CodeRegion, backend: object, literals: set[int], lo: int, pu
             g += step
         else:
             break
-    if not 0 < at - g <= 16 or (not thumb and g % 4):
+    # (up to 64 bytes where a function ends right before: shrink-wrapped code checks its arguments
+    # before it builds a frame, `cbz r0, 1f; ldr r3, [r0, #16]; ...; push {r4, lr}`)
+    limit = 64 if arm_after_end(backend.image, backend.codemap, backend, g, 0) else 16  # type: ignore[attr-defined]
+    if not 0 < at - g <= limit or (not thumb and g % 4):
         return push
     reach = g
+    exits = pushes = 0
     for ins in backend.md(bool(thumb)).disasm(bytes(r.data[g - r.va : at - r.va]), g):  # type: ignore[attr-defined]
         m = ins.mnemonic.split(".")[0]
         ops = ins.op_str
         if m in ("b", "bl", "blx", "bx", "tbb", "tbh", "udf", "bkpt", "svc") or ops.startswith("pc") or "pc}" in ops:
             return push  # only straight-line code and forward exits (`cbz r0, 1f`) come before a push
+        exits += m in ("cbz", "cbnz") or m[:1] == "b" and len(m) == 3  # (`bne`, `beq`, ...)
+        pushes += m in ("push", "stmdb", "stmfd")
         reach = ins.address + ins.size
+    if at - g > 16 and (not exits or pushes):
+        return push  # a long lead-in is a check that exits early (data decoded as Thumb pushes too)
     return g | thumb if reach == at else push
