@@ -140,3 +140,36 @@ def test_incremental_gap_coverage_equals_a_full_recount(gaps_build, monkeypatch,
     checked_run = {f.address for f in analyze(parse_path(str(b.no_eh))).functions}
     assert len(rounds) >= 2, rounds
     assert checked_run == plain
+
+
+def test_chunks_that_overlap_are_laid_over_the_kept_map(gaps_build):
+    """A MIPS branch's chunk also holds its delay slot, where another chunk may start: the backend
+    names it overlapping, and when the chunk of the slot leaves every body the kept map must still
+    cover the slot (the branch's chunk holds it), as a full recount does."""
+    from binlens.analysis import gapmap
+    from binlens.analysis.codemap import CodeMap
+    from binlens.analysis.discovery import Body, Explorer
+    from binlens.analysis.engine import make_backend
+
+    b = gaps_build("mipsel-linux-gnu", "-O0", True, ())
+    image = parse_path(str(b.no_eh))
+    codemap = CodeMap(image)
+    backend = make_backend(image, codemap)
+    explorer = Explorer(codemap, backend, None)
+    main = b.labels["main"]
+    r = codemap.region(main)
+    code = bytes(r.data[main - r.va : main - r.va + 256])
+    branch = next(a for a, _n, m, _t in backend.lite_md(False).disasm_lite(code, main) if m[:1] in ("b", "j"))
+    slot = explorer.chunk(branch + 4)  # the delay slot first, as a chunk of its own
+    both = explorer.chunk(branch)  # then the branch: its chunk runs over the slot's first instruction
+    assert slot is not None and both is not None and both[0] > branch + 4
+    assert branch in backend.overlapping and branch + 4 not in backend.overlapping
+    gaps = gapmap.Gaps(codemap, explorer)
+    rounds = [
+        {branch: Body(chunks=[branch]), branch + 4: Body(chunks=[branch + 4])},
+        {branch: Body(chunks=[branch])},  # the slot's chunk leaves: its bytes stay covered
+        {},
+    ]
+    for bodies in rounds:
+        assert gaps.covered(bodies) == gapmap.covered_maps(codemap, explorer, bodies)
+    assert gaps.covered(rounds[1])[r.va][branch + 4 - r.va] == 1
