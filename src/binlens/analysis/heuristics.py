@@ -146,13 +146,8 @@ def heuristic_starts(
             return
         # `need_ret`: the first block returns or jumps (not with `trial`), or (with the gap's end) the
         # code from here stays in the gap, leaving it only by calls and tail calls
-        if (
-            not need_ret
-            or not trial
-            and c[1] in (T_RET, T_JUMP)
-            or gap_end
-            and _self_contained(explorer, va, gap_end, starts)[0]
-        ):
+        ends = not trial and c[1] in (T_RET, T_JUMP)
+        if not need_ret or ends or (gap_end and _self_contained(explorer, va, gap_end, starts)[0]):
             out[va] = source
 
     if stage == "code_offsets":

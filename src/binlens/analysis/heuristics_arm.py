@@ -194,8 +194,9 @@ def _arm_lead_in(r: CodeRegion, backend: object, literals: set[int], lo: int, pu
             break
     # (up to 64 bytes where a function ends right before: shrink-wrapped code checks its arguments
     # before it builds a frame, `cbz r0, 1f; ldr r3, [r0, #16]; ...; push {r4, lr}`)
-    limit = 64 if arm_after_end(backend.image, backend.codemap, backend, g, 0) else 16  # type: ignore[attr-defined]
-    if not 0 < at - g <= limit or (not thumb and g % 4):
+    if not 0 < at - g <= 64 or (not thumb and g % 4):
+        return push
+    if at - g > 16 and not arm_after_end(backend.image, backend.codemap, backend, g, 0):  # type: ignore[attr-defined]
         return push
     reach = g
     exits = pushes = 0
