@@ -21,6 +21,7 @@ from typing import Any
 from binlens.loader.demangle import demangle
 from binlens.loader.elf_machines import Machine, fast_machine
 from binlens.loader.image import Export, Identity, Image, Import, Relocation, Section, Segment, Symbol
+from binlens.loader.mips_got import global_got_imports
 
 
 class NeedsLief(Exception):
@@ -126,6 +127,8 @@ def parse_elf(data: bytes, file_name: str, sha256: str | None = None) -> Image:
     symbols = _symbols(symtab, dynsyms)
     relocs = _relocations(rd, dyn, dynsyms, machine)
     imports = _imports(rd, dyn, dynsyms, relocs)
+    if machine.arch == "mips":
+        imports += _mips_got_imports(rd, dyn, dynsyms, imports)
     exports = [Export(demangle(s[0]), s[0], s[4]) for s in (*dynsyms, *symtab) if s[4] and _is_exported(s)]
     hints = {
         "init_array": _array_functions(
@@ -441,6 +444,19 @@ def _imports(
         out.append((demangle(name), name, library(index), address, None, kind))
         seen.add(name)
     return out
+
+
+def _mips_got_imports(
+    rd: _Reader, dyn: dict[int, list[int]], dynsyms: list[RawSymbol], known: list[tuple[Any, ...]]
+) -> list[tuple[str, str, str | None, int, int | None, str]]:
+    """The imports bound through MIPS's global GOT entries (`mips_got`), beside those of relocations."""
+    library = _libraries(rd, dyn, len(dynsyms))
+    first = {tag: values[0] for tag, values in dyn.items()}
+    rows = ((name, typ, shndx, value) for name, typ, _b, shndx, value, _s in dynsyms)
+    return [
+        (demangle(name), name, library(index), slot, stub, kind)
+        for index, name, slot, stub, kind in global_got_imports(first, rows, rd.ptr, {k[1] for k in known})
+    ]
 
 
 def _array_functions(

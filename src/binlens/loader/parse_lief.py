@@ -13,6 +13,7 @@ from binlens.errors import BinlensError
 from binlens.loader.demangle import demangle
 from binlens.loader.formats import sniff_format
 from binlens.loader.image import Export, Identity, Image, Import, Relocation, Section, Segment, Symbol
+from binlens.loader.mips_got import global_got_imports
 
 lief.logging.disable()
 N_ARM_THUMB_DEF = 0x0008  # Mach-O n_desc: the symbol names Thumb code
@@ -150,7 +151,7 @@ def _parse_elf(data: bytes, sha: str, file_name: str) -> Image:
             )
         )
     symbols = _elf_symbols(b)
-    imports = _elf_imports(b)
+    imports = _elf_imports(b, arch)
     exports = [
         Export(name=demangle(_text(s.name)), raw_name=_text(s.name), address=s.value)
         for s in b.exported_symbols
@@ -226,7 +227,7 @@ def _elf_library_of(b: Any) -> Any:
     return library
 
 
-def _elf_imports(b: Any) -> list[Import]:
+def _elf_imports(b: Any, arch: str) -> list[Import]:
     library = _elf_library_of(b)
     out = []
     seen = set()
@@ -245,6 +246,13 @@ def _elf_imports(b: Any) -> list[Import]:
         kind = "function" if _enum_name(s.type) == "FUNC" else "object"
         out.append(Import(demangle(_text(s.name)), _text(s.name), library(s), slot=r.address, kind=kind))
         seen.add(_text(s.name))
+    if arch == "mips":
+        dyn = {int(e.tag) & 0xFFFFFFFF: e.value for e in reversed(list(b.dynamic_entries))}  # (the first of a tag)
+        syms = list(b.dynamic_symbols)
+        rows = ((_text(s.name), int(s.type), s.shndx, s.value) for s in syms)
+        ptr = 8 if _enum_name(b.header.identity_class) == "ELF64" else 4
+        for index, name, slot, stub, kind in global_got_imports(dyn, rows, ptr, seen):
+            out.append(Import(demangle(name), name, library(syms[index]), slot=slot, stub=stub, kind=kind))
     return out
 
 
