@@ -1,4 +1,4 @@
-"""PLT thunks named after their import on RISC-V and ARM (x86 and AArch64: `test_analysis_engine.py`).
+"""PLT thunks named after their import on RISC-V, ARM and MIPS (x86 and AArch64: `test_analysis_engine.py`).
 
 `tests/fixtures/src/plt_exit.c` calls `puts` and `exit` through the PLT. Cross-compiled with the
 Debian gcc and its libc (PIE, stripped): each PLT entry must be a function named after its import
@@ -20,7 +20,14 @@ from binlens.analysis import analyze
 from binlens.loader.parse_lief import parse_path
 
 SRC = Path(__file__).resolve().parent / "fixtures" / "src" / "plt_exit.c"
-TRIPLES = {"riscv64-linux-gnu": (), "arm-linux-gnueabihf": ("-marm",), "arm-linux-gnueabihf-thumb": ("-mthumb",)}
+TRIPLES = {
+    "riscv64-linux-gnu": (),
+    "arm-linux-gnueabihf": ("-marm",),
+    "arm-linux-gnueabihf-thumb": ("-mthumb",),
+    "mips-linux-gnu": (),
+    "mipsel-linux-gnu": (),
+    "mips64-linux-gnuabi64": (),
+}
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +58,7 @@ def _plt_entries(exe: Path, triple: str) -> dict[int, str]:
     return {int(a, 16): n for a, n in re.findall(r"^([0-9a-f]+) <(\w+)@plt>:", text, re.M)}
 
 
-@pytest.mark.parametrize("key", list(TRIPLES))
+@pytest.mark.parametrize("key", [k for k in TRIPLES if not k.startswith("mips")])
 def test_plt_thunks_carry_their_import_names(plt_build, key):
     exe, stripped = plt_build(key)
     entries = _plt_entries(exe, key.removesuffix("-thumb"))
@@ -68,3 +75,64 @@ def test_plt_thunks_carry_their_import_names(plt_build, key):
     assert calls, "checked does not call exit's thunk"
     (block,) = (b for b in f.blocks if b.start <= calls[0] < b.end)
     assert not [e for e in f.edges if e.src == block.start], "the call to exit falls through"
+
+
+MIPS = ("mips-linux-gnu", "mipsel-linux-gnu", "mips64-linux-gnuabi64")
+
+
+def _mips_stubs(exe: Path, triple: str) -> dict[int, str]:
+    """The lazy-binding stub of each imported function: the value of its undefined dynamic symbol."""
+    text = subprocess.run([f"{triple}-readelf", "-W", "--dyn-syms", str(exe)], capture_output=True, text=True).stdout
+    found = re.findall(r"^\s*\d+: ([0-9a-f]+)\s+\d+ FUNC\s+\w+\s+\w+\s+UND (\w+)", text, re.M)
+    return {int(v, 16): n for v, n in found if int(v, 16)}
+
+
+@pytest.mark.parametrize("triple", MIPS)
+def test_mips_imports_stubs_and_calls_through_the_got(plt_build, triple):
+    """MIPS binds imports through the GOT's global entries, with no relocation: the loader gives
+    each its slot, `.MIPS.stubs` entries are thunks named after theirs, and PIC code's
+    `lw $t9, %call16(exit)($gp); jalr $t9` is a call through exit's slot that does not return."""
+    exe, stripped = plt_build(triple)
+    stubs = _mips_stubs(exe, triple)
+    assert {"puts", "exit"} <= set(stubs.values()), stubs
+    image = parse_path(str(stripped))
+    slots = {imp.name: imp.slot for imp in image.imports}
+    assert {"puts", "exit", "__libc_start_main"} <= set(slots), slots
+    got = subprocess.run([f"{triple}-readelf", "-A", str(exe)], capture_output=True, text=True).stdout
+    truth_slots = {n: int(a, 16) for a, n in re.findall(r"^\s+([0-9a-f]+) -\d+\(gp\).* UND (\w+)$", got, re.M)}
+    assert {n: slots[n] for n in truth_slots} == truth_slots
+    result = analyze(image)
+    functions = {f.address: f for f in result.functions}
+    named = {va: functions[va].thunk_name for va in stubs if va in functions}
+    assert named == stubs
+    (exit_stub,) = (va for va, n in stubs.items() if n == "exit")
+    assert functions[exit_stub].noreturn
+    checked = next(s.address for s in parse_path(str(exe)).symbols if s.name == "checked")
+    f = functions[checked]
+    calls = [site for site, callee in f.calls if callee == slots["exit"]]
+    assert calls, f"checked's call through exit's GOT entry is not found: {f.calls}"
+    assert any(x.src == calls[0] and x.dst == slots["exit"] and x.kind == "call" for x in result.xrefs)
+    (block,) = (b for b in f.blocks if b.start <= calls[0] < b.end)
+    assert not [e for e in f.edges if e.src == block.start], "the call to exit falls through"
+    # crt1's `__start` reads its PC with `bal 1f; nop; 1:`: not a call, so no function starts there
+    entry = image.identity.entry
+    assert entry in functions and entry + 8 not in functions
+
+
+@pytest.mark.parametrize("key", ["mips-linux-gnu", "riscv64-linux-gnu"])
+def test_listing_shows_what_instruction_pairs_and_got_calls_reference(workspace, plt_build, key):
+    """What the analysis found an instruction references but the instruction alone does not say
+    (a string's address formed by `auipc`+`addi` or `lw`+`addiu`, a call through a GOT slot)
+    shows in the listing's comments, as it does on x86."""
+    from binlens.api import invoke
+
+    exe, stripped = plt_build(key)
+    symbols = {s.name: s.address for s in parse_path(str(exe)).symbols}
+    workspace.open(str(stripped), check_roots=False)
+    invoke(workspace, "analysis.start", {"wait": True})
+    after = invoke(workspace, "listing.get", {"selector": {"address": hex(symbols["after_exit"])}})
+    assert [ln for ln in after["lines"] if ln.get("comment") == '"after"'], after["text"]
+    if key.startswith("mips"):
+        checked = invoke(workspace, "listing.get", {"selector": {"address": hex(symbols["checked"])}})
+        (call,) = [ln for ln in checked["lines"] if ln["kind"] == "instruction" and ln["text"].startswith("jalr")]
+        assert call["comment"] == "exit", checked["text"]

@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING
 
 import capstone as cs
 
-from binlens.analysis.model import XREF_KINDS
+from binlens.analysis.model import T_CALL, T_ICALL, T_JUMP, XREF_KINDS
 
 if TYPE_CHECKING:
     from binlens.analysis.capstone_backend import CapstoneBackend
 
 K_READ, K_WRITE, K_OFFSET = XREF_KINDS.index("read"), XREF_KINDS.index("write"), XREF_KINDS.index("offset")
+K_CALL, K_JUMP = XREF_KINDS.index("call"), XREF_KINDS.index("jump")
 
 
 # what an instruction does with an address pair: begins it, adds the low part, loads or stores through it
@@ -57,6 +58,7 @@ class PairRefs:
         # MIPS: the chunks whose only pair parts are `$gp`-relative GOT loads (the calls through `$t9`)
         # skip the evaluation: their reads are recorded directly
         self.gp_reads: Callable[[list[cs.CsInsn]], dict[str, tuple]] | None = None
+        self.gp: int | None = None  # MIPS: `_gp`, what `$gp` holds in PIC code
         if backend.arch != "mips":
             self.slots = {r.address for r in image.relocations if "RELATIVE" in r.type.upper()}
         arch = backend.arch
@@ -90,7 +92,7 @@ class PairRefs:
         else:
             from binlens.analysis import jumptable_mips as mp
 
-            gp = mp._gp(backend, image)
+            self.gp = gp = mp._gp(backend, image)
             if gp is not None:
                 self.seeds.add(gp)
             bits = image.identity.bits
@@ -194,6 +196,55 @@ class PairRefs:
             if ins.mnemonic in self.loads and ins.op_str.endswith("($gp)"):
                 self.backend._ref(ins.address, (gp + ins.operands[1].mem.disp) & mask, K_READ)
         return {}
+
+    def got_call(self, out: tuple, insns: list[cs.CsInsn]) -> tuple:
+        """MIPS: the chunk `out` ending in `jalr`/`jr` through a register that `insns` (the chunk's
+        instructions from its first pair part on) loaded from a GOT entry (`lw $t9, %call16(f)($gp)`,
+        then maybe `move`s and an `addiu` of a low part) made a call or jump through the entry of an
+        import (its slot becomes the target, as x86 `call [slot]`), or a direct one to the code
+        address the entry holds (a global defined here, or a local entry's page plus the low part).
+        Anything else leaves `out` as it is."""
+        gp = self.gp
+        at = out[3]
+        k = next((i for i, ins in enumerate(insns) if ins.address == at), -1)
+        if gp is None or k < 0 or not insns[k].operands or insns[k].operands[-1].type != cs.CS_OP_REG:
+            return out
+        reg = insns[k].operands[-1].reg
+        low = 0
+        slot = None
+        for ins in reversed(insns[:k]):
+            m, ops = ins.mnemonic, ins.operands
+            # (capstone has no register access lists for MIPS: the destination is the first operand
+            # but for stores, branches, traps and moves to other register files)
+            if not ops or ops[0].type != cs.CS_OP_REG or ops[0].reg != reg or m in self.stores:
+                continue
+            if m.startswith(("b", "j", "t", "mt", "ct")):
+                continue
+            if m == "move" and len(ops) == 2:
+                reg = ops[1].reg
+            elif m in ("addiu", "daddiu") and len(ops) == 3 and ops[2].type == cs.CS_OP_IMM and not low:
+                reg, low = ops[1].reg, ops[2].imm
+            elif m in ("lw", "ld") and len(ops) == 2 and ins.reg_name(ops[1].mem.base) == "gp":
+                slot = (gp + ops[1].mem.disp) & ((1 << self.backend.image.identity.bits) - 1)
+                break
+            else:
+                return out
+        if slot is None:
+            return out
+        backend = self.backend
+        end, term, targets, last = out
+        if not low and slot in backend.import_slots:
+            backend._ref(at, slot, K_CALL if term == T_ICALL else K_JUMP)
+            return (end, term, (slot, *targets[1:]), last)
+        image = backend.image
+        word = image.read(slot, backend.ptr_size)
+        if word is None or len(word) != backend.ptr_size:
+            return out
+        target = int.from_bytes(word, image.identity.endian) + low  # type: ignore[arg-type]
+        target &= (1 << image.identity.bits) - 1
+        if not backend.codemap.contains(target):
+            return out
+        return (end, T_CALL, (target, *targets[1:]), last) if term == T_ICALL else (end, T_JUMP, (target,), last)
 
     def _sum(self, state: object, ins: cs.CsInsn, base: int, imm: int) -> int:
         """base + imm as the instruction computes it (MIPS64 32-bit adds sign-extend their result)."""

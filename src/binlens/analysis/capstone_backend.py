@@ -76,6 +76,7 @@ class CapstoneBackend:
         self.codemap = codemap
         self.arch = image.identity.arch
         self.ptr_size = 8 if image.identity.bits == 64 else 4
+        self.import_slots = frozenset(imp.slot for imp in image.imports)
         self._md: dict[bool, cs.Cs] = {}
         self.thumb: set[int] = set()
         # ARM32: the state each chunk was decoded in (True: Thumb), by chunk start. A later path
@@ -148,7 +149,8 @@ class CapstoneBackend:
             if m in ("j", "b"):
                 return F_JUMP, tgt
             if m in ("jal", "bal", "jalx"):
-                return F_CALL, tgt
+                # `bal 1f; nop; 1:` reads the PC into $ra (crt1's `__start`, PIC code): not a call
+                return (F_NEXT, -1) if m == "bal" and tgt == ins.address + 8 else (F_CALL, tgt)
             if m in ("jr", "jr.hb", "jrc"):
                 return (F_RET if ins.op_str.strip() in ("$ra", "ra") else F_IJUMP), -1
             if m in ("jalr", "jalr.hb", "jalrc"):
@@ -235,7 +237,10 @@ class CapstoneBackend:
         formed: list[tuple[int, int]] = []
         out = self._decode_chunk(va, formed, carried is not None)
         if formed:
-            after = pairs.evaluate(self._detailed(formed), carried)
+            insns = self._detailed(formed)
+            after = pairs.evaluate(insns, carried)
+            if pairs.gp is not None and out is not None and out[1] in (T_ICALL, T_IJUMP) and out[2][0] == -1:
+                out = pairs.got_call(out, insns)  # MIPS PIC `lw $t9, %call16(f)($gp); jalr $t9`
             if after and out is not None and out[1] in (T_CALL, T_ICALL) and out[2]:
                 pairs.keep(out[2][-1], after)  # callee-saved registers keep their formed addresses
         return out

@@ -15,6 +15,7 @@ import bisect
 
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.discovery import Body, Explorer
+from binlens.analysis.model import XREF_KINDS
 from binlens.analysis.xrefs import pointers_in_data
 from binlens.loader.image import Image
 
@@ -53,9 +54,11 @@ def goto_tables(
     holder = {src: dst for src, dst in pointers_in_data(image, codemap, set(words)) if dst in words}
     takers: dict[int, list[int]] = {t: [] for t in holder.values()}
     holder.update((t, t) for t in words)
-    for src, dst in zip(backend.x_src, backend.x_dst, strict=True):  # type: ignore[attr-defined]
+    through = {XREF_KINDS.index("call"), XREF_KINDS.index("jump")}  # a call through a GOT slot takes no table
+    xs = zip(backend.x_src, backend.x_dst, backend.x_kind, strict=True)  # type: ignore[attr-defined]
+    for src, dst, kind in xs:
         table = holder.get(dst)
-        if table is not None:
+        if table is not None and kind not in through:
             takers.setdefault(table, []).append(src)
     runs: dict[int, list[int]] = {}  # first word -> targets
     for table in takers:

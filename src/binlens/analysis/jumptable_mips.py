@@ -106,6 +106,8 @@ def mips_jump_table_targets(
         t = (base + v) & mask
         if jt.near_code(codemap, t, jump_va, 4):  # only targets in code next to the jump
             targets.append(t)
+        elif base == 0:
+            break  # absolute entries: a mask bounds the index, not the table; the words after it are other data
     return targets, table, True
 
 

@@ -4,7 +4,8 @@ A thunk is found from the bytes, not from being called: x86 `jmp [slot]` (`ff 25
 on x86-64, absolute on x86; `ff a3` through the GOT register on i386 PIC), AArch64
 `adrp x16, page; ldr xN, [x16, #off]` pairs, RISC-V `auipc t3, hi; l{d,w} t3, lo(t3)`, and ARM
 `add ip, pc, #a; add ip, ip, #b; ldr pc, [ip, #c]!` (with the Thumb `bx pc; nop` before it where
-there is one), where the slot is the loader's GOT/IAT/lazy-pointer entry of an import. A thunk of
+there is one), where the slot is the loader's GOT/IAT/lazy-pointer entry of an import; on MIPS,
+the `.MIPS.stubs` entry or PLT entry the import's dynamic symbol names. A thunk of
 a function that does not return (`exit`, `abort`, `__assert_fail`, ...) tells discovery that calls
 to it end their block.
 """
@@ -59,7 +60,25 @@ def find_thunks(image: Image, codemap: CodeMap) -> dict[int, str]:
                     _x86_thunks(image, s.va, data, by_slot, out)
                 elif arch in _ELF_PLT:
                     _ELF_PLT[arch](image, s.va, data, by_slot, out)
+    if arch == "mips":
+        _mips_stubs(image, codemap, out)
     return out
+
+
+def _mips_stubs(image: Image, codemap: CodeMap, out: dict[int, str]) -> None:
+    """MIPS: the lazy-binding stub (`.MIPS.stubs`) or PLT entry of an import is the value of its
+    undefined dynamic symbol (`mips_got`); the stub starts `lw`/`ld $t9, -0x7ff0($gp)` (the lazy
+    resolver's GOT entry) and a PLT entry `lui $t7, hi`, or the address is no thunk."""
+    big = image.identity.endian == "big"
+    for imp in image.imports:
+        if imp.stub is None or not codemap.contains(imp.stub):
+            continue
+        word = image.read(imp.stub, 4)
+        if word is None or len(word) < 4:
+            continue
+        w = int.from_bytes(word, "big" if big else "little")
+        if w in (0x8F998010, 0xDF998010) or w >> 16 == 0x3C0F:
+            out.setdefault(imp.stub, imp.name)
 
 
 def _x86_thunks(image: Image, va: int, data: bytes, by_slot: dict[int, str], out: dict[int, str]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import Field
@@ -229,6 +230,7 @@ def listing_get(ws: Any, p: ListingParams, ctx: CallContext) -> ListingResult:
     thumb_spans(dec, view, _merged(spans))
     merged = _merged(spans)
     notes = comments_in(prog, merged[0][0], max(e for _s, e in merged)) if merged else {}
+    stored = _stored_refs(view, merged)
     for s, e in merged:
         for ins in dec.instructions(s, e):
             if count >= p.max_instructions:
@@ -245,7 +247,7 @@ def listing_get(ws: Any, p: ListingParams, ctx: CallContext) -> ListingResult:
                 lines += _header_lines(prog, va, user["plate"], False)
             if "pre" in user:
                 lines += [ListingLine(address=hex(va), kind="comment", text=t) for t in user["pre"].splitlines()]
-            text, comment = _render(prog, view, ins, strings)
+            text, comment = _render(prog, view, ins, strings, stored.get(va, ()))
             if "eol" in user:
                 comment = user["eol"] + (f"; {comment}" if comment else "")
             lines.append(
@@ -288,7 +290,20 @@ def _data_note(prog: Program, va: int) -> str | None:
     return f"{g.name or hex(va)}: {g.type} = {value}"
 
 
-def _render(prog: Program, view: AnalysisView, ins: Instruction, strings: dict[int, str]) -> tuple[str, str | None]:
+def _stored_refs(view: AnalysisView, spans: list[tuple[int, int]]) -> dict[int, list[int]]:
+    """Instruction address -> the addresses the analysis found it references (the data that
+    instruction pairs form on AArch64, ARM, MIPS, PowerPC and RISC-V, and calls through GOT slots:
+    what the decoder alone cannot see in one instruction)."""
+    out: dict[int, list[int]] = {}
+    for s, e in spans:
+        for src, dst, _kind, _fn in view.xrefs_between(s, e):
+            out.setdefault(src, []).append(dst)
+    return out
+
+
+def _render(
+    prog: Program, view: AnalysisView, ins: Instruction, strings: dict[int, str], stored: Iterable[int] = ()
+) -> tuple[str, str | None]:
     text = f"{ins.mnemonic} {ins.operands}".strip()
     notes = []
     for t in ins.targets:
@@ -297,7 +312,9 @@ def _render(prog: Program, view: AnalysisView, ins: Instruction, strings: dict[i
             name = f"loc_{t:x}"
         if name:
             text += f" <{name}>"
-    for r in ins.refs:
+    refs = list(ins.refs)
+    refs += [r for r in stored if r not in refs and r not in ins.targets]
+    for r in refs:
         typed = _data_note(prog, r)
         if typed is not None:
             notes.append(typed)

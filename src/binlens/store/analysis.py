@@ -413,6 +413,10 @@ class AnalysisView:
     def xrefs_from(self, va: int, kinds: tuple[str, ...] = ()) -> list[tuple[int, int, str, int | None]]:
         return self._xrefs("src = ?", (s64(va),), kinds)
 
+    def xrefs_between(self, start: int, end: int) -> list[tuple[int, int, str, int | None]]:
+        """The references made from addresses in [start, end)."""
+        return self._xrefs("src >= ? AND src < ?", (s64(start), s64(end)), ())
+
     def xrefs_from_function(self, fn: int, kinds: tuple[str, ...] = ()) -> list[tuple[int, int, str, int | None]]:
         return self._xrefs("function = ?", (s64(fn),), kinds)
 
