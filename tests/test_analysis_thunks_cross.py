@@ -27,6 +27,7 @@ TRIPLES = {
     "mips-linux-gnu": (),
     "mipsel-linux-gnu": (),
     "mips64-linux-gnuabi64": (),
+    "powerpc-linux-gnu": (),
 }
 
 
@@ -58,7 +59,7 @@ def _plt_entries(exe: Path, triple: str) -> dict[int, str]:
     return {int(a, 16): n for a, n in re.findall(r"^([0-9a-f]+) <(\w+)@plt>:", text, re.M)}
 
 
-@pytest.mark.parametrize("key", [k for k in TRIPLES if not k.startswith("mips")])
+@pytest.mark.parametrize("key", [k for k in TRIPLES if not k.startswith(("mips", "powerpc"))])
 def test_plt_thunks_carry_their_import_names(plt_build, key):
     exe, stripped = plt_build(key)
     entries = _plt_entries(exe, key.removesuffix("-thumb"))
@@ -136,3 +137,24 @@ def test_listing_shows_what_instruction_pairs_and_got_calls_reference(workspace,
         checked = invoke(workspace, "listing.get", {"selector": {"address": hex(symbols["checked"])}})
         (call,) = [ln for ln in checked["lines"] if ln["kind"] == "instruction" and ln["text"].startswith("jalr")]
         assert call["comment"] == "exit", checked["text"]
+
+
+def test_powerpc_call_stubs_are_named_after_the_import_they_load(plt_build):
+    """PowerPC secure-PLT call stubs (`lwz r11, d(r30); mtctr r11; bctr` in .text, r30 the caller's
+    `.got2` + 0x8000 or GOT pointer) are thunks named after the import whose PLT slot they load (the
+    truth: the unstripped build's `*.plt_pic32.NAME` symbols), and the call to exit's ends its block."""
+    exe, stripped = plt_build("powerpc-linux-gnu")
+    text = subprocess.run(["powerpc-linux-gnu-objdump", "-d", str(exe)], capture_output=True, text=True).stdout
+    found = re.findall(r"^([0-9a-f]+) <[0-9a-f]+\.(?:got2\.)?plt_pic32\.(\w+)(?:@[\w.@]+)?>:", text, re.M)
+    stubs = {int(a, 16): n for a, n in found}
+    assert {"puts", "exit", "__libc_start_main"} <= set(stubs.values()), stubs
+    functions = {f.address: f for f in analyze(parse_path(str(stripped))).functions}
+    assert {va: functions[va].thunk_name for va in stubs if va in functions} == stubs
+    (exit_stub,) = (va for va, n in stubs.items() if n == "exit")
+    assert functions[exit_stub].noreturn
+    assert functions[exit_stub].size == 12  # the stub, not the linker's unwind range over all of them
+    checked = next(s.address for s in parse_path(str(exe)).symbols if s.name == "checked")
+    f = functions[checked]
+    (site,) = [site for site, callee in f.calls if callee == exit_stub]
+    (block,) = (b for b in f.blocks if b.start <= site < b.end)
+    assert not [e for e in f.edges if e.src == block.start], "the call to exit falls through"

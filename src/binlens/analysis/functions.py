@@ -59,7 +59,9 @@ def build_functions(
             for a in body.chunks:
                 if a not in shared:
                     del chunks[a]
-        size = extents.get(f) or _extent(f, blocks, nxt)
+        ext = extents.get(f)  # (an unwind range or symbol size; one over the next start, such as the
+        # linker's FDE over all of PowerPC's call stubs, ends there)
+        size = min(ext, nxt - f) if ext else _extent(f, blocks, nxt)
         srcs = tuple(sorted(starts.get(f, {"call"}), key=lambda s: _ORDER.get(s, 99)))
         out.append(
             Function(

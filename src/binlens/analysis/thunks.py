@@ -12,6 +12,7 @@ to it end their block.
 
 from __future__ import annotations
 
+import bisect
 import re
 import struct
 
@@ -62,7 +63,83 @@ def find_thunks(image: Image, codemap: CodeMap) -> dict[int, str]:
                     _ELF_PLT[arch](image, s.va, data, by_slot, out)
     if arch == "mips":
         _mips_stubs(image, codemap, out)
+    elif arch == "ppc" and image.identity.bits == 32 and fmt == "ELF":
+        for r in codemap.regions:
+            _ppc32_call_stubs(image, r.va, r.data, by_slot, out)
     return out
+
+
+# PowerPC 32-bit secure-PLT call stubs (in .text, one per caller object file and import):
+# `lwz r11, d(r30); mtctr r11; bctr` in position-independent code, `lis r11, hi; lwz r11, lo(r11);
+# mtctr r11; bctr` in code at a fixed address
+# (lookaheads: a match at an odd offset must not hide an aligned one that overlaps it)
+_PPC_PIC_STUB = re.compile(rb"(?=\x81\x7e..\x7d\x69\x03\xa6\x4e\x80\x04\x20)", re.S)
+_PPC_ABS_STUB = re.compile(rb"(?=\x3d\x60..\x81\x6b..\x7d\x69\x03\xa6\x4e\x80\x04\x20)", re.S)
+# `bcl 20,31,1f; 1:` (the PC) then `mflr r30`, `addis r30, r30, hi` and `addi r30, r30, lo` soon after
+_PPC_PC = re.compile(rb"(?=\x42\x9f\x00\x05)", re.S)
+# `bl target` (opcode 18, AA = 0, LK = 1: the last byte's low two bits are 01)
+_PPC_BL = re.compile(rb"(?=[\x48-\x4b]..[" + b"".join(re.escape(bytes([b])) for b in range(1, 256, 4)) + rb"])", re.S)
+
+
+def _ppc32_call_stubs(image: Image, va: int, data: bytes, by_slot: dict[int, str], out: dict[int, str]) -> None:
+    """PowerPC (32-bit, big-endian) call stubs named after the import whose PLT slot they load.
+
+    A PIC stub loads through r30, which its callers set to their object file's `.got2` + 0x8000
+    (`-fPIC`) or to the GOT pointer (`-fpic`): the slot is r30 + d, with r30 read off each caller's
+    `bcl 20,31,1f; 1: mflr r30; addis r30, r30, hi; addi r30, r30, lo` before its `bl` to the stub,
+    and the GOT pointer tried too; the slot most callers agree on names the stub."""
+    if image.identity.endian != "big":
+        return
+    for m in _PPC_ABS_STUB.finditer(data):
+        i = m.start()
+        if i % 4 == 0:
+            hi, lo = struct.unpack_from(">Hh", data, i + 2)[0], struct.unpack_from(">h", data, i + 6)[0]
+            name = by_slot.get(((hi << 16) + lo) & 0xFFFFFFFF)
+            if name is not None:
+                out.setdefault(va + i, name)
+    stubs = {va + m.start(): struct.unpack_from(">h", data, m.start() + 2)[0] for m in _PPC_PIC_STUB.finditer(data)}
+    stubs = {a: d for a, d in stubs.items() if a % 4 == 0}
+    if not stubs:
+        return
+    bases = []  # (address of the setup, r30 it sets)
+    for m in _PPC_PC.finditer(data):
+        i = m.start()
+        if i % 4:
+            continue
+        words = struct.unpack_from(f">{min(16, (len(data) - i) // 4)}I", data, i)
+        hi = lo = None
+        for w in words[1:]:
+            if w >> 16 == 0x3FDE:  # addis r30, r30, hi
+                hi = w & 0xFFFF
+            elif w >> 16 == 0x3BDE and hi is not None:  # addi r30, r30, lo
+                lo = w & 0xFFFF
+                break
+        if 0x7FC802A6 in words and hi is not None and lo is not None:
+            bases.append((va + i, (va + i + 4 + (hi << 16) + (lo - 0x10000 if lo & 0x8000 else lo)) & 0xFFFFFFFF))
+    got = next((s.va for s in image.sections if s.name == ".got"), None)
+    votes: dict[int, dict[int, int]] = {a: {} for a in stubs}
+    starts = [b for b, _v in bases]
+    for m in _PPC_BL.finditer(data):
+        i = m.start()
+        if i % 4:
+            continue
+        (w,) = struct.unpack_from(">I", data, i)
+        off = w & 0x03FFFFFC
+        target = (va + i + (off - 0x04000000 if off & 0x02000000 else off)) & 0xFFFFFFFF
+        d = stubs.get(target)
+        if d is None:
+            continue
+        k = bisect.bisect_right(starts, va + i) - 1
+        if k < 0 or va + i - starts[k] > 0x10000:
+            continue
+        slot = (bases[k][1] + d) & 0xFFFFFFFF
+        if slot in by_slot:
+            votes[target][slot] = votes[target].get(slot, 0) + 1
+    for a, tally in votes.items():
+        if tally:
+            out.setdefault(a, by_slot[max(tally, key=tally.__getitem__)])
+        elif got is not None and (got + 4 + stubs[a]) & 0xFFFFFFFF in by_slot:
+            out.setdefault(a, by_slot[(got + 4 + stubs[a]) & 0xFFFFFFFF])  # `-fpic` callers: r30 is the GOT pointer
 
 
 def _mips_stubs(image: Image, codemap: CodeMap, out: dict[int, str]) -> None:
