@@ -59,6 +59,8 @@ class PairRefs:
         # skip the evaluation: their reads are recorded directly
         self.gp_reads: Callable[[list[cs.CsInsn]], dict[str, tuple]] | None = None
         self.gp: int | None = None  # MIPS: `_gp`, what `$gp` holds in PIC code
+        self._stub_of: dict[int, int] | None = None
+        self._slot_of: dict[int, int] | None = None
         if backend.arch != "mips":
             self.slots = {r.address for r in image.relocations if "RELATIVE" in r.type.upper()}
         arch = backend.arch
@@ -200,10 +202,10 @@ class PairRefs:
     def got_call(self, out: tuple, insns: list[cs.CsInsn]) -> tuple:
         """MIPS: the chunk `out` ending in `jalr`/`jr` through a register that `insns` (the chunk's
         instructions from its first pair part on) loaded from a GOT entry (`lw $t9, %call16(f)($gp)`,
-        then maybe `move`s and an `addiu` of a low part) made a call or jump through the entry of an
-        import (its slot becomes the target, as x86 `call [slot]`), or a direct one to the code
-        address the entry holds (a global defined here, or a local entry's page plus the low part).
-        Anything else leaves `out` as it is."""
+        then maybe `move`s and an `addiu` of a low part) made a call or jump: through the entry of
+        an import, to its stub where that is a thunk, else through its slot (as x86 `call [slot]`);
+        through any other entry, to the code address it holds (a global defined here, or a local
+        entry's page plus the low part). Anything else leaves `out` as it is."""
         gp = self.gp
         at = out[3]
         k = next((i for i, ins in enumerate(insns) if ins.address == at), -1)
@@ -226,6 +228,7 @@ class PairRefs:
                 reg, low = ops[1].reg, ops[2].imm
             elif m in ("lw", "ld") and len(ops) == 2 and ins.reg_name(ops[1].mem.base) == "gp":
                 slot = (gp + ops[1].mem.disp) & ((1 << self.backend.image.identity.bits) - 1)
+                self.backend._ref(ins.address, slot, K_READ)  # (also where the chunk sets $gp itself)
                 break
             else:
                 return out
@@ -234,17 +237,37 @@ class PairRefs:
         backend = self.backend
         end, term, targets, last = out
         if not low and slot in backend.import_slots:
-            backend._ref(at, slot, K_CALL if term == T_ICALL else K_JUMP)
-            return (end, term, (slot, *targets[1:]), last)
-        image = backend.image
-        word = image.read(slot, backend.ptr_size)
-        if word is None or len(word) != backend.ptr_size:
-            return out
-        target = int.from_bytes(word, image.identity.endian) + low  # type: ignore[arg-type]
-        target &= (1 << image.identity.bits) - 1
-        if not backend.codemap.contains(target):
-            return out
+            stub = self._stubs().get(slot)
+            if stub is None:
+                backend._ref(at, slot, K_CALL if term == T_ICALL else K_JUMP)
+                return (end, term, (slot, *targets[1:]), last)
+            target = stub  # the import's thunk (its lazy-binding stub): callers of `exit` are found there
+        else:
+            image = backend.image
+            word = image.read(slot, backend.ptr_size)
+            if word is None or len(word) != backend.ptr_size:
+                return out
+            target = int.from_bytes(word, image.identity.endian) + low  # type: ignore[arg-type]
+            target &= (1 << image.identity.bits) - 1
+            if not backend.codemap.contains(target):
+                return out
         return (end, T_CALL, (target, *targets[1:]), last) if term == T_ICALL else (end, T_JUMP, (target,), last)
+
+    def stub_slot(self, va: int) -> int | None:
+        """MIPS: the import slot whose stub (a thunk) starts at `va`, if one does."""
+        if self._slot_of is None:
+            self._slot_of = {stub: slot for slot, stub in self._stubs().items()}
+        return self._slot_of.get(va)
+
+    def _stubs(self) -> dict[int, int]:
+        """MIPS: import slot -> the import's stub, where that stub is a thunk (`thunks.mips_stubs`)."""
+        if self._stub_of is None:
+            from binlens.analysis.thunks import mips_stubs
+
+            image = self.backend.image
+            named = mips_stubs(image, self.backend.codemap)
+            self._stub_of = {imp.slot: imp.stub for imp in image.imports if imp.stub in named}
+        return self._stub_of
 
     def _sum(self, state: object, ins: cs.CsInsn, base: int, imm: int) -> int:
         """base + imm as the instruction computes it (MIPS64 32-bit adds sign-extend their result)."""

@@ -240,7 +240,13 @@ class CapstoneBackend:
             insns = self._detailed(formed)
             after = pairs.evaluate(insns, carried)
             if pairs.gp is not None and out is not None and out[1] in (T_ICALL, T_IJUMP) and out[2][0] == -1:
-                out = pairs.got_call(out, insns)  # MIPS PIC `lw $t9, %call16(f)($gp); jalr $t9`
+                slot = pairs.stub_slot(va)
+                if slot is not None and out[1] == T_ICALL:
+                    # a MIPS import's stub calls the lazy resolver, which goes on to the import: for the
+                    # analysis, a jump through the import's slot (it returns when the import does)
+                    out = (out[0], T_IJUMP, (slot,), out[3])
+                else:
+                    out = pairs.got_call(out, insns)  # MIPS PIC `lw $t9, %call16(f)($gp); jalr $t9`
             if after and out is not None and out[1] in (T_CALL, T_ICALL) and out[2]:
                 pairs.keep(out[2][-1], after)  # callee-saved registers keep their formed addresses
         return out

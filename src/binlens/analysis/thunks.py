@@ -62,7 +62,8 @@ def find_thunks(image: Image, codemap: CodeMap) -> dict[int, str]:
                 elif arch in _ELF_PLT:
                     _ELF_PLT[arch](image, s.va, data, by_slot, out)
     if arch == "mips":
-        _mips_stubs(image, codemap, out)
+        for va, name in mips_stubs(image, codemap).items():
+            out.setdefault(va, name)
     elif arch == "ppc" and image.identity.bits == 32 and fmt == "ELF":
         for r in codemap.regions:
             _ppc32_call_stubs(image, r.va, r.data, by_slot, out)
@@ -142,11 +143,12 @@ def _ppc32_call_stubs(image: Image, va: int, data: bytes, by_slot: dict[int, str
             out.setdefault(a, by_slot[(got + 4 + stubs[a]) & 0xFFFFFFFF])  # `-fpic` callers: r30 is the GOT pointer
 
 
-def _mips_stubs(image: Image, codemap: CodeMap, out: dict[int, str]) -> None:
-    """MIPS: the lazy-binding stub (`.MIPS.stubs`) or PLT entry of an import is the value of its
-    undefined dynamic symbol (`mips_got`); the stub starts `lw`/`ld $t9, -0x7ff0($gp)` (the lazy
-    resolver's GOT entry) and a PLT entry `lui $t7, hi`, or the address is no thunk."""
+def mips_stubs(image: Image, codemap: CodeMap) -> dict[int, str]:
+    """MIPS: stub address -> import name. The lazy-binding stub (`.MIPS.stubs`) or PLT entry of an
+    import is the value of its undefined dynamic symbol (`mips_got`); the stub starts `lw`/`ld $t9,
+    -0x7ff0($gp)` (the lazy resolver's GOT entry) and a PLT entry `lui $t7, hi`, or it is no thunk."""
     big = image.identity.endian == "big"
+    out: dict[int, str] = {}
     for imp in image.imports:
         if imp.stub is None or not codemap.contains(imp.stub):
             continue
@@ -156,6 +158,7 @@ def _mips_stubs(image: Image, codemap: CodeMap, out: dict[int, str]) -> None:
         w = int.from_bytes(word, "big" if big else "little")
         if w in (0x8F998010, 0xDF998010) or w >> 16 == 0x3C0F:
             out.setdefault(imp.stub, imp.name)
+    return out
 
 
 def _x86_thunks(image: Image, va: int, data: bytes, by_slot: dict[int, str], out: dict[int, str]) -> None:
