@@ -12,6 +12,11 @@ The shapes handled (any register allocation; the bound check in the same chunk o
     adr   rT, tbl ; ldr rE, [rT, rI, lsl #2] ; add pc, rT, rE  ; words relative to the table (clang)
     adr   rT, tbl ; ldr rE, [rT, rI, lsl #2] ; mov pc, rE      ; (clang -O0, non-PIC)
     adr   rT, tbl ; ldr rE, [rT, rI, lsl #2] ; add rT, rE ; bx rT  ; (gcc Thumb -O0)
+    and   rI, rX, #15 ; ldr rT, [rT, rI, lsl #2] ; orr rT, rT, #1 ; bx rT  ; gcc's computed goto in
+                                       ;   Thumb code (`goto *tbl[op & 15]`): labels without bit 0
+                                       ;   in data, the mask bounds the index (the table ends at
+                                       ;   the first word that is no code address), and the shared
+                                       ;   `orr; bx` is evaluated with the chunks that branch to it
 
 The table register may also come from a literal pool (`ldr rT, [pc, #k]`, with `add rT, pc` in
 PIC code) or `movw`/`movt`. They are recognised by a small forward evaluation over the recorded
@@ -36,6 +41,7 @@ from binlens.analysis.codemap import BODY, CodeMap
 from binlens.analysis.jumptable import _writable
 
 _MAX_CHUNKS = 8  # earlier chunks evaluated before the jump's own slice
+_MAX_MASK = 256  # `and` with a mask of at most this many values bounds a table
 _MASK = 0xFFFFFFFF
 _PC, _SP, _LR = arm.ARM_REG_PC, arm.ARM_REG_SP, arm.ARM_REG_LR
 _FRAMES = (arm.ARM_REG_SP, arm.ARM_REG_R7, arm.ARM_REG_R11)  # stack slots are kept relative to these
@@ -72,8 +78,16 @@ def arm_jump_table_targets(
     (tbb/tbh, the words after `ldr pc`/`add pc`) is marked in the code map, so it is never decoded."""
     thumb = jump_va in backend.thumb or slice_start in backend.thumb  # type: ignore[attr-defined]
     image, md, own = jt.jump_slice(backend, slice_start, jump_va, thumb)
-    if not own or own[-1].address != jump_va or not _reads_a_table(own):
-        return jt.NONE  # no table next to the jump: a return, a call or tail call through a pointer
+    if not own or own[-1].address != jump_va:
+        return jt.NONE
+    if not _reads_a_table(own):
+        # no table next to the jump: a return, a call or tail call through a pointer; or gcc's
+        # computed goto in Thumb code, whose shared `orr rT, rT, #1; bx rT` the handlers branch to
+        if not (earlier and _thumb_goto(own)):
+            return jt.NONE
+        own = jt.path_to_jump(md, image, earlier, _MAX_CHUNKS, own)
+        if not _reads_a_table(own):
+            return jt.NONE
     if len(own) > 1 and _sets_return_address(own[-2]):
         return jt.NONE  # `mov lr, pc; ldr pc, [rT, rI, lsl #2]`: a call through a table of function pointers
     # The jump's own slice first; then with the earlier chunks (a table address set before a loop).
@@ -84,7 +98,7 @@ def arm_jump_table_targets(
         found = _evaluate(image, thumb, jt.path_to_jump(md, image, earlier, _MAX_CHUNKS, own))
     if found is None:
         return jt.NONE
-    (table, size, signed, count, base, shift, entries), interworking = found
+    (table, size, signed, count, base, shift, entries, masked), interworking = found
     if not image.is_mapped(table):
         return jt.NONE
     # a table of `b` instructions (no entries): the index selects the slot
@@ -92,18 +106,22 @@ def arm_jump_table_targets(
     if values is None:
         return jt.NONE
     targets = []
+    read = 0
     for v in values:
         t = (base + (v << shift)) & _MASK
         to_thumb = bool(t & 1) if interworking else thumb
         t &= ~1
         if not jt.near_code(codemap, t, jump_va, 2 if to_thumb else 4):
+            if masked:
+                break  # a mask bounds the index, not the table: the words after it are other data
             continue  # only targets in code next to the jump
+        read += 1
         if to_thumb:
             backend.thumb.add(t)  # type: ignore[attr-defined]
         targets.append(t)
     if not entries:
         return list(dict.fromkeys(targets)), 0, True  # the slots are code, nothing is read
-    _mark_data(codemap, table, size * count)
+    _mark_data(codemap, table, size * (read if masked else count))
     return list(dict.fromkeys(targets)), table, True
 
 
@@ -117,8 +135,9 @@ def _evaluate(image: object, thumb: bool, insns: list[cs.CsInsn]) -> tuple[tuple
     return None if found is None else (found, interworking)
 
 
-def _table(state: _State, target: Value) -> tuple[int, int, bool, int, int, int, bool] | None:
-    """(table, entry size, signed, entries, base, shift, read entries?) of a jump to `target`."""
+def _table(state: _State, target: Value) -> tuple[int, int, bool, int, int, int, bool, bool] | None:
+    """(table, entry size, signed, entries, base, shift, read entries?, bounded by a mask?) of a
+    jump to `target`."""
     if target[0] == "e":
         entry, base, shift = target, 0, 0  # absolute addresses (`ldr pc, [rT, rI, lsl #2]`)
     elif target[0] == "t":
@@ -135,7 +154,7 @@ def _table(state: _State, target: Value) -> tuple[int, int, bool, int, int, int,
     count = jt.entry_count(state.bounds, index)
     if count is None:
         return None
-    return table, size, signed, count, base, shift, reads
+    return table, size, signed, count, base, shift, reads, index in state.masked
 
 
 def _mark_data(codemap: CodeMap, va: int, n: int) -> None:
@@ -166,6 +185,14 @@ def _reads_a_table(insns: list[cs.CsInsn]) -> bool:
         if ins.id in _LOADS and ops and ops[-1].type == arm.ARM_OP_MEM and ops[-1].mem.index != 0:
             return True
     return False
+
+
+def _thumb_goto(own: list[cs.CsInsn]) -> bool:
+    """`orr rT, rT, #1; bx rT`: a jump to a Thumb address read from a table of labels without bit 0."""
+    if len(own) < 2 or own[-1].id != arm.ARM_INS_BX or own[-2].id != arm.ARM_INS_ORR:
+        return False
+    ops = own[-2].operands
+    return len(ops) == 3 and ops[2].type == arm.ARM_OP_IMM and ops[2].imm == 1 and ops[0].reg == own[-1].operands[0].reg
 
 
 def _sets_return_address(ins: cs.CsInsn) -> bool:
@@ -250,6 +277,7 @@ class _State:
         self.regs: dict[int, Value] = {}
         self.slots: dict[tuple[int, int, int], Value] = {}
         self.bounds: dict[Value, int] = {}
+        self.masked: set[Value] = set()  # the indices bounded by an `and` with 2^k - 1
         self._next = 0
         self._at = 0  # address of the instruction being evaluated (reads of pc)
 
@@ -375,6 +403,21 @@ class _State:
                 self.write(dst, self.read(ops[1].reg))
             else:
                 return False
+            return True
+        if i == arm.ARM_INS_AND and len(ops) == 3 and ops[2].type == arm.ARM_OP_IMM and ins.cc in _AL:
+            mask = ops[2].imm & _MASK
+            if mask & (mask + 1) or not 0 < mask < _MAX_MASK:
+                return False
+            v = self.fresh()  # `and rI, rX, #2^k - 1` (`switch (x & 7)`, gcc's `goto *tbl[op & 15]`)
+            self.write(dst, v)
+            self.bounds[v] = mask + 1
+            self.masked.add(v)
+            return True
+        if i == arm.ARM_INS_ORR and len(ops) == 3 and ops[2].type == arm.ARM_OP_IMM and ops[2].imm == 1:
+            a = self.read(ops[1].reg)
+            if a[0] != "e":
+                return False
+            self.write(dst, ("t", 1, a, 0))  # a label without bit 0, made a Thumb address (it is even)
             return True
         if i in (arm.ARM_INS_ADD, arm.ARM_INS_SUB) and len(ops) in (2, 3):
             if len(ops) == 2:
