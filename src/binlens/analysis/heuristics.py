@@ -115,7 +115,7 @@ def heuristic_starts(
         lax = arm and (
             in_range
             or source == "pointer"
-            and (arm_pushes(image, codemap, va | thumb) or arm_after_end(image, codemap, backend, va, thumb))
+            and (arm_pushes(image, codemap, va | thumb) or arm_after_end(image, codemap, backend, va, thumb, tail=True))
         )
         if not unexplored(va, lax) and va not in explorer.unproven:
             # an address-taken prologue that descent ran into (the fall-through after a call that

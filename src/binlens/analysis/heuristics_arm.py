@@ -66,7 +66,8 @@ def arm_after_end(image: Image, codemap: CodeMap, backend: object, va: int, thum
     """ARM32: does a function end right before `va` (past padding and the words pc-relative loads
     read)? That is, is the instruction before a return: Thumb `bx lr`, `pop {.., pc}`,
     `pop.w {.., pc}`; ARM `bx lr`, `pop {.., pc}`, `ldr pc, [sp], #4`; with `tail`, also an
-    unconditional branch (a tail call: Thumb `b.n`, `b.w`; ARM `b`)."""
+    unconditional branch or `bx` through a register (a tail call: Thumb `b.n`, `b.w`, `bx rN`; ARM
+    `b`, `bx rN`)."""
     r = codemap.region(va)
     if r is None or image.code_endian != "little":
         return False
@@ -88,7 +89,10 @@ def arm_after_end(image: Image, codemap: CodeMap, backend: object, va: int, thum
         return True
     if tail and (h & 0xF800 == 0xE000 or (w & 0xF800 == 0xF000 and w >> 16 & 0xD000 == 0x9000)):
         return True
-    arm_end = w == 0xE12FFF1E or w & 0xFFFF8000 == 0xE8BD8000 or w == 0xE49DF004 or tail and w >> 24 == 0xEA
+    if tail and h & 0xFF87 == 0x4700:
+        return True  # Thumb `bx rN`: a tail call through a register (`ldr r3, [r0, #56]; bx r3`)
+    arm_end = w == 0xE12FFF1E or w & 0xFFFF8000 == 0xE8BD8000 or w == 0xE49DF004
+    arm_end = arm_end or tail and (w >> 24 == 0xEA or w & 0xFFFFFFF0 == 0xE12FFF10)
     return (r.va + o) % 4 == 0 and arm_end
 
 
