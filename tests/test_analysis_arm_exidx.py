@@ -136,6 +136,11 @@ def test_gap_pushes_are_starts_in_their_state(tmp_path: Path, opt: str) -> None:
     sources = _check_every_function(unstripped, stripped)
     for name in UNUSED:
         assert sources[name] == {"prologue"}, (name, sources[name])
+    # with no unwind range to give it, a function's size is the run of its blocks with the literal
+    # pools inside and after it (the words its pc-relative loads read)
+    sizes = {f.address: f.size for f in analyze(load_image(str(stripped))).functions}
+    wrong = [(name, size, sizes[va]) for va, (name, size, _t) in _truth(unstripped).items() if sizes[va] != size]
+    assert not wrong, f"(name, symbol size, found size): {wrong}"
 
 
 @pytest.mark.parametrize("state", ["-marm", "-mthumb"])

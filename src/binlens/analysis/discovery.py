@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from binlens.analysis.codemap import CHUNK, INSN, CodeMap
+from binlens.analysis.leaves import leaves
 from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET
 
 Progress = Callable[[float, float | None, str | None], None]
@@ -541,7 +542,7 @@ class Explorer:
                             b.cond_tails.append(s)
                     continue
                 inside = not ext and f < s <= case_hi
-                if kind == "jump" and s not in seen and not inside and _leaves(f, nxt, ext, s, fragments):
+                if kind == "jump" and s not in seen and not inside and leaves(self.chunks, f, nxt, ext, s, fragments):
                     b.tails.append((last, s))
                     new.add(s)
                     continue
@@ -550,15 +551,6 @@ class Explorer:
                     seen.add(s)
                     stack.append(s)
         return b, seen, hits, new
-
-
-def _leaves(f: int, nxt: int, ext: int | None, s: int, fragments: Callable[[int], bool]) -> bool:
-    """Does an unconditional jump from function `f` to `s` leave it (a tail call)?"""
-    if ext:
-        return not (f <= s < f + ext) and not fragments(s)
-    if fragments(s):
-        return False
-    return s < f or s >= nxt
 
 
 def returning_functions(bodies: dict[int, Body], noret_slots: set[int]) -> set[int]:

@@ -43,6 +43,7 @@ def build_functions(
     `bodies` once its function is built, and so are its chunks from the explorer unless another
     body holds them too (their memory then serves the next functions' blocks)."""
     names = symbol_names(image)
+    literals: set[int] = getattr(explorer.backend, "literals", set())  # (ARM32 literal pool words)
     in_thumb = _thumb_test(explorer.backend)
     order = sorted(bodies)
     out = []
@@ -61,7 +62,7 @@ def build_functions(
                     del chunks[a]
         ext = extents.get(f)  # (an unwind range or symbol size; one over the next start, such as the
         # linker's FDE over all of PowerPC's call stubs, ends there)
-        size = min(ext, nxt - f) if ext else _extent(f, blocks, nxt)
+        size = min(ext, nxt - f) if ext else _extent(f, blocks, nxt, codemap, literals)
         srcs = tuple(sorted(starts.get(f, {"call"}), key=lambda s: _ORDER.get(s, 99)))
         out.append(
             Function(
@@ -139,14 +140,53 @@ def _blocks(codemap: CodeMap, explorer: Explorer, f: int, body: Body) -> tuple[l
     return blocks, [Edge(s, d, k) for s, d, k in keys]
 
 
-def _extent(f: int, blocks: list[BasicBlock], nxt: int) -> int:
-    """Bytes from the entry to the end of the contiguous run of blocks that starts there."""
+def _extent(f: int, blocks: list[BasicBlock], nxt: int, codemap: CodeMap, literals: set[int]) -> int:
+    """Bytes from the entry to the end of the contiguous run of blocks that starts there (across
+    padding, and across data inside code: an inline `tbb`/`tbh` table, ARM literal pools)."""
     i = bisect.bisect_left([b.start for b in blocks], f)
     if i >= len(blocks) or blocks[i].start != f:
         return 0
     end = blocks[i].end
     for b in blocks[i + 1 :]:
-        if b.start >= nxt or b.start > end + 16:
+        if b.start >= nxt or b.start > end + 16 and not _data_in_code(codemap, literals, end, b.start):
             break
         end = max(end, b.end)
+    if literals:
+        end = _past_pool(codemap, literals, end, nxt)
     return end - f
+
+
+def _past_pool(codemap: CodeMap, literals: set[int], end: int, nxt: int) -> int:
+    """ARM32: past the literal pool (and its padding) right after a function's last block."""
+    r = codemap.region(end)
+    if r is None:
+        return end
+    data, at, pooled = r.data, end, end
+    while at < min(nxt, r.end):
+        if at in literals:
+            at += 4
+            pooled = at
+        elif data[at - r.va : at - r.va + 2] in (b"\x00\xbf", b"\x00\x00"):
+            at += 2
+        else:
+            break
+    return pooled
+
+
+def _data_in_code(codemap: CodeMap, literals: set[int], lo: int, hi: int) -> bool:
+    """Are the bytes [lo, hi) all data inside code: marked as no chunk's start (a table), words
+    that pc-relative loads read (ARM literal pools), or Thumb padding (`nop`, zero halfwords)?"""
+    r = codemap.region(lo)
+    if r is None or hi > r.end or not literals and r.state.count(BODY, lo - r.va, hi - r.va) != hi - lo:
+        return False
+    state, data, o = r.state, r.data, lo - r.va
+    while o < hi - r.va:
+        if state[o] == BODY:
+            o += 1
+        elif r.va + o in literals:
+            o += 4
+        elif data[o : o + 2] in (b"\x00\xbf", b"\x00\x00"):
+            o += 2
+        else:
+            return False
+    return True
