@@ -162,10 +162,10 @@ class CapstoneBackend:
             return F_NEXT, -1
         if a == "ppc":
             if m == "b" or m == "ba":
-                return F_JUMP, tgt
+                return F_JUMP, self._global_entry(tgt)
             if m in ("bl", "bla"):
                 # `bl 1f; 1: mflr rP` reads the PC (clang's PIC base): not a call
-                return (F_NEXT, -1) if tgt == ins.address + 4 else (F_CALL, tgt)
+                return (F_NEXT, -1) if tgt == ins.address + 4 else (F_CALL, self._global_entry(tgt))
             if m == "blr":
                 return F_RET, -1
             if m == "bctr":
@@ -194,6 +194,18 @@ class CapstoneBackend:
                 return F_STOP, -1
             return F_NEXT, -1
         return F_NEXT, -1
+
+    def _global_entry(self, tgt: int) -> int:
+        """PPC64 ELFv2: a call or tail call to a function's local entry (past the global entry's
+        `addis r2, r12, hi; addi r2, r2, lo`, which sets the TOC pointer) is one to the function."""
+        if self.ptr_size != 8 or tgt < 8:
+            return tgt
+        words = self.image.read(tgt - 8, 8)
+        if words is None or len(words) != 8:
+            return tgt
+        order = "big" if self.image.identity.endian == "big" else "little"
+        w1, w2 = int.from_bytes(words[:4], order), int.from_bytes(words[4:], order)
+        return tgt - 8 if w1 >> 16 == 0x3C4C and w2 >> 16 == 0x3842 else tgt
 
     def _classify_arm(self, ins: cs.CsInsn, m: str, tgt: int) -> tuple[int, int]:
         cond = ins.cc not in (cs.arm.ARM_CC_AL, 0)

@@ -345,7 +345,7 @@ def _metadata_seeds(image: Image, seeds: _Seeds) -> dict[int, str]:
     for key, source in (("pdata", "pdata"), ("function_starts", "function_starts")):
         for va in image.function_hints.get(key, []):
             seeds.add(va, source)
-    for key in ("init_array", "fini_array", "ctor", "dtor"):
+    for key in ("init_array", "fini_array", "ctor", "dtor", "opd"):  # (opd: PowerPC64 ELFv1 descriptors)
         for va in image.function_hints.get(key, []):
             seeds.add(va, "pointer")
     if ident.format == "ELF":

@@ -67,7 +67,47 @@ def find_thunks(image: Image, codemap: CodeMap) -> dict[int, str]:
     elif arch == "ppc" and image.identity.bits == 32 and fmt == "ELF":
         for r in codemap.regions:
             _ppc32_call_stubs(image, r.va, r.data, by_slot, out)
+    elif arch == "ppc" and fmt == "ELF":
+        got = next((s.va for s in image.sections if s.name == ".got"), None)
+        if got is not None:
+            for r in codemap.regions:
+                _ppc64_call_stubs(image, r.va, r.data, got + 0x8000, by_slot, out)
     return out
+
+
+# PowerPC64 linker call stubs (`*.plt_call.NAME`): `std r2, 24(r1)` (ELFv2; 40(r1) in ELFv1), then
+# `ld r12, d(r2)` or `addis r12, r2, hi; ld r12|r11, lo(r12)`, then `mtctr`: the slot is TOC + offset
+_PPC64_SAVE_TOC = {
+    "big": re.compile(rb"(?=\xf8\x41\x00[\x18\x28])", re.S),
+    "little": re.compile(rb"(?=[\x18\x28]\x00\x41\xf8)", re.S),
+}
+
+
+def _ppc64_call_stubs(
+    image: Image, va: int, data: bytes, toc: int, by_slot: dict[int, str], out: dict[int, str]
+) -> None:
+    """PowerPC64 call stubs named after the import whose PLT slot they load (the TOC pointer is
+    `.got` + 0x8000, as the linker sets `.TOC.`)."""
+    order = ">" if image.identity.endian == "big" else "<"
+    for m in _PPC64_SAVE_TOC[image.identity.endian].finditer(data):
+        i = m.start()
+        if i % 4 or i + 12 > len(data):
+            continue
+        w1, w2 = struct.unpack_from(order + "II", data, i + 4)
+        if w1 >> 16 == 0xE982:  # ld r12, d(r2)
+            off = _s16(w1)
+        elif w1 >> 16 == 0x3D82 and w2 >> 16 in (0xE98C, 0xE96C):  # addis r12, r2, hi; ld r12|r11, lo(r12)
+            off = (_s16(w1) << 16) + _s16(w2)
+        else:
+            continue
+        name = by_slot.get((toc + off) & 0xFFFFFFFFFFFFFFFF)
+        if name is not None:
+            out.setdefault(va + i, name)
+
+
+def _s16(w: int) -> int:
+    """The signed 16-bit immediate in the low half of an instruction word."""
+    return (w & 0xFFFF) - 0x10000 if w & 0x8000 else w & 0xFFFF
 
 
 # PowerPC 32-bit secure-PLT call stubs (in .text, one per caller object file and import):

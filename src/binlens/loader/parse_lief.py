@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
+from dataclasses import replace
 from typing import Any
 
 import lief
@@ -14,6 +15,7 @@ from binlens.loader.demangle import demangle
 from binlens.loader.formats import sniff_format
 from binlens.loader.image import Export, Identity, Image, Import, Relocation, Section, Segment, Symbol
 from binlens.loader.mips_got import global_got_imports
+from binlens.loader.ppc64_opd import descriptors, is_elfv1
 
 lief.logging.disable()
 N_ARM_THUMB_DEF = 0x0008  # Mach-O n_desc: the symbol names Thumb code
@@ -165,6 +167,17 @@ def _parse_elf(data: bytes, sha: str, file_name: str) -> Image:
     hints["init_array"] = sorted({f.address for f in b.ctor_functions if f.address})
     hints["fini_array"] = sorted({f.address for f in b.dtor_functions if f.address})
     image_base = b.imagebase
+    entry = hdr.entrypoint
+    if is_elfv1(arch, bits, hdr.processor_flag):
+        code_of = descriptors(data, sections, endian == "big")
+        if code_of:  # function symbols, exports and the entry name descriptors: move them to the code
+            symbols = [
+                replace(s, address=code_of[s.address]) if s.kind == "function" and s.address in code_of else s
+                for s in symbols
+            ]
+            exports = [replace(e, address=code_of.get(e.address, e.address)) for e in exports]
+            entry = code_of.get(entry, entry)
+            hints["opd"] = sorted(set(code_of.values()))
     ident = Identity(
         sha256=sha,
         size=len(data),
@@ -173,7 +186,7 @@ def _parse_elf(data: bytes, sha: str, file_name: str) -> Image:
         bits=bits,
         endian=endian,
         image_base=image_base,
-        entry=hdr.entrypoint,
+        entry=entry,
         file_name=file_name,
     )
     return Image(
