@@ -42,8 +42,9 @@ ENGINE_VERSION = "6"  # 2: AArch64 jump tables; 3: ARM32, MIPS, PowerPC, RISC-V 
 # shapes, ARM Thumb starts and BE8, code offsets looked at again after later stages; 4: gaps on every
 # architecture, `.ARM.exidx`, address pairs, relocated words only in position-independent data;
 # 5: computed-goto tables, ARM32 leaf trials and shrink-wrapped pushes, gaps peeled in one round,
-# RISC-V and ARM PLT thunks; 6: MIPS imports, stubs and calls through the GOT, PowerPC call stubs,
-# MIPS `bal` PC reads, unwind ranges end at the next start
+# RISC-V and ARM PLT thunks; 6: MIPS imports, stubs and calls through the GOT, PowerPC and PPC64
+# call stubs, PPC64 ELFv2 local entries and ELFv1 descriptors, ARM Thumb computed gotos and veneers,
+# MIPS `bal` PC reads, sizes across literal pools, unwind ranges end at the next start
 _K_OFFSET = XREF_KINDS.index("offset")
 _GAP_ROUNDS = 200  # each round looks at the first address of every remaining gap
 _OFFSET_ROUNDS = 8  # each round looks at the addresses taken by code reached so far
