@@ -9,7 +9,7 @@ at size-0 FUNC symbols (crt's `_init`, `frame_dummy`, ...) are not scored.
     .venv/bin/python bench/accuracy.py --quick
     .venv/bin/python bench/accuracy.py --programs zlib,lua5.4 --compilers clang --tools binlens,smda
 
-`--arch aarch64|arm|mips|ppc|ppc64le|riscv64` scores the cross-compiled corpus (see corpus.py): binlens and
+`--arch aarch64|arm|mips|ppc|ppc64le|riscv64|i386` scores the cross-compiled corpus (see corpus.py): binlens and
 the `.eh_frame` baseline run everywhere; of the peers only ddisasm handles one of these targets
 (ARM64, ARM32, MIPS32), the others show `n/a` with the reason.
 

@@ -10,7 +10,7 @@ information kept (`eh`) or removed (`noeh`: compiled with -fno-asynchronous-unwi
 
 `--arch` picks the target: `x86-64` (the default: native gcc and clang, names without a prefix) or
 one of the Debian cross toolchains (`aarch64`, `arm` (armhf, Thumb-2 by default), `mips` (mipsel),
-`ppc` (32-bit big-endian), `ppc64le` (ELFv2), `riscv64`): gcc only, names prefixed with the arch
+`ppc` (32-bit big-endian), `ppc64le` (ELFv2), `riscv64`, `i386`): gcc only, names prefixed with the arch
 (`aarch64-zlib-gcc-O2-pie-eh`), by default -O0/-O2 PIE with and without unwind information.
 armhf's, mipsel's and riscv64's gcc emit no unwind tables for C by default, so their `eh` builds add
 -fasynchronous-unwind-tables (ARM: `.ARM.exidx` entries; MIPS, RISC-V: `.eh_frame`), and ARM's `noeh`
@@ -78,6 +78,7 @@ ARCHES: dict[str, Arch] = {
     "mips": Arch("mipsel-linux-gnu", eh_cflags=("-fasynchronous-unwind-tables",)),
     "ppc": Arch("powerpc-linux-gnu"),
     "ppc64le": Arch("powerpc64le-linux-gnu"),
+    "i386": Arch("i686-linux-gnu"),
     "riscv64": Arch("riscv64-linux-gnu", eh_cflags=("-fasynchronous-unwind-tables",)),
 }
 NATIVE = "x86-64"

@@ -44,7 +44,7 @@ from elfsyms import _sections
 from metrics import Score, in_ranges, score
 
 CALLS = {"bl", "blx", "blr", "jal", "jalr", "bal", "jalx", "call", "bla", "bctrl", "blrl"}
-ALIGN = {"x86-64": 1, "aarch64": 4, "arm": 2, "mips": 4, "ppc": 4, "riscv64": 2}
+ALIGN = {"x86-64": 1, "i386": 1, "aarch64": 4, "arm": 2, "mips": 4, "ppc": 4, "ppc64le": 4, "riscv64": 2}
 SHF_ALLOC, SHF_EXECINSTR, SHT_NOBITS = 0x2, 0x4, 8
 
 FP_CATEGORIES = ("misaligned", "between functions", "label in data", "after a call", "branch target", "other inside")

@@ -84,7 +84,17 @@ class X86Backend:
         self._r: CodeRegion | None = None  # the region of the last chunk, and its decoder
         self._dec: ix.Decoder | None = None
         self._min_ref = min_ref = 0 if self.got else 4  # shorter instructions cannot hold an address operand
-        self._ctx = (self.lo, self.hi, self.got, self.gotreg, min_ref, self.x_src, self.x_dst, self.x_kind)
+        # i386 PIC: `__x86.get_pc_thunk.REG` (`mov REG, [esp]; ret`) -> REG, and the return address
+        # of each call to one -> REG, which holds that address there (then `add REG, GOT - here`)
+        self._pc_thunks: dict[int, int] = _pc_thunks(image) if pic else {}
+        self._pc_after: dict[int, tuple[int, int]] = {}  # chunk start -> (register, the address it holds)
+        self._pc_state = (-1, 0)
+        # Position-independent ELF code forms no address from an immediate or an absolute memory
+        # operand (they are numbers: `mov edx, 0x10`, `fs:[0x28]`; at image base 0 they would name
+        # the ELF header): only RIP-relative and GOT-relative operands reference data there
+        position_independent = image.identity.format == "ELF" and image.identity.image_base == 0
+        lo, hi = (0, 0) if position_independent else (self.lo, self.hi)
+        self._ctx = (lo, hi, self.got, self.gotreg, min_ref, self.x_src, self.x_dst, self.x_kind)
         self._ctx += (image.is_mapped,)
 
     def _decoder(self, r: CodeRegion) -> ix.Decoder:
@@ -114,6 +124,8 @@ class X86Backend:
         off0 = off = va - r.va
         if state[off]:
             return self._decode_chunk_exact(va)
+        if self._pc_after and va in self._pc_after:
+            return self._pc_chunk(va)
         dec = self._dec
         dec.position = off
         dec.ip = va
@@ -163,8 +175,33 @@ class X86Backend:
         state[off0] = CHUNK
         return res
 
-    def _decode_chunk_exact(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
-        """`decode_chunk` checking the state map under every instruction as it goes."""
+    def _pc_chunk(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
+        """i386 PIC: decode the chunk at `va`, where a register holds a known address (the return
+        address of a call to a `get_pc_thunk`, then the GOT's after `add reg, imm`), and pass that
+        register on to the chunks it flows to (past a call only when the register is callee-saved)."""
+        reg, value = self._pc_after[va]
+        self._pc_state = (reg, value)
+        res = self._decode_chunk_exact(va, reg, value)
+        reg, value = self._pc_state
+        if res is None or reg < 0:
+            return res
+        _end, term, targets, _last = res
+        if term in (T_COND, T_JUMP, T_FALL):
+            follow = targets
+        elif term == T_CALL and reg in _CALLEE_SAVED:
+            follow = targets[1:]
+        else:
+            return res
+        for t in follow:
+            self._pc_after.setdefault(t, (reg, value))
+        return res
+
+    def _decode_chunk_exact(
+        self, va: int, pc_reg: int = -1, pc_value: int = 0
+    ) -> tuple[int, int, tuple[int, ...], int] | None:
+        """`decode_chunk` checking the state map under every instruction as it goes. `pc_reg` (i386
+        PIC) holds `pc_value` on entry; memory operands based on it reference the data at
+        `pc_value` + displacement (`_pc_step`)."""
         r = self.codemap.region(va)
         if r is None:
             return None
@@ -206,6 +243,8 @@ class X86Backend:
             last = cur
             nxt = cur + ln
             fc = ins.flow_control
+            if pc_reg >= 0:
+                pc_reg, pc_value = self._pc_state = self._pc_step(ins, cur, pc_reg, pc_value)
             if fc == FC.NEXT:
                 data_ref(ins, cur)
                 if ins.code in _STOP_CODES:
@@ -216,6 +255,28 @@ class X86Backend:
                     return res
             cur = nxt
             off += ln
+
+    def _pc_step(self, ins: ix.Instruction, cur: int, reg: int, value: int) -> tuple[int, int]:
+        """i386 PIC: record the address a memory operand based on the register a `get_pc_thunk`
+        set forms, then follow that register over the instruction. Returns (register or -1, value)."""
+        if ins.memory_base == reg:  # (with an index register: the start of the array it indexes)
+            t = (value + ins.memory_displacement) & 0xFFFFFFFF
+            if self.image.is_mapped(t):
+                m = ins.mnemonic
+                kind = K_READ
+                if m == MN.LEA:
+                    kind = K_OFFSET
+                elif ins.op0_kind == OK.MEMORY and m not in _NO_WRITE:
+                    kind = K_WRITE
+                self.x_src.append(cur)
+                self.x_dst.append(t)
+                self.x_kind.append(kind)
+        if ins.op_count >= 1 and ins.op0_kind == OK.REGISTER and ins.op0_register == reg:
+            if ins.mnemonic == MN.ADD and ins.op1_kind in (OK.IMMEDIATE32, OK.IMMEDIATE8TO32):
+                return reg, (value + ins.immediate(1)) & 0xFFFFFFFF
+            if ins.mnemonic not in _NO_WRITE:
+                return -1, 0  # the register gets another value
+        return reg, value
 
     def _data_ref(self, ins: ix.Instruction, cur: int) -> None:
         """Record the address a fall-through instruction at `cur` reads, writes or takes, if any."""
@@ -272,7 +333,12 @@ class X86Backend:
                 return nxt, T_JUMP, (ins.near_branch_target,), last
             return nxt, T_STOP, (), last
         if fc == _FC_CALL:
-            return (nxt, T_CALL, (ins.near_branch_target, nxt), last) if ins.op0_kind in _NEAR else None
+            if ins.op0_kind not in _NEAR:
+                return None
+            tgt = ins.near_branch_target
+            if self._pc_thunks and tgt in self._pc_thunks:
+                self._pc_after[nxt] = (self._pc_thunks[tgt], nxt)  # the register holds `nxt` there
+            return nxt, T_CALL, (tgt, nxt), last
         if fc == _FC_RETURN:
             return nxt, T_RET, (), last
         if fc in (_FC_IJUMP, _FC_ICALL):
@@ -337,6 +403,7 @@ class X86Backend:
             self._fmt.show_branch_size = False
         fmt = self._fmt
         out = []
+        lo, hi = self._ctx[0], self._ctx[1]  # (none in position-independent ELF code: numbers there)
         for ins in self.raw_instructions(start, end):
             if ins.code == 0:
                 break
@@ -356,16 +423,43 @@ class X86Backend:
                 fc == FC.NEXT
                 and ins.memory_base == REG_NONE
                 and OK.MEMORY in (ins.op0_kind, ins.op1_kind)
-                and self.lo <= ins.memory_displacement < self.hi
+                and lo <= ins.memory_displacement < hi
             ):
                 refs.append(ins.memory_displacement)
             for i in range(ins.op_count):
                 if ins.op_kind(i) in _IMM_ADDR:
                     v = ins.immediate(i)
-                    if self.lo <= v < self.hi and self.image.is_mapped(v):
+                    if lo <= v < hi and self.image.is_mapped(v):
                         refs.append(v)
             mnem = fmt.format_mnemonic(ins)
             ops = fmt.format_all_operands(ins)
             raw = self.image.read(ins.ip, ins.len) or b""
             out.append(Instruction(ins.ip, ins.len, raw, mnem, ops, flow, targets, tuple(refs)))
         return out
+
+
+_CALLEE_SAVED = {ix.Register.EBX, ix.Register.ESI, ix.Register.EDI, ix.Register.EBP}
+_PC_THUNK_REGS = {
+    0x04: ix.Register.EAX,
+    0x0C: ix.Register.ECX,
+    0x14: ix.Register.EDX,
+    0x1C: ix.Register.EBX,
+    0x2C: ix.Register.EBP,
+    0x34: ix.Register.ESI,
+    0x3C: ix.Register.EDI,
+}
+
+
+def _pc_thunks(image: Image) -> dict[int, int]:
+    """i386: the `__x86.get_pc_thunk.REG` functions (`mov REG, [esp]; ret`) in code -> REG."""
+    import re
+
+    out: dict[int, int] = {}
+    pattern = re.compile(rb"\x8b([\x04\x0c\x14\x1c\x2c\x34\x3c])\x24\xc3", re.S)
+    for s in image.sections:
+        if s.kind != "code" or not s.fsize:
+            continue
+        data = image.data[s.offset : s.offset + s.fsize]
+        for m in pattern.finditer(data):
+            out[s.va + m.start()] = _PC_THUNK_REGS[m.group(1)[0]]
+    return out
