@@ -25,11 +25,11 @@ def _sweep(path: Path, misaligned_first: bool) -> None:
         if misaligned_first:
             # code decoded from odd offsets first: the aligned sweep then overlaps it (the slow path)
             for va in range(rf.va + 1, min(rf.end, rf.va + 4096), 97):
-                assert fast.decode_chunk(va) == exact._decode_chunk_exact(va)
+                assert fast.decode_chunk(va) == exact.decode_chunk_exact(va)
         va = rf.va
         while va < rf.end:
             got = fast.decode_chunk(va)
-            want = exact._decode_chunk_exact(va)
+            want = exact.decode_chunk_exact(va)
             assert got == want, hex(va)
             checked += 1
             va = got[0] if got is not None and got[0] > va else va + 1

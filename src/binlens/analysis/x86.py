@@ -122,10 +122,10 @@ class X86Backend:
             self._dec = self._decoder(r)
         state = r.state
         off0 = off = va - r.va
-        if state[off]:
-            return self._decode_chunk_exact(va)
         if self._pc_after and va in self._pc_after:
             return self._pc_chunk(va)
+        if state[off]:
+            return self._decode_chunk_exact(va)
         dec = self._dec
         dec.position = off
         dec.ip = va
@@ -174,6 +174,10 @@ class X86Backend:
             state[off0 : off0 + k] = span
         state[off0] = CHUNK
         return res
+
+    def decode_chunk_exact(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
+        """What `decode_chunk` answers, always by the exact per-instruction path (its test oracle)."""
+        return self._pc_chunk(va) if va in self._pc_after else self._decode_chunk_exact(va)
 
     def _pc_chunk(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
         """i386 PIC: decode the chunk at `va`, where a register holds a known address (the return
