@@ -24,6 +24,7 @@ TRIPLES = {
     "riscv64-linux-gnu": (),
     "arm-linux-gnueabihf": ("-marm",),
     "arm-linux-gnueabihf-thumb": ("-mthumb",),
+    "arm-linux-gnueabihf-nopie": ("-mthumb", "-fno-pie", "-no-pie"),
     "mips-linux-gnu": (),
     "mipsel-linux-gnu": (),
     "mips64-linux-gnuabi64": (),
@@ -40,7 +41,7 @@ def plt_build(tmp_path_factory: pytest.TempPathFactory):
 
     def build(key: str) -> tuple[Path, Path]:
         if key not in cache:
-            triple = key.removesuffix("-thumb")
+            triple = key.removesuffix("-thumb").removesuffix("-nopie")
             gcc = shutil.which(f"{triple}-gcc")
             if gcc is None or not Path(f"/usr/{triple}/lib").is_dir():
                 pytest.skip(f"{triple}-gcc or its libc is missing (Debian packages gcc-{triple}, libc6-dev-*-cross)")
@@ -60,7 +61,7 @@ def _plt_entries(exe: Path, triple: str) -> dict[int, str]:
     return {int(a, 16): n for a, n in re.findall(r"^([0-9a-f]+) <(\w+)@plt>:", text, re.M)}
 
 
-@pytest.mark.parametrize("key", [k for k in TRIPLES if not k.startswith(("mips", "powerpc"))])
+@pytest.mark.parametrize("key", [k for k in TRIPLES if not k.startswith(("mips", "powerpc")) and "nopie" not in k])
 def test_plt_thunks_carry_their_import_names(plt_build, key):
     exe, stripped = plt_build(key)
     entries = _plt_entries(exe, key.removesuffix("-thumb"))
@@ -125,15 +126,19 @@ def test_mips_imports_stubs_and_calls_through_the_got(plt_build, triple):
     assert entry in functions and entry + 8 not in functions
 
 
-@pytest.mark.parametrize("key", ["mips-linux-gnu", "riscv64-linux-gnu"])
+@pytest.mark.parametrize(
+    "key",
+    ["mips-linux-gnu", "riscv64-linux-gnu", *(f"arm-linux-gnueabihf{k}" for k in ("", "-thumb", "-nopie"))],
+)
 def test_listing_shows_what_instruction_pairs_and_got_calls_reference(workspace, plt_build, key):
     """What the analysis found an instruction references but the instruction alone does not say
-    (a string's address formed by `auipc`+`addi` or `lw`+`addiu`, a call through a GOT slot)
-    shows in the listing's comments, as it does on x86."""
+    (a string's address formed by `auipc`+`addi` or `lw`+`addiu`, an ARM literal pool's offset
+    completed by `add rX, pc`, or the address a literal holds in code at a fixed address, a call
+    through a GOT slot) shows in the listing's comments, as it does on x86."""
     from binlens.api import invoke
 
     exe, stripped = plt_build(key)
-    symbols = {s.name: s.address for s in parse_path(str(exe)).symbols}
+    symbols = {s.name: s.address & ~1 for s in parse_path(str(exe)).symbols}
     workspace.open(str(stripped), check_roots=False)
     invoke(workspace, "analysis.start", {"wait": True})
     after = invoke(workspace, "listing.get", {"selector": {"address": hex(symbols["after_exit"])}})

@@ -85,6 +85,9 @@ class CapstoneBackend:
         self.decoded_thumb: dict[int, bool] = {}
         # ARM32: the addresses pc-relative loads read (literal pools: data between functions)
         self.literals: set[int] = set()
+        # ARM32 code at a fixed address loads addresses from its literal pools; position-independent
+        # code loads offsets there (`_literal`)
+        self._absolute_literals = not (image.identity.format == "ELF" and image.identity.image_base == 0)
         self.x_src = array("Q")
         self.x_dst = array("Q")
         self.x_kind = bytearray()
@@ -304,6 +307,7 @@ class CapstoneBackend:
         begins = self.pairs.begins if formed is not None else None  # type: ignore[union-attr]
         may_flow = self._may_flow
         it_at = it_left = 0  # Thumb: where the last IT block began, and how many instructions it still covers
+        lits: dict[str, int] = {}  # ARM32: register -> the literal word an `ldr rX, [pc, #imm]` put there
         data = r.data
         for a, n, m, text in _stream(self.lite_md(bool(thumb)), data, off, va):
             o = a - r.va
@@ -344,10 +348,17 @@ class CapstoneBackend:
                 it_at, it_left = o, len(m) - 1
             if ins is None:
                 flow, tgt = F_NEXT, -1
+                if arm and (m == "movw" or m == "movt"):
+                    self._movw_movt(m, text, a, lits)
+                elif lits and not m.startswith(_NO_DEST):  # (the first operand is the one written)
+                    lits.pop(text.split(",", 1)[0], None)
             else:
                 flow, tgt = self.classify(ins)
-                if arm and ins.id in _LITERAL_LOADS:
-                    self._literal(ins, bool(thumb))
+                if arm:
+                    if ins.id in _LITERAL_LOADS:
+                        self._literal(ins, bool(thumb), lits)
+                    elif lits:
+                        self._pc_relative(ins, bool(thumb), lits)
             if flow == F_NEXT:
                 cur = nxt
                 continue
@@ -388,17 +399,73 @@ class CapstoneBackend:
             if page is not None:
                 self._ref(ins.address, page + ops[-1].mem.disp, K_READ)
 
-    def _literal(self, ins: cs.CsInsn, thumb: bool) -> None:
-        """Note the words an ARM32 pc-relative load reads (`ldr rX, [pc, #imm]`, `ldrd`, `vldr`)."""
+    def _literal(self, ins: cs.CsInsn, thumb: bool, lits: dict[str, int]) -> None:
+        """Note the words an ARM32 pc-relative load reads (`ldr rX, [pc, #imm]`, `ldrd`, `vldr`);
+        for `ldr rX, [pc, #imm]`, keep the word in `lits` under rX's name (an address in code at a
+        fixed address, which is referenced; in position-independent code an offset that an `add rX,
+        pc` completes, `_pc_relative`)."""
         ops = ins.operands
         if not ops or ops[-1].type != _ARM.ARM_OP_MEM:
             return
         mem = ops[-1].mem
         if mem.base != _ARM.ARM_REG_PC or mem.index != 0:
+            if mem.base == _ARM.ARM_REG_PC and lits:
+                self._pc_relative(ins, thumb, lits)  # `ldr rY, [pc, rX]`: a GOT slot
             return
         at = ((ins.address + (4 if thumb else 8)) & ~3) + mem.disp
         n = 8 if ins.id in (_ARM.ARM_INS_LDRD, _ARM.ARM_INS_VLDR) else 4
         self.literals.update(range(at, at + n, 4))
+        if ins.id != _ARM.ARM_INS_LDR or ops[0].type != _ARM.ARM_OP_REG:
+            return
+        word = self.image.read(at, 4)
+        if word is None or len(word) != 4:
+            return
+        w = int.from_bytes(word, self.image.identity.endian)  # type: ignore[arg-type]
+        lits[ins.reg_name(ops[0].reg)] = w
+        if self._absolute_literals and w > 0xFFFF:
+            self._ref(ins.address, w & ~1 if self.codemap.contains(w & ~1) else w, K_OFFSET)
+
+    def _movw_movt(self, m: str, text: str, a: int, lits: dict[str, int]) -> None:
+        """ARM32 `movw rX, #lo; movt rX, #hi`: an address in code at a fixed address (referenced
+        from the `movt`), an offset for `add rX, pc` in position-independent code (kept in `lits`)."""
+        reg, _, imm = text.partition(", #")
+        try:
+            v = int(imm, 0) & 0xFFFF
+        except ValueError:
+            lits.pop(reg, None)
+            return
+        if m == "movw":
+            lits[reg] = v
+            return
+        lo = lits.get(reg)
+        if lo is None or lo > 0xFFFF:
+            lits.pop(reg, None)
+            return
+        w = lits[reg] = lo | v << 16
+        if self._absolute_literals and w > 0xFFFF:
+            self._ref(a, w & ~1 if self.codemap.contains(w & ~1) else w, K_OFFSET)
+
+    def _pc_relative(self, ins: cs.CsInsn, thumb: bool, lits: dict[str, int]) -> None:
+        """ARM32 position-independent code: `add rX, pc` (Thumb; ARM `add rX, pc, rX`) turns the offset
+        a literal put in rX into the address it is relative to (referenced from the `add`), and `ldr
+        rY, [pc, rX]` reads the GOT slot at that address. Any other write of a register drops it."""
+        ops = ins.operands
+        pcv = ins.address + (4 if thumb else 8)
+        if ins.id == _ARM.ARM_INS_ADD and all(op.type == _ARM.ARM_OP_REG for op in ops) and len(ops) in (2, 3):
+            srcs = [op.reg for op in ops[1:]] if len(ops) == 3 else [ops[0].reg, ops[1].reg]
+            if _ARM.ARM_REG_PC in srcs:
+                other = next((r for r in srcs if r != _ARM.ARM_REG_PC), None)
+                w = lits.get(ins.reg_name(other)) if other is not None else None
+                if w is not None:
+                    self._ref(ins.address, (w + pcv) & 0xFFFFFFFF, K_OFFSET)
+        elif ins.id == _ARM.ARM_INS_LDR and ops and ops[-1].type == _ARM.ARM_OP_MEM:
+            mem = ops[-1].mem
+            if mem.base == _ARM.ARM_REG_PC and mem.index and not ops[-1].shift.type:
+                w = lits.get(ins.reg_name(mem.index))
+                if w is not None:
+                    self._ref(ins.address, (w + pcv) & 0xFFFFFFFF, K_READ)
+        if ops and ops[0].type == _ARM.ARM_OP_REG:
+            lits.pop(ins.reg_name(ops[0].reg), None)
 
     def _ref(self, src: int, dst: int, kind: int) -> None:
         if self.image.is_mapped(dst):
@@ -425,6 +492,8 @@ class CapstoneBackend:
 
 
 _BODY_RUNS = [bytes([BODY]) * max(0, n - 1) for n in range(17)]
+# ARM32 mnemonics whose first operand is not written (stores, compares, stack and flow)
+_NO_DEST = ("str", "stm", "cmp", "cmn", "tst", "teq", "push", "pop", "b", "it", "nop", "vst", "pld", "dmb", "dsb")
 _LITERAL_LOADS = frozenset(
     (_ARM.ARM_INS_LDR, _ARM.ARM_INS_LDRD, _ARM.ARM_INS_VLDR, _ARM.ARM_INS_LDRH, _ARM.ARM_INS_LDRB, _ARM.ARM_INS_LDRSH)
 )
