@@ -7,6 +7,7 @@ where an operand can hold an address.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 
 import iced_x86 as ix
 
@@ -24,6 +25,8 @@ from binlens.analysis.model import (
     XREF_KINDS,
     Instruction,
 )
+from binlens.analysis.x86_pic import THUNK_REGS, PicState
+from binlens.analysis.x86_pic import step as pic_step
 from binlens.loader.image import Image
 
 FC = ix.FlowControl
@@ -87,8 +90,8 @@ class X86Backend:
         # i386 PIC: `__x86.get_pc_thunk.REG` (`mov REG, [esp]; ret`) -> REG, and the return address
         # of each call to one -> REG, which holds that address there (then `add REG, GOT - here`)
         self._pc_thunks: dict[int, int] = _pc_thunks(image) if pic else {}
-        self._pc_after: dict[int, tuple[int, int]] = {}  # chunk start -> (register, the address it holds)
-        self._pc_state = (-1, 0)
+        self._pc_after: dict[int, PicState] = {}  # chunk start -> what holds a known address there
+        self._pc_now: PicState | None = None  # that state in the chunk being decoded
         # Position-independent ELF code forms no address from an immediate or an absolute memory
         # operand (they are numbers: `mov edx, 0x10`, `fs:[0x28]`; at image base 0 they would name
         # the ELF header): only RIP-relative and GOT-relative operands reference data there
@@ -180,32 +183,42 @@ class X86Backend:
         return self._pc_chunk(va) if va in self._pc_after else self._decode_chunk_exact(va)
 
     def _pc_chunk(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
-        """i386 PIC: decode the chunk at `va`, where a register holds a known address (the return
-        address of a call to a `get_pc_thunk`, then the GOT's after `add reg, imm`), and pass that
-        register on to the chunks it flows to (past a call only when the register is callee-saved)."""
-        reg, value = self._pc_after[va]
-        self._pc_state = (reg, value)
-        res = self._decode_chunk_exact(va, reg, value)
-        reg, value = self._pc_state
-        if res is None or reg < 0:
+        """i386 PIC: decode the chunk at `va`, where registers or stack slots hold a known address
+        (`x86_pic`), and pass what still holds one on to the chunks it flows to."""
+        state = self._pc_now = self._pc_after[va].copy()
+        try:
+            res = self._decode_chunk_exact(va, state)
+        finally:
+            self._pc_now = None
+        if res is None or not (state.regs or state.slots):
             return res
         _end, term, targets, _last = res
         if term in (T_COND, T_JUMP, T_FALL):
-            follow = targets
-        elif term == T_CALL and reg in _CALLEE_SAVED:
-            follow = targets[1:]
-        else:
-            return res
-        for t in follow:
-            self._pc_after.setdefault(t, (reg, value))
+            for t in targets:
+                if t not in self._pc_after:
+                    self._pc_after[t] = state.copy()
+        elif term == T_CALL and targets[-1] not in self._pc_after:
+            self._pc_after[targets[-1]] = state.after_call()
         return res
 
-    def _decode_chunk_exact(
-        self, va: int, pc_reg: int = -1, pc_value: int = 0
-    ) -> tuple[int, int, tuple[int, ...], int] | None:
-        """`decode_chunk` checking the state map under every instruction as it goes. `pc_reg` (i386
-        PIC) holds `pc_value` on entry; memory operands based on it reference the data at
-        `pc_value` + displacement (`_pc_step`)."""
+    def _pc_record(self, cur: int, ins: ix.Instruction) -> Callable[[int], None]:
+        def record(t: int) -> None:
+            if self.image.is_mapped(t):
+                m = ins.mnemonic
+                kind = K_READ
+                if m == MN.LEA:
+                    kind = K_OFFSET
+                elif ins.op0_kind == OK.MEMORY and m not in _NO_WRITE:
+                    kind = K_WRITE
+                self.x_src.append(cur)
+                self.x_dst.append(t)
+                self.x_kind.append(kind)
+
+        return record
+
+    def _decode_chunk_exact(self, va: int, pic: PicState | None = None) -> tuple[int, int, tuple[int, ...], int] | None:
+        """`decode_chunk` checking the state map under every instruction as it goes. `pic` (i386
+        PIC) says which registers and slots hold a known address on entry (`x86_pic.step`)."""
         r = self.codemap.region(va)
         if r is None:
             return None
@@ -247,8 +260,8 @@ class X86Backend:
             last = cur
             nxt = cur + ln
             fc = ins.flow_control
-            if pc_reg >= 0:
-                pc_reg, pc_value = self._pc_state = self._pc_step(ins, cur, pc_reg, pc_value)
+            if pic is not None:
+                pic_step(ins, pic, self._pc_record(cur, ins))
             if fc == FC.NEXT:
                 data_ref(ins, cur)
                 if ins.code in _STOP_CODES:
@@ -259,28 +272,6 @@ class X86Backend:
                     return res
             cur = nxt
             off += ln
-
-    def _pc_step(self, ins: ix.Instruction, cur: int, reg: int, value: int) -> tuple[int, int]:
-        """i386 PIC: record the address a memory operand based on the register a `get_pc_thunk`
-        set forms, then follow that register over the instruction. Returns (register or -1, value)."""
-        if ins.memory_base == reg:  # (with an index register: the start of the array it indexes)
-            t = (value + ins.memory_displacement) & 0xFFFFFFFF
-            if self.image.is_mapped(t):
-                m = ins.mnemonic
-                kind = K_READ
-                if m == MN.LEA:
-                    kind = K_OFFSET
-                elif ins.op0_kind == OK.MEMORY and m not in _NO_WRITE:
-                    kind = K_WRITE
-                self.x_src.append(cur)
-                self.x_dst.append(t)
-                self.x_kind.append(kind)
-        if ins.op_count >= 1 and ins.op0_kind == OK.REGISTER and ins.op0_register == reg:
-            if ins.mnemonic == MN.ADD and ins.op1_kind in (OK.IMMEDIATE32, OK.IMMEDIATE8TO32):
-                return reg, (value + ins.immediate(1)) & 0xFFFFFFFF
-            if ins.mnemonic not in _NO_WRITE:
-                return -1, 0  # the register gets another value
-        return reg, value
 
     def _data_ref(self, ins: ix.Instruction, cur: int) -> None:
         """Record the address a fall-through instruction at `cur` reads, writes or takes, if any."""
@@ -340,8 +331,10 @@ class X86Backend:
             if ins.op0_kind not in _NEAR:
                 return None
             tgt = ins.near_branch_target
-            if self._pc_thunks and tgt in self._pc_thunks:
-                self._pc_after[nxt] = (self._pc_thunks[tgt], nxt)  # the register holds `nxt` there
+            if self._pc_thunks and tgt in self._pc_thunks:  # the thunk's register holds `nxt` there
+                state = self._pc_now.after_call() if self._pc_now is not None else PicState()
+                state.regs[self._pc_thunks[tgt]] = nxt
+                self._pc_after[nxt] = state
             return nxt, T_CALL, (tgt, nxt), last
         if fc == _FC_RETURN:
             return nxt, T_RET, (), last
@@ -442,18 +435,6 @@ class X86Backend:
         return out
 
 
-_CALLEE_SAVED = {ix.Register.EBX, ix.Register.ESI, ix.Register.EDI, ix.Register.EBP}
-_PC_THUNK_REGS = {
-    0x04: ix.Register.EAX,
-    0x0C: ix.Register.ECX,
-    0x14: ix.Register.EDX,
-    0x1C: ix.Register.EBX,
-    0x2C: ix.Register.EBP,
-    0x34: ix.Register.ESI,
-    0x3C: ix.Register.EDI,
-}
-
-
 def _pc_thunks(image: Image) -> dict[int, int]:
     """i386: the `__x86.get_pc_thunk.REG` functions (`mov REG, [esp]; ret`) in code -> REG."""
     import re
@@ -465,5 +446,5 @@ def _pc_thunks(image: Image) -> dict[int, int]:
             continue
         data = image.data[s.offset : s.offset + s.fsize]
         for m in pattern.finditer(data):
-            out[s.va + m.start()] = _PC_THUNK_REGS[m.group(1)[0]]
+            out[s.va + m.start()] = THUNK_REGS[m.group(1)[0]]
     return out
