@@ -30,6 +30,7 @@ STRIP = "arm-linux-gnueabihf-strip"
 UNUSED = {"arm_unused", "thumb_unused", "arm_unused2", "thumb_unused2", "arm_unused3", "thumb_unused3"}
 UNUSED |= {"arm_unused_leaf", "thumb_unused_leaf", "thumb_unused_checked_leaf", "arm_unused_checked_leaf"}
 UNUSED |= {"thumb_unused_tail", "thumb_unused_after_tail", "thumb_unused_shrinkwrapped"}
+UNUSED |= {"thumb_unused_lr_only", "thumb_unused_after_lr_pop"}
 POINTED = {"arm_pointed", "thumb_pointed"}
 
 

@@ -65,7 +65,7 @@ def arm_pushes(image: Image, codemap: CodeMap, va: int) -> bool:
 def arm_after_end(image: Image, codemap: CodeMap, backend: object, va: int, thumb: int, tail: bool = False) -> bool:
     """ARM32: does a function end right before `va` (past padding and the words pc-relative loads
     read)? That is, is the instruction before a return: Thumb `bx lr`, `pop {.., pc}`,
-    `pop.w {.., pc}`; ARM `bx lr`, `pop {.., pc}`, `ldr pc, [sp], #4`; with `tail`, also an
+    `pop.w {.., pc}`, `ldr.w pc, [sp], #4`; ARM `bx lr`, `pop {.., pc}`, `ldr pc, [sp], #4`; with `tail`, also an
     unconditional branch or `bx` through a register (a tail call: Thumb `b.n`, `b.w`, `bx rN`; ARM
     `b`, `bx rN`)."""
     r = codemap.region(va)
@@ -85,8 +85,8 @@ def arm_after_end(image: Image, codemap: CodeMap, backend: object, va: int, thum
         return False
     (h,) = struct.unpack_from("<H", data, o - 2)
     (w,) = struct.unpack_from("<I", data, o - 4)
-    if h == 0x4770 or h & 0xFF00 == 0xBD00 or (w & 0x8000FFFF == 0x8000E8BD):
-        return True
+    if h == 0x4770 or h & 0xFF00 == 0xBD00 or (w & 0x8000FFFF == 0x8000E8BD) or w == 0xFB04F85D:
+        return True  # (the last: Thumb-2 `ldr.w pc, [sp], #4`, gcc's pop of a lone pc)
     if tail and (h & 0xF800 == 0xE000 or (w & 0xF800 == 0xF000 and w >> 16 & 0xD000 == 0x9000)):
         return True
     if tail and h & 0xFF87 == 0x4700:
