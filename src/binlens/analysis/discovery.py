@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from binlens.analysis.codemap import CHUNK, INSN, CodeMap
 from binlens.analysis.leaves import leaves
 from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET
+from binlens.analysis.partition import Partitioner
 
 Progress = Callable[[float, float | None, str | None], None]
 
@@ -130,10 +131,7 @@ class Explorer:
         self._retried: dict[int, tuple] | None = None if getattr(backend, "arch", "") == "arm" else {}
         self.progress: Progress | None = None
         self.covered = 0
-        self._cache: dict[int, tuple] = {}
-        self._cache_key: tuple[int, int] = (0, 0)
-        self._prev_starts: set[int] = set()
-        self._prev_noret: set[int] = set()
+        self._parts = Partitioner()
         self._dirty: set[int] = set()
         self._trav_noret: set[int] | None = None
         self._reached: set[int] = set()
@@ -283,9 +281,7 @@ class Explorer:
     def finish(self) -> None:
         """Discovery is over: drop what only its passes need (the body cache, the reached set,
         recorded predecessors), so building functions and references runs with less memory."""
-        self._cache = {}
-        self._prev_starts = set()
-        self._prev_noret = set()
+        self._parts = Partitioner()
         self._dirty = set()
         self._trav_noret = None
         self._reached = set()
@@ -377,44 +373,11 @@ class Explorer:
         fragments: Callable[[int], bool],
         noret: set[int],
     ) -> tuple[dict[int, Body], set[int]]:
-        """Each function's body; also the new function starts found as tail-call targets."""
-        order = sorted(starts)
-        bodies: dict[int, Body] = {}
-        new: set[int] = set()
-        # A body is reused when nothing it depends on changed since the last call (starts it saw
-        # or hit, chunks split under it, callees whose returning status changed, its neighbour).
-        if self._cache_key != (id(fragments), id(extents)):
-            # new fragments (demoted cold parts) only change bodies that ran into them
-            for f in [f for f, hit in self._cache.items() if any(fragments(x) for x in hit[3] | hit[5])]:
-                del self._cache[f]
-            self._cache_key = (id(fragments), id(extents))
-        added = starts - self._prev_starts
-        removed = self._prev_starts - starts
-        noret_changed = noret ^ self._prev_noret
-        dirty = self._dirty | added
-        cached = self._cache.get
-        # (empty sets are disjoint from everything: test only the ones that changed)
-        for f, nxt in zip(order, [*order[1:], 1 << 64], strict=False):  # (not strict: order may be empty)
-            hit = cached(f)
-            if (
-                hit is not None
-                and hit[0] == nxt
-                and (not dirty or hit[2].isdisjoint(dirty))
-                and (not removed or hit[3].isdisjoint(removed))
-                and (not noret_changed or hit[4].isdisjoint(noret_changed))
-            ):
-                bodies[f] = hit[1]
-                if hit[5]:
-                    new.update(hit[5])
-                continue
-            b, seen, hits, found = self._body(f, nxt, extents.get(f), starts, fragments, noret)
-            bodies[f] = b
-            new.update(found)
-            self._cache[f] = (nxt, b, seen, hits, {c for _s, c in b.calls}, found)
-        self._prev_starts = set(starts)
-        self._prev_noret = set(noret)
+        """Each function's body; also the new function starts found as tail-call targets. Bodies
+        are reused where nothing they depend on changed since the last call (`partition.py`)."""
+        out = self._parts.run(self, starts, extents, fragments, noret, self._dirty)
         self._dirty = set()
-        return bodies, new
+        return out
 
     def _body(
         self,
@@ -554,27 +517,30 @@ class Explorer:
 
 
 def returning_functions(bodies: dict[int, Body], noret_slots: set[int]) -> set[int]:
-    """Least fixpoint: the functions that can return to their caller."""
+    """Least fixpoint: the functions that can return to their caller. A function returns when it
+    has a reachable return or an open end (benefit of the doubt), tail-calls something outside the
+    bodies that is not known not to return, or tail-calls a function that returns; a worklist
+    carries each new returning function to the functions waiting on it."""
     returns: set[int] = set()
-    pending = dict(bodies)
-    changed = True
-    while changed:
-        changed = False
-        for f, b in list(pending.items()):
-            ok = b.has_ret or b.open_end
-            if not ok:
-                for _site, callee in b.tails:
-                    if callee in bodies:
-                        if callee in returns:
-                            ok = True
-                            break
-                    elif callee not in noret_slots:
-                        ok = True
-                        break
-            if ok:
+    waiting: dict[int, list[int]] = {}  # callee -> the functions that tail-call it
+    work: list[int] = []
+    for f, b in bodies.items():
+        ok = b.has_ret or b.open_end
+        if not ok:
+            for _site, callee in b.tails:
+                if callee in bodies:
+                    waiting.setdefault(callee, []).append(f)
+                elif callee not in noret_slots:
+                    ok = True
+                    break
+        if ok:
+            returns.add(f)
+            work.append(f)
+    while work:
+        for f in waiting.pop(work.pop(), ()):
+            if f not in returns:
                 returns.add(f)
-                del pending[f]
-                changed = True
+                work.append(f)
     return returns
 
 

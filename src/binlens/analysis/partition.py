@@ -1,0 +1,153 @@
+"""Function bodies, recomputed only where something they depend on changed.
+
+`Explorer.partition` runs after every descent and again after each batch of new tail-call starts
+(gap heuristics on a stripped ARM Mach-O call it thousands of times). A body depends on its start's
+successor in address order (`nxt`), on the starts its walk reached (`seen`) or ran into (`hits`),
+on the chunks it holds (split when another start lands inside one), on the returning status of its
+callees, and on the fragment index. Inverted indexes from each of those to the functions that depend
+on it give the bodies to recompute directly, instead of testing every function's cache entry on
+every call; everything else is reused from the last call.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from binlens.analysis.discovery import Body, Explorer
+
+Index = dict[int, "int | set[int]"]  # key -> the function depending on it (a set when several do)
+
+
+def _add(index: Index, keys: Iterable[int], f: int) -> None:
+    for a in keys:
+        o = index.get(a)
+        if o is None:
+            index[a] = f
+        elif isinstance(o, set):
+            o.add(f)
+        elif o != f:
+            index[a] = {o, f}
+
+
+def _remove(index: Index, keys: Iterable[int], f: int) -> None:
+    for a in keys:
+        o = index.get(a)
+        if o is None:
+            continue
+        if isinstance(o, set):
+            o.discard(f)
+            if len(o) == 1:
+                index[a] = next(iter(o))
+            elif not o:
+                del index[a]
+        elif o == f:
+            del index[a]
+
+
+def _owners(index: Index, keys: Iterable[int], out: set[int]) -> None:
+    get = index.get
+    for a in keys:
+        o = get(a)
+        if o is None:
+            continue
+        if isinstance(o, set):
+            out.update(o)
+        else:
+            out.add(o)
+
+
+class Partitioner:
+    """The body cache of one Explorer and its inverted indexes."""
+
+    def __init__(self) -> None:
+        self.cache: dict[int, tuple] = {}  # f -> (nxt, body, seen, hits, callees, found)
+        self.bodies: dict[int, Body] = {}
+        self.found: dict[int, set[int]] = {}  # f -> the tail-call starts its body found (non-empty only)
+        self.order: list[int] = []  # the starts of the last call, sorted
+        self.starts: set[int] = set()
+        self.noret: set[int] = set()
+        self.key: tuple[int, int] = (0, 0)
+        self.seen_by: Index = {}
+        self.hit_by: Index = {}
+        self.called_by: Index = {}
+
+    def _forget(self, f: int) -> None:
+        hit = self.cache.pop(f, None)
+        if hit is not None:
+            _remove(self.seen_by, hit[2], f)
+            _remove(self.hit_by, hit[3], f)
+            _remove(self.called_by, hit[4], f)
+        self.found.pop(f, None)
+
+    def run(
+        self,
+        ex: Explorer,
+        starts: set[int],
+        extents: dict[int, int],
+        fragments: Callable[[int], bool],
+        noret: set[int],
+        dirty: set[int],
+    ) -> tuple[dict[int, Body], set[int]]:
+        """(each start's body, the new starts found as tail-call targets), as `Explorer.partition`."""
+        stale: set[int] = set()
+        force: set[int] = set()
+        if self.key != (id(fragments), id(extents)):
+            # new fragments (demoted cold parts) only change bodies that ran into them
+            force.update(f for f, hit in self.cache.items() if any(fragments(x) for x in hit[3] | hit[5]))
+            stale |= force
+            self.key = (id(fragments), id(extents))
+        added = starts - self.starts
+        removed = self.starts - starts
+        noret_changed = noret ^ self.noret
+        order = self.order
+        for s in removed:
+            del order[bisect.bisect_left(order, s)]
+            self.bodies.pop(s, None)
+            self._forget(s)
+        for s in sorted(added):
+            bisect.insort(order, s)
+        dirty = dirty | added
+        _owners(self.seen_by, dirty, stale)
+        _owners(self.hit_by, removed, stale)
+        _owners(self.called_by, noret_changed, stale)
+        for s in added | removed:  # the start before each changed one has a new `nxt`
+            i = bisect.bisect_left(order, s) - 1
+            if i >= 0:
+                stale.add(order[i])
+        stale |= added
+        stale &= starts
+        n = len(order)
+        for f in stale:
+            i = bisect.bisect_right(order, f)
+            nxt = order[i] if i < n else 1 << 64
+            hit = self.cache.get(f)
+            unchanged = hit is not None and hit[0] == nxt and not _depends(hit, dirty, removed, noret_changed)
+            if unchanged and f not in force:
+                continue  # (a neighbour whose successor did not change after all)
+            self._forget(f)
+            b, seen, hits, found = ex._body(f, nxt, extents.get(f), starts, fragments, noret)
+            callees = {c for _s, c in b.calls}
+            self.cache[f] = (nxt, b, seen, hits, callees, found)
+            _add(self.seen_by, seen, f)
+            _add(self.hit_by, hits, f)
+            _add(self.called_by, callees, f)
+            if found:
+                self.found[f] = found
+            self.bodies[f] = b
+        self.starts = set(starts)
+        self.noret = set(noret)
+        new: set[int] = set()
+        for found in self.found.values():
+            new |= found
+        return dict(self.bodies), new
+
+
+def _depends(hit: tuple, dirty: set[int], removed: set[int], noret_changed: set[int]) -> bool:
+    return bool(
+        (dirty and not hit[2].isdisjoint(dirty))
+        or (removed and not hit[3].isdisjoint(removed))
+        or (noret_changed and not hit[4].isdisjoint(noret_changed))
+    )
