@@ -350,7 +350,7 @@ class CapstoneBackend:
                 flow, tgt = F_NEXT, -1
                 if arm and (m == "movw" or m == "movt"):
                     self._movw_movt(m, text, a, lits)
-                elif lits and not m.startswith(_NO_DEST):  # (the first operand is the one written)
+                elif lits and (not m.startswith(_NO_DEST) or m.startswith(_WRITES_B)):  # (the first operand is written)
                     lits.pop(text.split(",", 1)[0], None)
             else:
                 flow, tgt = self.classify(ins)
@@ -494,6 +494,7 @@ class CapstoneBackend:
 _BODY_RUNS = [bytes([BODY]) * max(0, n - 1) for n in range(17)]
 # ARM32 mnemonics whose first operand is not written (stores, compares, stack and flow)
 _NO_DEST = ("str", "stm", "cmp", "cmn", "tst", "teq", "push", "pop", "b", "it", "nop", "vst", "pld", "dmb", "dsb")
+_WRITES_B = ("bic", "bfi", "bfc")  # (not branches)
 _LITERAL_LOADS = frozenset(
     (_ARM.ARM_INS_LDR, _ARM.ARM_INS_LDRD, _ARM.ARM_INS_VLDR, _ARM.ARM_INS_LDRH, _ARM.ARM_INS_LDRB, _ARM.ARM_INS_LDRSH)
 )
