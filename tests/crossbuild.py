@@ -6,7 +6,8 @@ local labels `.LBB0_3`, `.L15`, `$L16` ... stay in the symbol table), links it w
 strips it twice: of its symbols, and of its symbols and unwind tables. The truth comes from the
 assembly (each table's entries name their case labels) and the unstripped build's symbols (the
 labels' addresses); the engine runs on a stripped build. A missing tool skips the test with the
-Debian package that provides it.
+Debian package that provides it. `gcc_linked` builds the fixtures that link with the target's C
+library instead (the veneer and i386 tests).
 """
 
 from __future__ import annotations
@@ -267,3 +268,19 @@ def assert_corpus_cases(
         assert not holder or holder[0][0] <= dst < holder[0][1], (*context, hex(src), hex(dst))
     assert not {dst for _, dst in cases} & {f.address for f in analysis.functions}
     return cases
+
+
+def gcc_linked(
+    out_dir: Path, triple: str, src: Path, name: str, flags: list[str], strip: tuple[str, ...] = ()
+) -> tuple[Path, Path]:
+    """(unstripped, stripped) builds of `src` with `<triple>-gcc` and its C library (stripped of
+    its symbols and the sections in `strip`); skips the test when the toolchain or the library is
+    missing, naming the Debian packages."""
+    gcc = shutil.which(f"{triple}-gcc")
+    if gcc is None or not Path(f"/usr/{triple}/lib").is_dir():
+        pytest.skip(f"{triple}-gcc or its C library is missing (Debian packages gcc-{triple}, libc6-dev-*-cross)")
+    exe, stripped = out_dir / name, out_dir / f"{name}.stripped"
+    subprocess.run([gcc, *flags, "-o", exe, src], check=True, capture_output=True)
+    removed = [arg for section in strip for arg in ("-R", section)]
+    subprocess.run([f"{triple}-strip", "-s", *removed, "-o", stripped, exe], check=True, capture_output=True)
+    return exe, stripped

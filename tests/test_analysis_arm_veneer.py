@@ -11,12 +11,12 @@ split the function: SQLite's `resolveExprStep` fell into 25 parts), and the vene
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+import crossbuild as xb
 from binlens.analysis import analyze
 from binlens.loader.parse_lief import parse_path
 
@@ -26,15 +26,8 @@ TRIPLE = "arm-linux-gnueabihf"
 
 @pytest.fixture(scope="module")
 def veneer_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    gcc = shutil.which(f"{TRIPLE}-gcc")
-    if gcc is None or not Path(f"/usr/{TRIPLE}/lib").is_dir():
-        pytest.skip(f"{TRIPLE}-gcc or its libc is missing (Debian packages gcc-{TRIPLE}, libc6-dev-armhf-cross)")
-    out = tmp_path_factory.mktemp("veneer")
-    exe, stripped = out / "veneer", out / "veneer.stripped"
-    subprocess.run([gcc, "-O2", "-mthumb", "-Wl,--fix-cortex-a8", "-o", exe, SRC], check=True, capture_output=True)
-    strip = [f"{TRIPLE}-strip", "-s", "-R", ".ARM.exidx", "-R", ".ARM.extab", "-o", stripped, exe]
-    subprocess.run(strip, check=True, capture_output=True)
-    return exe, stripped
+    flags = ["-O2", "-mthumb", "-Wl,--fix-cortex-a8"]
+    return xb.gcc_linked(tmp_path_factory.mktemp("veneer"), TRIPLE, SRC, "veneer", flags, (".ARM.exidx", ".ARM.extab"))
 
 
 def test_veneer_is_a_block_of_its_function(veneer_build: tuple[Path, Path]) -> None:

@@ -11,12 +11,12 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+import crossbuild as xb
 from binlens.analysis import analyze
 from binlens.loader.parse_lief import parse_path
 
@@ -26,16 +26,8 @@ TRIPLE = "i686-linux-gnu"
 
 @pytest.fixture(scope="module")
 def i386_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    gcc = shutil.which(f"{TRIPLE}-gcc")
-    if gcc is None or not Path(f"/usr/{TRIPLE}/lib").is_dir():
-        pytest.skip(f"{TRIPLE}-gcc or its libc is missing (Debian packages gcc-{TRIPLE}, libc6-dev-i386-cross)")
-    out = tmp_path_factory.mktemp("i386")
-    exe, stripped = out / "pic", out / "pic.stripped"
     flags = ["-O2", "-fPIE", "-pie", "-fno-asynchronous-unwind-tables", "-fno-unwind-tables"]
-    subprocess.run([gcc, *flags, "-o", exe, SRC], check=True, capture_output=True)
-    strip = [f"{TRIPLE}-strip", "-s", "-R", ".eh_frame", "-R", ".eh_frame_hdr", "-o", stripped, exe]
-    subprocess.run(strip, check=True, capture_output=True)
-    return exe, stripped
+    return xb.gcc_linked(tmp_path_factory.mktemp("i386"), TRIPLE, SRC, "pic", flags, (".eh_frame", ".eh_frame_hdr"))
 
 
 def test_data_reached_through_a_pc_thunk_register(i386_build: tuple[Path, Path]) -> None:
