@@ -128,18 +128,18 @@ def _ppc32_call_stubs(image: Image, va: int, data: bytes, by_slot: dict[int, str
     A PIC stub loads through r30, which its callers set to their object file's `.got2` + 0x8000
     (`-fPIC`) or to the GOT pointer (`-fpic`): the slot is r30 + d, with r30 read off each caller's
     `bcl 20,31,1f; 1: mflr r30; addis r30, r30, hi; addi r30, r30, lo` before its `bl` to the stub,
-    and the GOT pointer tried too; the slot most callers agree on names the stub."""
+    the slot most callers agree on names the stub (the GOT pointer's, when no caller tells)."""
     if image.identity.endian != "big":
         return
     for m in _PPC_ABS_STUB.finditer(data):
         i = m.start()
         if i % 4 == 0:
-            hi, lo = struct.unpack_from(">Hh", data, i + 2)[0], struct.unpack_from(">h", data, i + 6)[0]
-            name = by_slot.get(((hi << 16) + lo) & 0xFFFFFFFF)
+            hi, lo = struct.unpack_from(">II", data, i)
+            name = by_slot.get(((hi & 0xFFFF) << 16) + _s16(lo) & 0xFFFFFFFF)
             if name is not None:
                 out.setdefault(va + i, name)
-    stubs = {va + m.start(): struct.unpack_from(">h", data, m.start() + 2)[0] for m in _PPC_PIC_STUB.finditer(data)}
-    stubs = {a: d for a, d in stubs.items() if a % 4 == 0}
+    aligned = [m.start() for m in _PPC_PIC_STUB.finditer(data) if m.start() % 4 == 0]
+    stubs = {va + i: _s16(struct.unpack_from(">I", data, i)[0]) for i in aligned}  # address -> d
     if not stubs:
         return
     bases = []  # (address of the setup, r30 it sets)
@@ -156,7 +156,7 @@ def _ppc32_call_stubs(image: Image, va: int, data: bytes, by_slot: dict[int, str
                 lo = w & 0xFFFF
                 break
         if 0x7FC802A6 in words and hi is not None and lo is not None:
-            bases.append((va + i, (va + i + 4 + (hi << 16) + (lo - 0x10000 if lo & 0x8000 else lo)) & 0xFFFFFFFF))
+            bases.append((va + i, (va + i + 4 + (hi << 16) + _s16(lo)) & 0xFFFFFFFF))
     got = next((s.va for s in image.sections if s.name == ".got"), None)
     votes: dict[int, dict[int, int]] = {a: {} for a in stubs}
     starts = [b for b, _v in bases]
@@ -187,7 +187,6 @@ def mips_stubs(image: Image, codemap: CodeMap) -> dict[int, str]:
     """MIPS: stub address -> import name. The lazy-binding stub (`.MIPS.stubs`) or PLT entry of an
     import is the value of its undefined dynamic symbol (`mips_got`); the stub starts `lw`/`ld $t9,
     -0x7ff0($gp)` (the lazy resolver's GOT entry) and a PLT entry `lui $t7, hi`, or it is no thunk."""
-    big = image.identity.endian == "big"
     out: dict[int, str] = {}
     for imp in image.imports:
         if imp.stub is None or not codemap.contains(imp.stub):
@@ -195,7 +194,7 @@ def mips_stubs(image: Image, codemap: CodeMap) -> dict[int, str]:
         word = image.read(imp.stub, 4)
         if word is None or len(word) < 4:
             continue
-        w = int.from_bytes(word, "big" if big else "little")
+        w = int.from_bytes(word, image.identity.endian)  # type: ignore[arg-type]
         if w in (0x8F998010, 0xDF998010) or w >> 16 == 0x3C0F:
             out.setdefault(imp.stub, imp.name)
     return out

@@ -6,6 +6,7 @@ where an operand can hold an address.
 
 from __future__ import annotations
 
+import re
 from array import array
 from collections.abc import Callable
 
@@ -435,16 +436,16 @@ class X86Backend:
         return out
 
 
+_PC_THUNK = re.compile(rb"\x8b([\x04\x0c\x14\x1c\x2c\x34\x3c])\x24\xc3", re.S)  # mov REG, [esp]; ret
+
+
 def _pc_thunks(image: Image) -> dict[int, int]:
     """i386: the `__x86.get_pc_thunk.REG` functions (`mov REG, [esp]; ret`) in code -> REG."""
-    import re
-
     out: dict[int, int] = {}
-    pattern = re.compile(rb"\x8b([\x04\x0c\x14\x1c\x2c\x34\x3c])\x24\xc3", re.S)
     for s in image.sections:
         if s.kind != "code" or not s.fsize:
             continue
         data = image.data[s.offset : s.offset + s.fsize]
-        for m in pattern.finditer(data):
+        for m in _PC_THUNK.finditer(data):
             out[s.va + m.start()] = THUNK_REGS[m.group(1)[0]]
     return out
