@@ -132,6 +132,24 @@ def test_plt_thunks_carry_import_names(compile_c):
     assert die.noreturn
 
 
+@pytest.mark.parametrize("pie", [True, False])
+def test_a_chain_of_non_returning_callers_deeper_than_the_rounds(compile_c, pie):
+    """die0 calls exit; die1..die12 each return only if the one they call does (an unreachable
+    `leave; ret` after each call at -O0). All thirteen are found not to return, main is not."""
+    names = {n: v for v, n in _truth(compile_c("noret_chain.c", "-O0", pie)).items()}
+    a = _analyse(compile_c("noret_chain.c", "-O0", pie, strip=True))
+    noret = {f.address: f.noreturn for f in a.functions}
+    for level in range(13):
+        assert noret.get(names[f"die{level}"]) is True, f"die{level} should not return"
+    assert noret[names["main"]] is False
+    main = next(f for f in a.functions if f.address == names["main"])
+    assert (names["die12"]) in {callee for _site, callee in main.calls}
+    # the call to die12 ends its block: no edge comes back from it
+    site = next(s for s, callee in main.calls if callee == names["die12"])
+    block = next(b for b in main.blocks if b.start <= site < b.end)
+    assert block.terminator == "call" and not [e for e in main.edges if e.src == block.start]
+
+
 def test_analysis_is_deterministic(compile_c):
     path = compile_c("sample.c", "-O2", True, strip=True)
     one, two = _analyse(path), _analyse(path)

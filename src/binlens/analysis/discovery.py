@@ -516,34 +516,6 @@ class Explorer:
         return b, seen, hits, new
 
 
-def returning_functions(bodies: dict[int, Body], noret_slots: set[int]) -> set[int]:
-    """Least fixpoint: the functions that can return to their caller. A function returns when it
-    has a reachable return or an open end (benefit of the doubt), tail-calls something outside the
-    bodies that is not known not to return, or tail-calls a function that returns; a worklist
-    carries each new returning function to the functions waiting on it."""
-    returns: set[int] = set()
-    waiting: dict[int, list[int]] = {}  # callee -> the functions that tail-call it
-    work: list[int] = []
-    for f, b in bodies.items():
-        ok = b.has_ret or b.open_end
-        if not ok:
-            for _site, callee in b.tails:
-                if callee in bodies:
-                    waiting.setdefault(callee, []).append(f)
-                elif callee not in noret_slots:
-                    ok = True
-                    break
-        if ok:
-            returns.add(f)
-            work.append(f)
-    while work:
-        for f in waiting.pop(work.pop(), ()):
-            if f not in returns:
-                returns.add(f)
-                work.append(f)
-    return returns
-
-
 class FragmentIndex:
     """Address ranges of FDEs that are not function entries (cold parts): membership by bisect."""
 

@@ -17,7 +17,6 @@ from binlens.analysis.discovery import (
     Body,
     Explorer,
     FragmentIndex,
-    returning_functions,
 )
 from binlens.analysis.ehframe import parse_eh_frame
 from binlens.analysis.functions import build_functions
@@ -32,19 +31,21 @@ from binlens.analysis.model import (
     ProgramAnalysis,
     Xref,
 )
+from binlens.analysis.noreturn import noret_callers, returning_functions
 from binlens.analysis.strings import find_strings
 from binlens.analysis.thunks import find_thunks
 from binlens.analysis.xrefs import collect_xrefs, pointers_in_data
 from binlens.errors import BinlensError
 from binlens.loader.image import Image
 
-ENGINE_VERSION = "6"  # 2: AArch64 jump tables; 3: ARM32, MIPS, PowerPC, RISC-V and more x86 jump-table
+ENGINE_VERSION = "7"  # 2: AArch64 jump tables; 3: ARM32, MIPS, PowerPC, RISC-V and more x86 jump-table
 # shapes, ARM Thumb starts and BE8, code offsets looked at again after later stages; 4: gaps on every
 # architecture, `.ARM.exidx`, address pairs, relocated words only in position-independent data;
 # 5: computed-goto tables, ARM32 leaf trials and shrink-wrapped pushes, gaps peeled in one round,
 # RISC-V and ARM PLT thunks; 6: MIPS imports, stubs and calls through the GOT, PowerPC and PPC64
 # call stubs, PPC64 ELFv2 local entries and ELFv1 descriptors, ARM Thumb computed gotos and veneers,
-# MIPS `bal` PC reads, sizes across literal pools, unwind ranges end at the next start
+# MIPS `bal` PC reads, sizes across literal pools, unwind ranges end at the next start; 7: callers
+# of non-returning functions found in the same round (no chain cut short by the round limit)
 _K_OFFSET = XREF_KINDS.index("offset")
 _GAP_ROUNDS = 200  # each round looks at the first address of every remaining gap
 _OFFSET_ROUNDS = 8  # each round looks at the addresses taken by code reached so far
@@ -430,6 +431,8 @@ def _discover(
         found = {f for f in bodies if f not in returns} - noret
         if not found:
             return bodies, starts, noret
+        # the callers that cannot return without them, at once instead of one level a round
+        found |= noret_callers(bodies, explorer.chunks, noret, found, noret_slots)
         noret |= found
     return bodies, starts, noret
 
