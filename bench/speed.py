@@ -9,6 +9,7 @@ binlens and objdump run `--repeat` times (default 3) and the run with the median
 
     .venv/bin/python bench/speed.py --quick
     .venv/bin/python bench/speed.py --programs sqlite3 --tools binlens,ddisasm --no-libc
+    .venv/bin/python bench/speed.py --no-corpus --tools binlens --repeat 1 --extra /usr/lib/gcc/x86_64-linux-gnu/12/cc1
 
 binlens and objdump are measured in every run. Peer timings are cached per tool version and file
 in WORKDIR/results/speed/ (peers take minutes per file) and reused unless `--fresh`; the notes say
@@ -70,7 +71,16 @@ def main() -> int:
     ap.add_argument("--tools", default=",".join(tools.ALL_TOOLS), help="comma list of " + ",".join(tools.ALL_TOOLS))
     ap.add_argument("--quick", action="store_true", help="only -O2 PIE builds with unwind info, both compilers")
     ap.add_argument("--no-libc", action="store_true", help=f"skip {LIBC}")
-    ap.add_argument("--no-corpus", action="store_true", help="only libc.so.6")
+    ap.add_argument("--no-corpus", action="store_true", help="only libc.so.6 (and the --extra files)")
+    ap.add_argument(
+        "--extra",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="also measure FILE, like libc.so.6 (outside the corpus totals); repeatable. A large "
+        "binary shows how time and memory scale: /usr/lib/gcc/x86_64-linux-gnu/12/cc1 is 32 MiB",
+    )
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per tool run")
     ap.add_argument("--fresh", action="store_true", help="re-measure the peers too")
     ap.add_argument("--repeat", type=int, default=3, help="runs of binlens and objdump per file (median kept)")
@@ -93,6 +103,11 @@ def main() -> int:
             files.append(("libc.so.6", LIBC.resolve()))
         else:
             corpus.log(f"{LIBC} not found; skipped")
+    for extra in args.extra:
+        if not extra.is_file():
+            ap.error(f"--extra {extra}: no such file")
+        files.append((extra.name, extra.resolve()))
+    outside = {"libc.so.6", *(extra.name for extra in args.extra)}  # measured alone, not in the corpus totals
 
     unavailable: dict[str, str] = {}
     versions: dict[str, str] = {"objdump": tools.tool_version("objdump", workdir)}
@@ -120,7 +135,7 @@ def main() -> int:
         size = path.stat().st_size
         base, _ = measure_cached("objdump", path, label, workdir, versions["objdump"], args.timeout, True, args.repeat)
         cells = [f"`{label}`", f"{size / 2**20:.2f}", f"{base.wall:.2f}" if base.wall else "?", f"{base.cpu:.2f}"]
-        if label != "libc.so.6":
+        if label not in outside:
             totals["objdump"] = totals.get("objdump", 0.0) + (base.wall or 0.0)
             cpu_totals["objdump"] = cpu_totals.get("objdump", 0.0) + (base.cpu or 0.0)
         for t in chosen:
@@ -139,12 +154,12 @@ def main() -> int:
             cells += [wall, ratio, cpu, cpu_ratio, mib(run.rss_kb)]
             if t == "binlens":
                 cells.append(f"{run.rss_kb * 1024 / size:.1f}" if run.rss_kb else "?")
-            if label != "libc.so.6":
+            if label not in outside:
                 totals[t] = totals.get(t, 0.0) + (run.wall or 0.0)
                 cpu_totals[t] = cpu_totals.get(t, 0.0) + (run.cpu or 0.0)
                 complete[t] = complete.get(t, True) and not run.error
         rows.append("| " + " | ".join(cells) + " |")
-    corpus_files = [f for f in files if f[0] != "libc.so.6"]
+    corpus_files = [f for f in files if f[0] not in outside]
     notes = []
     if corpus_files:
         cells = [
@@ -179,7 +194,10 @@ def main() -> int:
         else f"programs={args.programs} compilers={args.compilers} opts={args.opts} pie={args.pie} unwind={args.unwind}"
     )
     notes += [
-        f"Subset: {subset}" + ("" if args.no_libc else f" + {LIBC}") + ".",
+        f"Subset: {subset}"
+        + ("" if args.no_libc else f" + {LIBC}")
+        + "".join(f" + {extra}" for extra in args.extra)
+        + ".",
         "Tools: " + ", ".join(f"{t} {versions.get(t, 'n/a')}" for t in ["objdump", *chosen]) + ".",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores (shared), Python {platform.python_version()}; "
         f"run finished {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
