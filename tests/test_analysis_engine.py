@@ -150,6 +150,22 @@ def test_a_chain_of_non_returning_callers_deeper_than_the_rounds(compile_c, pie)
     assert block.terminator == "call" and not [e for e in main.edges if e.src == block.start]
 
 
+def test_bodies_agree_with_the_non_returning_set_when_the_rounds_run_out(compile_c, monkeypatch):
+    """With one round only, the functions found not to return in it still cut the edges after the
+    calls to them: the bodies are walked again with what the round learnt."""
+    from binlens.analysis import engine
+
+    monkeypatch.setattr(engine, "ROUNDS", 1)
+    names = {n: v for v, n in _truth(compile_c("noret_chain.c", "-O0", True)).items()}
+    a = _analyse(compile_c("noret_chain.c", "-O0", True, strip=True))
+    main = next(f for f in a.functions if f.address == names["main"])
+    site = next(s for s, callee in main.calls if callee == names["die12"])
+    block = next(b for b in main.blocks if b.start <= site < b.end)
+    callee = next(f for f in a.functions if f.address == names["die12"])
+    assert callee.noreturn
+    assert not [e for e in main.edges if e.src == block.start], "an edge after a call that does not return"
+
+
 def test_analysis_is_deterministic(compile_c):
     path = compile_c("sample.c", "-O2", True, strip=True)
     one, two = _analyse(path), _analyse(path)

@@ -47,6 +47,7 @@ ENGINE_VERSION = "7"  # 2: AArch64 jump tables; 3: ARM32, MIPS, PowerPC, RISC-V 
 # MIPS `bal` PC reads, sizes across literal pools, unwind ranges end at the next start; 7: callers
 # of non-returning functions found in the same round (no chain cut short by the round limit)
 _K_OFFSET = XREF_KINDS.index("offset")
+ROUNDS = 8  # rounds of descent + partition + non-returning fixpoint in one `_discover` at most
 _GAP_ROUNDS = 200  # each round looks at the first address of every remaining gap
 _OFFSET_ROUNDS = 8  # each round looks at the addresses taken by code reached so far
 Progress = Callable[[float, float | None, str | None], None]
@@ -402,7 +403,7 @@ def _discover(
 ) -> tuple[dict[int, Body], dict[int, set[str]], set[int]]:
     """Descent + partition + non-returning fixpoint, repeated until nothing changes."""
     noret = set(noret)
-    for _round in range(8):
+    for _round in range(ROUNDS):
         starts = {va: set(src) for va, src in seeds.items()}
         _reached, calls = explorer.traverse(list(starts), noret)
         for _ in range(4):
@@ -434,6 +435,9 @@ def _discover(
         # the callers that cannot return without them, at once instead of one level a round
         found |= noret_callers(bodies, explorer.chunks, noret, found, noret_slots)
         noret |= found
+    # out of rounds: walk the bodies once more with what the last round learnt, so that they agree
+    # with `noret` (no edge after a call to a function flagged as not returning) and the fragments
+    bodies, _new = explorer.partition(set(starts), extents, frag, noret)
     return bodies, starts, noret
 
 
