@@ -56,6 +56,9 @@ class CodeMap:
                 self.regions.append(CodeRegion(s.name, s.va, bytes(data)))
         self._starts = [r.va for r in self.regions]
         self._last: CodeRegion | None = None
+        # `xrefs.pointers_in_data(image, self, set())`, once: the words in data that hold a code
+        # address depend only on the image and these regions (several passes ask for them)
+        self.data_pointers: list[tuple[int, int]] | None = None
 
     def region(self, va: int) -> CodeRegion | None:
         """The region containing `va`, or None (the last hit is tried first: lookups cluster)."""

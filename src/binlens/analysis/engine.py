@@ -45,7 +45,8 @@ ENGINE_VERSION = "7"  # 2: AArch64 jump tables; 3: ARM32, MIPS, PowerPC, RISC-V 
 # RISC-V and ARM PLT thunks; 6: MIPS imports, stubs and calls through the GOT, PowerPC and PPC64
 # call stubs, PPC64 ELFv2 local entries and ELFv1 descriptors, ARM Thumb computed gotos and veneers,
 # MIPS `bal` PC reads, sizes across literal pools, unwind ranges end at the next start; 7: callers
-# of non-returning functions found in the same round (no chain cut short by the round limit)
+# of non-returning functions found in the same round (no chain cut short by the round limit), a
+# function that calls itself judged without the edges back from those calls
 _K_OFFSET = XREF_KINDS.index("offset")
 ROUNDS = 8  # rounds of descent + partition + non-returning fixpoint in one `_discover` at most
 _GAP_ROUNDS = 200  # each round looks at the first address of every remaining gap
@@ -428,7 +429,7 @@ def _discover(
                 seeds.pop(va, None)
             frag = FragmentIndex(frag.ranges + [(va, extents.pop(va)) for va in cold])
             continue
-        returns = returning_functions(bodies, noret_slots)
+        returns = returning_functions(bodies, noret_slots, explorer.chunks)
         found = {f for f in bodies if f not in returns} - noret
         if not found:
             return bodies, starts, noret

@@ -11,18 +11,28 @@ from binlens.analysis.discovery import Body
 from binlens.analysis.model import T_CALL, T_RET
 
 
-def returning_functions(bodies: dict[int, Body], noret_slots: set[int]) -> set[int]:
+def returning_functions(
+    bodies: dict[int, Body], noret_slots: set[int], chunks: dict[int, tuple] | None = None
+) -> set[int]:
     """Least fixpoint: the functions that can return to their caller. A function returns when it
     has a reachable return or an open end (benefit of the doubt), tail-calls something outside the
     bodies that is not known not to return, or tail-calls a function that returns; a worklist
-    carries each new returning function to the functions waiting on it."""
+    carries each new returning function to the functions waiting on it.
+
+    With `chunks`, a function that calls itself is looked at without the edges back from those
+    calls: its innermost activation returns, if any does, by a path with no such call on it, so
+    code reached only after one (`call luaD_throw; nop`, running into the next function) does
+    not make it return."""
     returns: set[int] = set()
     waiting: dict[int, list[int]] = {}  # callee -> the functions that tail-call it
     work: list[int] = []
     for f, b in bodies.items():
         ok = b.has_ret or b.open_end
+        tails = [callee for _site, callee in b.tails]
+        if chunks is not None and any(callee == f for _site, callee in b.calls):
+            ok, tails = _exits(f, b, chunks, {f})
         if not ok:
-            for _site, callee in b.tails:
+            for callee in tails:
                 if callee in bodies:
                     waiting.setdefault(callee, []).append(f)
                 elif callee not in noret_slots:
@@ -74,9 +84,15 @@ def _may_return(
     f: int, bodies: dict[int, Body], chunks: dict[int, tuple], dead: set[int], noret_slots: set[int]
 ) -> bool:
     """Can `f`'s body reach a return from its entry without a call to a function of `dead`?"""
-    b = bodies[f]
+    ok, tails = _exits(f, bodies[f], chunks, dead)
+    return ok or any((c not in dead) if c in bodies else (c not in noret_slots) for c in tails)
+
+
+def _exits(f: int, b: Body, chunks: dict[int, tuple], cut: set[int]) -> tuple[bool, list[int]]:
+    """From `f`'s entry, without the edges back from calls to `cut`: (a return, an open end or an
+    undecoded chunk is reached; the tail-call targets reached)."""
     if b.open_end:
-        return True
+        return True, []
     tails: dict[int, list[int]] = {}
     for last, callee in b.tails:
         tails.setdefault(last, []).append(callee)
@@ -84,23 +100,22 @@ def _may_return(
     it = iter(b.edges)
     for src, dst, kind in zip(it, it, it, strict=True):
         succ.setdefault(src, []).append((dst, kind))  # type: ignore[arg-type]
+    reached: list[int] = []
     seen = {f}
     stack = [f]
     while stack:
         a = stack.pop()
         c = chunks.get(a)
         if c is None:
-            return True
+            return True, []
         _end, term, t, last = c
         if term == T_RET:
-            return True
-        for callee in tails.get(last, ()):
-            if (callee not in dead) if callee in bodies else (callee not in noret_slots):
-                return True
+            return True, []
+        reached.extend(tails.get(last, ()))
         for dst, kind in succ.get(a, ()):
-            if kind == "call_return" and term == T_CALL and t[0] in dead:
+            if kind == "call_return" and term == T_CALL and t[0] in cut:
                 continue
             if dst not in seen:
                 seen.add(dst)
                 stack.append(dst)
-    return False
+    return False, reached

@@ -89,6 +89,8 @@ def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int]) -> list[
     where a relocation puts one: there the other words are numbers (`1000000` is not a pointer to
     0xf4240), and only the words at relocations count.
     """
+    if not targets and codemap.data_pointers is not None:
+        return codemap.data_pointers  # (the same list each time: callers only read it)
     ptr = 8 if image.identity.bits == 64 else 4
     endian = "<" if image.identity.endian == "little" else ">"
     code = "Q" if ptr == 8 else "I"
@@ -125,4 +127,7 @@ def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int]) -> list[
             v = word.unpack(raw)[0] if raw is not None and len(raw) == ptr else 0
         if v and (v in targets or codemap.contains(v)):
             out[r.address] = v
-    return sorted(out.items())
+    found = sorted(out.items())
+    if not targets:
+        codemap.data_pointers = found
+    return found
