@@ -76,6 +76,19 @@ def test_switch_of_twelve_cases_has_all_case_targets_in_its_cfg(compile_c, opt, 
             assert any(b.start <= va < b.end for b in f.blocks), f"{hex(va)} of classify is in no block: {line}"
 
 
+def test_a_bound_check_with_a_store_between_compare_and_branch_guards_its_table(compile_c):
+    """`cmp $11, %eax; mov %r14, 0x38(%rsp); ja default; jmp *table(,%rax,8)` (clang -O2's
+    scheduling): the compare is still the bound, so the table is read for its 12 entries and not
+    past them, and its absolute entries in .rodata are case labels, not function pointers."""
+    truth = {n: a for a, n in _truth(compile_c("switch_sched.S", "-O2", False)).items()}
+    a = _analyse(compile_c("switch_sched.S", "-O2", False, strip=True))
+    f = next(f for f in a.functions if f.address == truth["dispatch"])
+    targets = {e.dst for e in f.edges if e.kind == "jump_table"}
+    assert len(targets) == 12, sorted(map(hex, targets))
+    assert targets <= {b.start for b in f.blocks}
+    assert {g.address for g in a.functions} & targets == set(), "case labels taken as functions"
+
+
 @pytest.mark.parametrize("opt,pie", [("-O0", True), ("-O2", True), ("-O2", False)])
 def test_references_to_a_known_string_are_found(compile_c, opt, pie):
     truth = {n: a for a, n in _truth(compile_c("sample.c", opt, pie)).items()}

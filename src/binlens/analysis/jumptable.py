@@ -149,12 +149,17 @@ def _formats(ptr: int, scale: int) -> list[str]:
 
 
 def _bound(insns: list[ix.Instruction]) -> int | None:
-    """Number of entries from the guard `cmp r, N` (or `sub r, N`) + `ja/jae` closest to the jump."""
+    """Number of entries from the guard `cmp r, N` (or `sub r, N`) + `ja/jae` closest to the jump.
+    The compare is the last instruction before the branch that writes the flags (clang may put a
+    `mov` or `lea` between them: `cmp eax, 0x58; mov [rsp+0x38], r14; ja default`)."""
     for k in range(len(insns) - 2, 0, -1):
         j = insns[k]
         if j.flow_control != FC.CONDITIONAL_BRANCH:
             continue
-        c = insns[k - 1]
+        i = k - 1
+        while i > 0 and not insns[i].rflags_modified and insns[i].flow_control == FC.NEXT:
+            i -= 1
+        c = insns[i]
         if c.mnemonic in (MN.CMP, MN.SUB) and c.op1_kind in (  # clang -O0: `sub rax, N; ja default`
             OK.IMMEDIATE8,
             OK.IMMEDIATE8TO32,
