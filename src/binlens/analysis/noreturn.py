@@ -28,11 +28,17 @@ def returning_functions(
     work: list[int] = []
     for f, b in bodies.items():
         ok = b.has_ret or b.open_end
-        tails = [callee for _site, callee in b.tails]
-        if chunks is not None and any(callee == f for _site, callee in b.calls):
-            ok, tails = _exits(f, b, chunks, {f})
+        tails = b.tails
+        if chunks is not None:
+            if not b.self_checked:  # (a body is rebuilt when anything it holds changes)
+                b.self_checked = True
+                if any(callee == f for _site, callee in b.calls):
+                    b.self_exits = _exits(f, b, chunks, {f})
+            if b.self_exits:
+                ok, reached = b.self_exits
+                tails = [(0, callee) for callee in reached]
         if not ok:
-            for callee in tails:
+            for _site, callee in tails:
                 if callee in bodies:
                     waiting.setdefault(callee, []).append(f)
                 elif callee not in noret_slots:
