@@ -93,10 +93,10 @@ class Body:
     cond_tails: list[int] = field(default_factory=list)  # function starts reached by a conditional jump
     has_ret: bool = False
     open_end: bool = False  # an unresolved indirect jump or undecodable code: assume it returns
-    # `noreturn.returning_functions`' view of a function that calls itself, once per body: () when
-    # it does not, else (a way out reached, the tail calls reached) without the edges back from those calls
-    self_exits: tuple = ()
-    self_checked: bool = False
+    # `noreturn.returning_functions`' view of a function that calls itself, once per body: None
+    # before it is looked at, () when it does not call itself, else (a way out reached, the tail
+    # calls reached) without the edges back from those calls
+    self_exits: tuple | None = None
 
 
 class Explorer:

@@ -30,13 +30,11 @@ def returning_functions(
         ok = b.has_ret or b.open_end
         tails = b.tails
         if chunks is not None:
-            if not b.self_checked:  # (a body is rebuilt when anything it holds changes)
-                b.self_checked = True
-                if any(callee == f for _site, callee in b.calls):
-                    b.self_exits = _exits(f, b, chunks, {f})
+            if b.self_exits is None:  # once per body (one is rebuilt when anything it holds changes)
+                calls_itself = any(callee == f for _site, callee in b.calls)
+                b.self_exits = _exits(f, b, chunks, {f}) if calls_itself else ()
             if b.self_exits:
-                ok, reached = b.self_exits
-                tails = [(0, callee) for callee in reached]
+                ok, tails = b.self_exits
         if not ok:
             for _site, callee in tails:
                 if callee in bodies:
@@ -91,22 +89,22 @@ def _may_return(
 ) -> bool:
     """Can `f`'s body reach a return from its entry without a call to a function of `dead`?"""
     ok, tails = _exits(f, bodies[f], chunks, dead)
-    return ok or any((c not in dead) if c in bodies else (c not in noret_slots) for c in tails)
+    return ok or any((c not in dead) if c in bodies else (c not in noret_slots) for _site, c in tails)
 
 
-def _exits(f: int, b: Body, chunks: dict[int, tuple], cut: set[int]) -> tuple[bool, list[int]]:
+def _exits(f: int, b: Body, chunks: dict[int, tuple], cut: set[int]) -> tuple[bool, list[tuple[int, int]]]:
     """From `f`'s entry, without the edges back from calls to `cut`: (a return, an open end or an
-    undecoded chunk is reached; the tail-call targets reached)."""
+    undecoded chunk is reached; the tail calls reached, as `Body.tails` lists them)."""
     if b.open_end:
         return True, []
-    tails: dict[int, list[int]] = {}
-    for last, callee in b.tails:
-        tails.setdefault(last, []).append(callee)
+    tails: dict[int, list[tuple[int, int]]] = {}
+    for site, callee in b.tails:
+        tails.setdefault(site, []).append((site, callee))
     succ: dict[int, list[tuple[int, str]]] = {}
     it = iter(b.edges)
     for src, dst, kind in zip(it, it, it, strict=True):
         succ.setdefault(src, []).append((dst, kind))  # type: ignore[arg-type]
-    reached: list[int] = []
+    reached: list[tuple[int, int]] = []
     seen = {f}
     stack = [f]
     while stack:
