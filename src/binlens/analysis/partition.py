@@ -151,7 +151,7 @@ class Partitioner:
                 continue  # (a neighbour whose successor did not change after all)
             self._forget(f)
             b, walked, hit_set, found = ex._body(f, nxt, extents.get(f), starts, fragments, noret)
-            # kept as tuples: only iterated from here on, at a fifth of a set's memory
+            # kept as tuples: only iterated (or binary-searched) from here on, at far less memory than sets
             seen, hits, callees = tuple(sorted(walked)), tuple(hit_set), tuple({c for _s, c in b.calls})
             self.cache[f] = (nxt, b, seen, hits, callees, tuple(found))
             _add(self.seen_by, _pages(seen), f)
