@@ -155,12 +155,7 @@ def test_a_chain_of_non_returning_callers_deeper_than_the_rounds(compile_c, pie)
     for level in range(13):
         assert noret.get(names[f"die{level}"]) is True, f"die{level} should not return"
     assert noret[names["main"]] is False
-    main = next(f for f in a.functions if f.address == names["main"])
-    assert (names["die12"]) in {callee for _site, callee in main.calls}
-    # the call to die12 ends its block: no edge comes back from it
-    site = next(s for s, callee in main.calls if callee == names["die12"])
-    block = next(b for b in main.blocks if b.start <= site < b.end)
-    assert block.terminator == "call" and not [e for e in main.edges if e.src == block.start]
+    assert _edges_after_call(a, names["main"], names["die12"]) == [], "the call to die12 ends its block"
 
 
 def test_bodies_agree_with_the_non_returning_set_when_the_rounds_run_out(compile_c, monkeypatch):
@@ -171,12 +166,17 @@ def test_bodies_agree_with_the_non_returning_set_when_the_rounds_run_out(compile
     monkeypatch.setattr(engine, "ROUNDS", 1)
     names = {n: v for v, n in _truth(compile_c("noret_chain.c", "-O0", True)).items()}
     a = _analyse(compile_c("noret_chain.c", "-O0", True, strip=True))
-    main = next(f for f in a.functions if f.address == names["main"])
-    site = next(s for s, callee in main.calls if callee == names["die12"])
-    block = next(b for b in main.blocks if b.start <= site < b.end)
-    callee = next(f for f in a.functions if f.address == names["die12"])
-    assert callee.noreturn
-    assert not [e for e in main.edges if e.src == block.start], "an edge after a call that does not return"
+    assert next(f for f in a.functions if f.address == names["die12"]).noreturn
+    assert _edges_after_call(a, names["main"], names["die12"]) == [], "an edge after a call that does not return"
+
+
+def _edges_after_call(a: ProgramAnalysis, caller: int, callee: int) -> list:
+    """The CFG edges out of the block of `caller` that ends with its call to `callee`."""
+    f = next(f for f in a.functions if f.address == caller)
+    site = next(s for s, c in f.calls if c == callee)
+    block = next(b for b in f.blocks if b.start <= site < b.end)
+    assert block.terminator == "call"
+    return [e for e in f.edges if e.src == block.start]
 
 
 def test_analysis_is_deterministic(compile_c):
