@@ -80,7 +80,7 @@ def main() -> int:
         metavar="FILE",
         help="also measure FILE, like libc.so.6 (outside the corpus totals); repeatable. A large "
         "binary shows how time and memory scale: /usr/lib/gcc/x86_64-linux-gnu/12/cc1 is 32 MiB "
-        "(the chosen peers run on it too: ddisasm needs ~80x binlens's memory on libc)",
+        "(the chosen peers run on it too: ddisasm peaks at ~30x binlens's memory on libc)",
     )
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per tool run")
     ap.add_argument("--fresh", action="store_true", help="re-measure the peers too")
