@@ -132,3 +132,60 @@ def test_partition_and_functions_with_no_starts(compile_c):
     bodies, new = explorer.partition(set(), {}, FragmentIndex([]), set())
     assert bodies == {} and new == set()
     assert build_functions(image, codemap, explorer, bodies, {}, {}, {}, set(), consume=True) == []
+
+
+def _check_partition_turns(path: Path, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Analyse `path`; every partition that grows the starts by tail calls must give the bodies and
+    the added starts of a fresh partitioner that is called again after each turn. The most turns
+    that added starts in one call."""
+    from binlens.analysis import partition
+
+    kept = partition.Partitioner.run
+    most = [0]
+
+    def view(bodies):  # type: ignore[no-untyped-def]
+        return {f: (b.chunks, b.edges, b.calls, b.tails, b.has_ret, b.open_end) for f, b in bodies.items()}
+
+    def checked(self, ex, starts, extents, fragments, noret, dirty, accept=None):  # type: ignore[no-untyped-def]
+        got, grown = kept(self, ex, starts, extents, fragments, noret, dirty, accept)
+        if accept is None:
+            return got, grown
+        fresh, current, added, turns = partition.Partitioner(), set(starts), set(), 0
+        while True:  # the straightforward loop: a whole partition per turn
+            want, found = kept(fresh, ex, set(current), extents, fragments, noret, set())
+            new = {s for s in found if s not in current and accept(s)}
+            if not new:
+                break
+            current |= new
+            added |= new
+            turns += 1
+        assert grown == added
+        assert view(got) == view(want)
+        most[0] = max(most[0], turns)
+        return got, grown
+
+    monkeypatch.setattr(partition.Partitioner, "run", checked)
+    assert analyze(parse_path(str(path))).functions
+    return most[0]
+
+
+def test_partition_turns_equal_a_fresh_partition_per_turn(compile_c, monkeypatch):
+    """Tail-call starts are added turn by turn inside one partition call, each turn walking only
+    the bodies its new starts change; the result must be what whole partitions give."""
+    extra = ("-fno-asynchronous-unwind-tables", "-fno-unwind-tables")
+    assert _check_partition_turns(compile_c("nounwind.c", "-O2", True, strip=True, extra=extra), monkeypatch) > 0
+    # four turns: t1 .. t4 each become a start only after the one before
+    path = compile_c("tail_chain.S", "-O2", False, strip=True)
+    assert _check_partition_turns(path, monkeypatch) == 4
+    links = {s.address for s in parse_path(str(compile_c("tail_chain.S", "-O2", False))).symbols if s.name[:1] == "t"}
+    tails = {f.address for f in analyze(parse_path(str(path))).functions if f.sources == ("tail_call",)}
+    assert len(links) == 4 and links <= tails
+
+
+def test_partition_turns_on_a_stripped_arm64_mach_o(monkeypatch):
+    """An arm64 Mach-O whose tail-call starts come in over up to four turns (the armv7 `BatteryLife`
+    has the most, 200 turns a round, but a fresh partition per turn would make the test slow)."""
+    path = corpus_dir("mach0") / "TrollStore"
+    if not path.exists():
+        pytest.skip(f"{path} is absent")
+    assert _check_partition_turns(path, monkeypatch) > 0

@@ -376,10 +376,12 @@ class Explorer:
         extents: dict[int, int],
         fragments: Callable[[int], bool],
         noret: set[int],
+        accept: Callable[[int], bool] | None = None,
     ) -> tuple[dict[int, Body], set[int]]:
-        """Each function's body; also the new function starts found as tail-call targets. Bodies
-        are reused where nothing they depend on changed since the last call (`partition.py`)."""
-        out = self._parts.run(self, starts, extents, fragments, noret, self._dirty)
+        """Each function's body; also the new function starts found as tail-call targets (with
+        `accept`: those it accepted, added as starts and partitioned in turn until none is new).
+        Bodies are reused where nothing they depend on changed since the last call (`partition.py`)."""
+        out = self._parts.run(self, starts, extents, fragments, noret, self._dirty, accept)
         self._dirty = set()
         return out
 

@@ -404,6 +404,11 @@ def _discover(
 ) -> tuple[dict[int, Body], dict[int, set[str]], set[int]]:
     """Descent + partition + non-returning fixpoint, repeated until nothing changes."""
     noret = set(noret)
+    chunks = explorer.chunks
+
+    def accept(s: int) -> bool:  # a tail-call target that becomes a function start
+        return s in chunks and s not in excluded
+
     for _round in range(ROUNDS):
         starts = {va: set(src) for va, src in seeds.items()}
         _reached, calls = explorer.traverse(list(starts), noret)
@@ -415,13 +420,9 @@ def _discover(
         for c in calls:
             if c in explorer.chunks and c not in excluded:
                 starts.setdefault(c, set()).add("call")
-        while True:
-            bodies, new = explorer.partition(set(starts), extents, frag, noret)
-            new = {s for s in new if s not in starts and s in explorer.chunks and s not in excluded}
-            if not new:
-                break
-            for s in new:
-                starts[s] = {"tail_call"}
+        bodies, tails = explorer.partition(set(starts), extents, frag, noret, accept=accept)
+        for s in tails:
+            starts[s] = {"tail_call"}
         cold = _cold_parts(bodies, starts, extents)
         if cold:
             # frameless cold parts have entry-state CFI: demote them to fragments and redo the round

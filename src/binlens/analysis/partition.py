@@ -109,8 +109,14 @@ class Partitioner:
         fragments: Callable[[int], bool],
         noret: set[int],
         dirty: set[int],
+        accept: Callable[[int], bool] | None = None,
     ) -> tuple[dict[int, Body], set[int]]:
-        """(each start's body, the new starts found as tail-call targets), as `Explorer.partition`."""
+        """(each start's body, the new starts found as tail-call targets), as `Explorer.partition`.
+
+        With `accept`, the tail-call starts it accepts are added to `starts` and partitioned in turn
+        until none is new; the second value is then the starts so added. Each turn costs what its
+        new starts change: the set differences over every start are taken once, not once a turn
+        (a stripped ARM Mach-O gains its tail-call starts a few at a time over dozens of turns)."""
         stale: set[int] = set()
         force: set[int] = set()
         if self.key != (id(fragments), id(extents)):
@@ -121,7 +127,39 @@ class Partitioner:
         added = starts - self.starts
         removed = self.starts - starts
         noret_changed = noret ^ self.noret
-        order = self.order
+        self.starts = set(starts)
+        self.noret = set(noret)
+        self._pass(ex, extents, fragments, dirty, added, removed, noret_changed, stale, force)
+        new: set[int] = set()
+        for found in self.found.values():
+            new |= found
+        if accept is None:
+            return dict(self.bodies), new
+        grown: set[int] = set()
+        new = {s for s in new if s not in self.starts and accept(s)}
+        while new:
+            grown |= new
+            self.starts |= new
+            redone = self._pass(ex, extents, fragments, set(), new, set(), set(), set(), set())
+            # a start found by a body not walked again was accepted or refused in an earlier turn
+            new = {s for f in redone for s in self.found.get(f, ()) if s not in self.starts and accept(s)}
+        return dict(self.bodies), grown
+
+    def _pass(
+        self,
+        ex: Explorer,
+        extents: dict[int, int],
+        fragments: Callable[[int], bool],
+        dirty: set[int],
+        added: set[int],
+        removed: set[int],
+        noret_changed: set[int],
+        stale: set[int],
+        force: set[int],
+    ) -> list[int]:
+        """Walk again the bodies the changes make stale (`self.starts` and `self.noret` are the new
+        ones already); the functions walked again."""
+        starts, noret, order = self.starts, self.noret, self.order
         for s in removed:
             del order[bisect.bisect_left(order, s)]
             self.bodies.pop(s, None)
@@ -142,6 +180,7 @@ class Partitioner:
         stale |= added
         stale &= starts
         n = len(order)
+        redone: list[int] = []
         for f in stale:
             i = bisect.bisect_right(order, f)
             nxt = order[i] if i < n else 1 << 64
@@ -160,12 +199,8 @@ class Partitioner:
             if found:
                 self.found[f] = found
             self.bodies[f] = b
-        self.starts = set(starts)
-        self.noret = set(noret)
-        new: set[int] = set()
-        for found in self.found.values():
-            new |= found
-        return dict(self.bodies), new
+            redone.append(f)
+        return redone
 
 
 def _depends(hit: tuple, dirty: set[int], removed: set[int], noret_changed: set[int]) -> bool:
