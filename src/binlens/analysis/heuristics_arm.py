@@ -125,6 +125,9 @@ def arm_gap_candidates(
 
 
 _ARM_PADDING = {2: (b"\x00\xbf", b"\x00\x00"), 4: (b"\x00\x00\xa0\xe1", b"\x00\xf0\x20\xe3", b"\x00\x00\x00\x00")}
+# Thumb-2 `nop.w` (f3af 8000): the assembler's padding before a word-aligned literal pool, so that
+# the words after it are data, not the lead-in of the function after the pool
+_NOP_W = b"\xaf\xf3\x00\x80"
 
 
 def arm_leaf_candidates(
@@ -149,9 +152,11 @@ def arm_leaf_candidates(
                     g += 4
                 elif r.data[o : o + 2] == b"\x00\xbf" or r.data[o : o + 2] == b"\x00\x00" and not _arm_word(r, o):
                     g += 2
+                elif r.data[o : o + 4] == _NOP_W:
+                    g += 4
                 else:
                     break
-            if g + 4 > end:
+            if g + 2 > end:  # (two bytes: a lone `cbz r0, 1f` before a push found first)
                 continue
             after_tail = not arm_after_end(image, codemap, backend, g, 0)
             if after_tail and not arm_after_end(image, codemap, backend, g, 0, tail=True):
@@ -194,6 +199,8 @@ def _arm_lead_in(r: CodeRegion, backend: object, literals: set[int], lo: int, pu
             g += 4
         elif r.data[g - r.va : g - r.va + step] in _ARM_PADDING[step]:
             g += step
+        elif thumb and r.data[g - r.va : g - r.va + 4] == _NOP_W:
+            g += 4
         else:
             break
     # (up to 64 bytes where a function ends right before: shrink-wrapped code checks its arguments
