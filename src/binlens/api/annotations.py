@@ -20,7 +20,7 @@ VERSION = 1
 
 
 class _Doc(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
 
 
 class DocProgram(_Doc):

@@ -28,13 +28,13 @@ ProgramRef = Annotated[
 class Params(BaseModel):
     """Base of every method's input: unknown fields and type coercions are rejected."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=False)
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=False, defer_build=True)
 
 
 class Result(BaseModel):
     """Base of every method's output."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class Page(Params):
