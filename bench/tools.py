@@ -132,11 +132,18 @@ def binlens_version() -> str:
     py = Path(binlens_command()[0]).with_name("python")
     code = "import binlens, pathlib; print(pathlib.Path(binlens.__file__).parent)"
     pkg = Path(subprocess.run([str(py), "-c", code], capture_output=True, text=True).stdout.strip())
+    # bytecode as an installed package has it: an edited checkout (or PYTHONDONTWRITEBYTECODE in the
+    # caller's environment) would otherwise compile its changed modules again in every timed run
+    subprocess.run([str(py), "-m", "compileall", "-q", str(pkg)], capture_output=True, env=_bytecode_env())
     digest = hashlib.sha1()
     for f in sorted(pkg.rglob("*.py")):
         digest.update(str(f.relative_to(pkg)).encode() + b"\0" + f.read_bytes())
     mode = "" if binlens_mode() == "cli" else " (API)"
     return f"src {digest.hexdigest()[:10]}{mode}"
+
+
+def _bytecode_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
 def parse_binlens_functions(text: str) -> list[int]:
