@@ -200,3 +200,18 @@ def test_instruction_model(compile_c):
     assert any(truth["classify"] in i.targets for i in calls)
     assert all(i.size == len(i.bytes) for i in insns)
     assert any(i.flow == "conditional" for i in insns)
+
+
+def test_dead_epilogue_after_a_non_returning_call_is_no_function(compile_c):
+    """`add rsp; pop rbx; ret` after `call fatal` (which calls exit) is at a 16-byte boundary in a gap,
+    like an unreferenced function; it gives back a frame it never took, so it is none. The
+    unreferenced `spare` (a push first) and `leaf` (no stack use) after it still are."""
+    unstripped = compile_c("noret_epilogue.S", "-O2", False)
+    names = {s.name: s.address for s in parse_path(str(unstripped)).symbols}
+    found = {f.address: f for f in _analyse(compile_c("noret_epilogue.S", "-O2", False, strip=True)).functions}
+    assert names["after_fatal"] % 16 == 0 and names["after_fatal"] not in found
+    assert found[names["fatal"]].noreturn
+    assert found[names["spare"]].sources == ("prologue",) and found[names["leaf"]].sources == ("prologue",)
+    # the dead epilogue is main's code (reached by nothing, so in no block), not a new function
+    main = found[names["main"]]
+    assert main.address + main.size > names["after_fatal"]

@@ -276,6 +276,9 @@ def heuristic_starts(
             if kit is not None and kit.after_call(va):
                 continue  # the rest of a function after a call that does not return
             ok, seen = _self_contained(explorer, va, gap_end, starts, other_gap, case_labels)
+            if ok and x86:  # the rest of a function after a call that does not return (an epilogue)
+                chunks = explorer.chunks
+                ok = not backend.epilogue_only([(a, chunks[a][0]) for a in seen if a in chunks])  # type: ignore[attr-defined]
             if ok and kit is not None:
                 chunks = explorer.chunks
                 runs = [(a, chunks[a][0]) for a in seen if a in chunks]

@@ -388,6 +388,29 @@ class X86Backend:
         dec = ix.Decoder(self.bits, data[start - base : stop - base], ip=start)
         return list(dec)
 
+    def epilogue_only(self, spans: list[tuple[int, int]]) -> bool:
+        """Does the code in `spans` ((start, end) of decoded runs) give back stack it never took
+        (`pop`, `leave`, `add rsp, N`) and take none (`push`, `sub rsp, N`, `enter`, `and rsp, N`)?
+        Then it is the rest of a function after a call that does not return (`call luaL_error; add
+        rsp, 0x20; pop rbx; ret`), not a function: an entry takes its frame before it gives it back."""
+        frees = False
+        sp = (ix.Register.RSP, ix.Register.ESP)
+        for lo, hi in spans:
+            for ins in self.raw_instructions(lo, hi):
+                m = ins.mnemonic
+                if m in _TAKES:
+                    return False
+                if m in _GIVES:
+                    frees = True
+                elif m in _SP_WRITES and ins.op0_kind == ix.OpKind.REGISTER and ins.op0_register in sp:
+                    if m == ix.Mnemonic.ADD and ins.op1_kind not in _NOT_IMM and ins.immediate(1) > 0:
+                        frees = True  # `add rsp, N`
+                    elif m in (ix.Mnemonic.MOV, ix.Mnemonic.LEA):
+                        frees = True  # `mov rsp, rbp`, `lea rsp, [rbp - N]`: the frame pointer's frame
+                    else:
+                        return False  # `sub rsp, N`, `and rsp, -16`, anything else: a frame taken
+        return frees
+
     def instructions(self, start: int, end: int) -> list[Instruction]:
         """The instruction model for [start, end)."""
         if self._fmt is None:
@@ -436,6 +459,11 @@ class X86Backend:
         return out
 
 
+_TAKES = frozenset({ix.Mnemonic.PUSH, ix.Mnemonic.PUSHF, ix.Mnemonic.PUSHFQ, ix.Mnemonic.PUSHFD, ix.Mnemonic.ENTER})
+_GIVES = frozenset({ix.Mnemonic.POP, ix.Mnemonic.POPF, ix.Mnemonic.POPFQ, ix.Mnemonic.POPFD, ix.Mnemonic.LEAVE})
+# writes to the stack pointer: a frame taken (`sub`, `and` to align) or given back (`add`, `mov`, `lea`)
+_NOT_IMM = (ix.OpKind.REGISTER, ix.OpKind.MEMORY)
+_SP_WRITES = frozenset({ix.Mnemonic.SUB, ix.Mnemonic.ADD, ix.Mnemonic.AND, ix.Mnemonic.LEA, ix.Mnemonic.MOV})
 _PC_THUNK = re.compile(rb"\x8b([\x04\x0c\x14\x1c\x2c\x34\x3c])\x24\xc3", re.S)  # mov REG, [esp]; ret
 
 
