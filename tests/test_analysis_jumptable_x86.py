@@ -154,3 +154,16 @@ def test_a_function_pointer_array_is_not_a_switch(x86_build):
         assert b.labels["interpret"] in starts and b.labels["masked"] in starts
         main = starts[b.labels["main"]]
         assert not [e for e in main.edges if e.kind == "jump_table"]
+
+
+def test_a_byte_index_bounds_an_unchecked_table_at_256_entries(compile_c):
+    """`byte_switch.S`: a switch on a byte with no compare (sqlite's opcode dispatch, clang -O2).
+    Read past its 256 entries, the words after the table named the byte before `victim`, whose
+    decoding from there hid `victim` (called from a case) from the analysis."""
+    names = {s.name: s.address for s in parse_path(str(compile_c("byte_switch.S", "-O2", True))).symbols}
+    result = analyze(parse_path(str(compile_c("byte_switch.S", "-O2", True, strip=True))))
+    by_start = {f.address: f for f in result.functions}
+    assert names["victim"] in by_start and by_start[names["victim"]].sources == ("call",)
+    owner = next(f for f in result.functions if f.address <= names["dispatch"] < f.address + f.size)
+    cases = {e.dst for e in owner.edges if e.kind == "jump_table"}
+    assert len(cases) == 3 and all(owner.address <= c < names["victim"] for c in cases)

@@ -80,8 +80,11 @@ def jump_table_targets(
             if found is not None:
                 bases.append(found)
     count = _bound(insns)
+    limit = None
     if count is None:
-        count = _mask_bound(insns)
+        count, exact = _mask_bound(insns)
+        if not exact:
+            count, limit = None, count  # an upper bound only: read no further, but unguarded
     region = codemap.region(jump_va)
     if region is None:
         return [], 0, True
@@ -96,7 +99,7 @@ def jump_table_targets(
             continue
         seen.add(t)
         for fmt in ["gotrel32"] if t in gotrel else _formats(ptr, scale):
-            targets = _read(image, region, t, fmt, count, jump_va, got if fmt == "gotrel32" else base)
+            targets = _read(image, region, t, fmt, count or limit, jump_va, got if fmt == "gotrel32" else base)
             if len(targets) > len(best):
                 best, best_base = targets, t
         if best and count is not None and len(best) >= count:
@@ -202,27 +205,34 @@ def _set_before(insns: list[ix.Instruction], reg: int) -> bool:
     return True
 
 
-def _mask_bound(insns: list[ix.Instruction]) -> int | None:
-    """Number of entries from `and idx, 2^k - 1` on the table index (`goto *tbl[op & 0x7f]`).
+def _mask_bound(insns: list[ix.Instruction]) -> tuple[int | None, bool]:
+    """(number of entries, exact?) from `and idx, 2^k - 1` on the table index (`goto *tbl[op & 0x7f]`).
 
     Walks back from the jump through the registers its target is computed from: the load from
     the table turns the tracked register into the load's base and index registers; moves,
     extensions, shifts and adds carry the tracking to their sources; a constant (`lea` of a
     fixed address, `mov` of an immediate) or any other write ends it. The first `and` with a
-    mask met on a tracked register after the load gives the bound.
+    mask met on a tracked register after the load gives the bound. A zero-extension of a byte
+    into the index (`movzx eax, al`, `movzx eax, byte [x]`) when only moves lie between it and
+    the load gives 256 as an upper bound when no mask is found, not exact (a compare the slice
+    does not hold may bound it lower): sqlite's opcode dispatch, `lea eax, [rbx - 0x80]; movzx eax, al; movsxd rax, [rcx
+    + rax*4]`, had been read to 1024 entries, past its table into words that named the middle of
+    instructions, whose decoding then hid a function called from nine places.
     """
     jmp = insns[-1]
     loaded = False
     regs: set[int | tuple[int, int]] = set()  # registers, and stack slots (base, displacement)
     if jmp.op0_kind == OK.MEMORY:
         if jmp.memory_index == ix.Register.NONE:
-            return None
+            return None, True
         regs.add(_FULL(jmp.memory_index))
         loaded = True
     elif jmp.op0_kind == OK.REGISTER:
         regs.add(_FULL(jmp.op0_register))
     else:
-        return None
+        return None, True
+    pure = True  # only moves between the table load and here: the index is the value tracked
+    byte = False  # a zero-extended byte met on the way: at most 256 entries, unless a mask says fewer
     for ins in reversed(insns[:-1]):
         m = ins.mnemonic
         if m == MN.CDQE:
@@ -232,7 +242,7 @@ def _mask_bound(insns: list[ix.Instruction]) -> int | None:
             if slot is not None and slot in regs:  # a spill of a tracked value: track what was stored
                 regs.discard(slot)
                 if ins.op1_kind != OK.REGISTER:
-                    return None
+                    return (256, False) if byte else (None, True)
                 regs.add(_FULL(ins.op1_register))
             continue
         if not ins.op_count or ins.op0_kind != OK.REGISTER:
@@ -241,9 +251,11 @@ def _mask_bound(insns: list[ix.Instruction]) -> int | None:
         if r not in regs or m in (MN.CMP, MN.TEST, MN.PUSH):
             continue
         regs.discard(r)
+        if loaded and pure and m == MN.MOVZX and _byte_source(ins):
+            byte = True  # the index is a byte; an `and` before this one may bound it lower
         if ins.op_count >= 2 and ins.op1_kind == OK.MEMORY and m != MN.LEA:
             if m not in (MN.MOV, MN.MOVSXD, MN.MOVZX, MN.MOVSX) or ins.is_ip_rel_memory_operand:
-                return None
+                return (256, False) if byte else (None, True)
             slot = _stack_slot(ins)
             if slot is not None:
                 regs.add(slot)  # a reload of a local (-O0)
@@ -253,24 +265,33 @@ def _mask_bound(insns: list[ix.Instruction]) -> int | None:
         elif m == MN.AND and ins.op1_kind in _IMMEDIATES:
             n = (ins.immediate(1) & 0xFFFFFFFF) + 1
             if loaded and n & (n - 1) == 0 and 2 <= n <= _MAX_MASK:
-                return n
-            return None
+                return n, True
+            return (256, False) if byte else (None, True)
         elif m == MN.LEA:
             if ins.is_ip_rel_memory_operand or ins.memory_base == ix.Register.NONE == ins.memory_index:
                 continue  # a constant address: the table, not the index
+            pure = pure and not loaded
             regs.update(_FULL(x) for x in (ins.memory_base, ins.memory_index) if x != ix.Register.NONE)
         elif m in _MOVES:
             if ins.op_count >= 2 and ins.op1_kind == OK.REGISTER:
                 regs.add(_FULL(ins.op1_register))
             if m in (MN.SHL, MN.ADD):
                 regs.add(r)  # the register is read as well as written
+                pure = pure and not loaded
             elif ins.op_count >= 2 and ins.op1_kind != OK.REGISTER:
                 continue  # `mov r, imm`: a constant
         else:
-            return None
+            return (256, False) if byte else (None, True)
         if not regs:
-            return None
-    return None
+            return (256, False) if byte else (None, True)
+    return (256, False) if byte else (None, True)
+
+
+def _byte_source(ins: ix.Instruction) -> bool:
+    """Is the source of this `movzx` a byte (an 8-bit register or a byte in memory)?"""
+    if ins.op1_kind == OK.REGISTER:
+        return ix.RegisterExt.size(ins.op1_register) == 1
+    return ins.op1_kind == OK.MEMORY and ins.memory_size == ix.MemorySize.UINT8
 
 
 def _read(image: object, region: object, table: int, fmt: str, count: int | None, jump_va: int, base: int) -> list[int]:
