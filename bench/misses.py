@@ -40,6 +40,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import corpus
+import tools
 from elfsyms import _sections
 from metrics import Score, in_ranges, score
 
@@ -223,13 +224,18 @@ def main() -> int:
     workdir = args.workdir.resolve()
     totals: dict[tuple[str, str], Counter] = defaultdict(Counter)
     examples: dict[tuple[str, str], list[str]] = defaultdict(list)
+    current = tools.tool_version(args.tool, workdir)
+    stale: list[str] = []
     for v in variants:
         binary = corpus.build(workdir, v)
         cache = workdir / "results" / "accuracy" / args.tool / f"{v.name}.json"
         if not cache.is_file():
             corpus.log(f"no cached {args.tool} result for {v.name}: run accuracy.py first")
             continue
-        starts = json.loads(cache.read_text())["run"]["starts"]
+        cached = json.loads(cache.read_text())
+        if cached.get("version") != current:
+            stale.append(v.name)
+        starts = cached["run"]["starts"]
         fps, fns = classify(args.arch, binary, starts)
         for kind, cats in (("false", fps), ("missed", fns)):
             for cat, items in cats.items():
@@ -237,7 +243,12 @@ def main() -> int:
                 ex = examples[(kind, cat)]
                 for a, what in items[: args.examples]:
                     if len(ex) < args.examples * 4:
-                        ex.append(f"{v.program}-{v.opt}-{v.unwind} {a:#x} {what}")
+                        ex.append(f"{v.name} {a:#x} {what}")
+    if stale:
+        corpus.log(
+            f"{len(stale)} cached results are of another {args.tool} than {current} "
+            f"(e.g. {stale[0]}): run accuracy.py again to classify this one's misses"
+        )
     unwinds = sorted({v.unwind for v in variants})
     if args.arch == "arm":
         raw, even = Score(), Score()
