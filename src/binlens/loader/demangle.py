@@ -7,19 +7,33 @@ Itanium C++ (and legacy Rust, which uses Itanium mangling) goes through libstdc+
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache, lru_cache
+from typing import Any
 
-try:
-    import cxxfilt
+# Both demanglers are loaded on the first name that needs one: most C programs have none, and
+# loading them costs every process that reads a binary ~45 ms (cxxfilt looks for libc and
+# libstdc++ with `ldconfig -p`, twice).
 
-    _ITANIUM = cxxfilt.Demangler()
-except Exception:  # noqa: BLE001 - no libstdc++ found: fall back to the pure-Python demangler
-    _ITANIUM = None
 
-try:
-    import demangle as _multi
-except Exception:  # noqa: BLE001
-    _multi = None
+@cache
+def _itanium_demangler() -> Any:
+    try:
+        import cxxfilt
+
+        return cxxfilt.Demangler()
+    except Exception:  # noqa: BLE001 - no libstdc++ found: fall back to the pure-Python demangler
+        return None
+
+
+@cache
+def _multi_demangler() -> Any:
+    try:
+        import demangle
+
+        return demangle
+    except Exception:  # noqa: BLE001
+        return None
+
 
 _OTHER_PREFIXES = ("_R", "$s", "_$s", "$S", "_$S", "_T0", "?")
 
@@ -32,9 +46,9 @@ def demangle(name: str) -> str:
         out = _itanium(raw)
         if out is not None:
             return _drop_rust_hash(out)
-    if name.startswith(_OTHER_PREFIXES) and _multi is not None:
+    if name.startswith(_OTHER_PREFIXES) and (multi := _multi_demangler()) is not None:
         try:
-            out = _multi.demangle(name)
+            out = multi.demangle(name)
         except Exception:  # noqa: BLE001 - not a valid mangling
             return name
         if isinstance(out, str) and out:
@@ -43,14 +57,16 @@ def demangle(name: str) -> str:
 
 
 def _itanium(raw: str) -> str | None:
-    if _ITANIUM is not None:
+    itanium = _itanium_demangler()
+    if itanium is not None:
         try:
-            return _ITANIUM.demangle(raw)
+            return itanium.demangle(raw)
         except Exception:  # noqa: BLE001 - invalid mangling
             return None
-    if _multi is not None:
+    multi = _multi_demangler()
+    if multi is not None:
         try:
-            return _multi.demangle(raw)
+            return multi.demangle(raw)
         except Exception:  # noqa: BLE001
             return None
     return None
