@@ -46,8 +46,13 @@ _FIELDS = {
 
 
 def supported(arch: int) -> bool:
-    """Does `FastCs` decode this capstone architecture (`CS_ARCH_*`)?"""
-    return arch in _ARCH_FIELD
+    """Does `FastCs` decode this capstone architecture (`CS_ARCH_*`) with this capstone binding?"""
+    return arch in _ARCH_FIELD and _LAYOUT_KNOWN
+
+
+# the binding's structure of an instruction, as this module reads it (capstone 5); another layout
+# leaves the decoding to the binding's own `Cs.disasm`
+_LAYOUT_KNOWN = [f[0] for f in _INSN._fields_] == ["id", "address", "size", "bytes", "mnemonic", "op_str", "detail"]
 
 
 class Insn:
