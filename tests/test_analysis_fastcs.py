@@ -143,7 +143,7 @@ def test_a_decoder_without_details_is_refused():
 def test_undecodable_bytes_end_the_instructions_as_capstone_ends_them():
     md = cs.Cs(cs.CS_ARCH_ARM64, cs.CS_MODE_ARM)
     md.detail = True
-    code = bytes.fromhex("1f2003d5" "c0035fd6" "ffffffff" "1f2003d5")  # nop; ret; (invalid); nop
+    code = bytes.fromhex("1f2003d5c0035fd6ffffffff1f2003d5")  # nop; ret; (invalid); nop
     ours = [(i.address, i.mnemonic) for i in fastcs.FastCs(md).disasm(code, 0x1000)]
     assert ours == [(i.address, i.mnemonic) for i in md.disasm(code, 0x1000)] == [(0x1000, "nop"), (0x1004, "ret")]
     assert list(fastcs.FastCs(md).disasm(b"", 0x1000)) == []

@@ -297,9 +297,17 @@ class Explorer:
         if self.cpred is not None:
             self.cpred = {}
 
+    @property
+    def noreturn(self) -> set[int] | frozenset[int]:
+        """The non-returning functions (and import slots) the last traversal knew."""
+        return self._trav_noret if self._trav_noret is not None else frozenset()
+
     # ------------------------------------------------------------------ passes
-    def traverse(self, starts: list[int], noret: set[int]) -> tuple[set[int], set[int]]:
-        """Reach chunks from `starts`; returns (reached chunk starts, direct call targets)."""
+    def traverse(
+        self, starts: list[int], noret: set[int] | frozenset[int], fresh: list[int] | None = None
+    ) -> tuple[set[int], set[int]]:
+        """Reach chunks from `starts`; returns (reached chunk starts, direct call targets). `fresh`
+        collects the chunks this call reached for the first time (while `noret` is unchanged)."""
         # Reachability only grows while the set of non-returning functions stays the same:
         # then walk from the new starts only.
         if self._trav_noret is not None and self._trav_noret == noret:
@@ -317,6 +325,13 @@ class Explorer:
         chunk = self.chunk
         push = stack.append
         see = reached.add
+        if fresh is not None:
+            add, note = reached.add, fresh.append
+
+            def see(a: int) -> None:
+                add(a)
+                note(a)
+
         progress = self.progress
         tick = 0
         covered = 0

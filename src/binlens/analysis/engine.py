@@ -199,6 +199,7 @@ def _analyze(
     stages += offsets + ["gaps"] * _GAP_ROUNDS + offsets
     exhausted: set[str] = set()  # repeated stages that found nothing since the last find
     gaps = Gaps(codemap, explorer)  # the gap stage's coverage map, kept up to date between its rounds
+    rounds = 0  # heuristic rounds that found starts (each runs discovery again)
     for stage in stages:
         if stage == "data_pointers":
             gaps.after_data = True
@@ -211,6 +212,7 @@ def _analyze(
         if not extra:
             exhausted.add(stage)
         else:
+            rounds += 1
             exhausted.clear()  # new code: every stage may find more in it
             for va, src in extra.items():
                 if va not in excluded:
@@ -240,7 +242,7 @@ def _analyze(
     xrefs = collect_xrefs(image, codemap, backend, explorer, bodies, strings, jt_tables)
     nchunks = len(explorer.chunks)
     functions = build_functions(image, codemap, explorer, bodies, starts, extents, thunks, noret, consume=True)
-    stats = {"seconds": time.perf_counter() - t0, "chunks": float(nchunks)}
+    stats = {"seconds": time.perf_counter() - t0, "chunks": float(nchunks), "heuristic_rounds": float(rounds)}
     report(1.0, 1.0, f"{len(functions)} functions")
     return ProgramAnalysis(
         engine_version=ENGINE_VERSION,

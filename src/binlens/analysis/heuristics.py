@@ -97,6 +97,8 @@ def heuristic_starts(
     # a function is an entry even where a found function's blocks seem to run on (x86: `_starts_like_function`)
     taken = _prologue_test(image, codemap, mips) if stage == "code_offsets" and not (x86 or arm) else None
 
+    bound: set[int] = set(starts)  # the starts, and those this round takes (`accept` adds them)
+
     def accept(
         va: int, source: str, need_ret: bool = False, in_range: bool = False, gap_end: int = 0, trial: bool = False
     ) -> None:
@@ -149,7 +151,7 @@ def heuristic_starts(
         # `need_ret`: the first block returns or jumps (not with `trial`), or (with the gap's end) the
         # code from here stays in the gap, leaving it only by calls and tail calls
         ends = not trial and c[1] in (T_RET, T_JUMP)
-        if not need_ret or ends or (gap_end and _self_contained(explorer, va, gap_end, starts)[0]):
+        if not need_ret or ends or (gap_end and _self_contained(explorer, va, gap_end, bound)[0]):
             out[va] = source
 
     if stage == "code_offsets":
@@ -195,20 +197,48 @@ def heuristic_starts(
         if image.code_endian == "little":
             gaps = gaps or Gaps(codemap, explorer)
             covered = gaps.covered(bodies)
-            for va in arm_gap_candidates(codemap, backend, covered, gaps.memo):
+            for va, _gap_end in arm_gap_candidates(codemap, backend, covered, gaps.memo):
                 accept(va, "prologue", in_range=True)
             # leaf functions (no push): pushes first, since descent from them claims their gaps; and only
             # after the data pointers, which name a function's state (a guess in the wrong one would stay)
             if not out and gaps.after_data:
                 decoded = backend.decoded_thumb  # type: ignore[attr-defined]
                 prior = 2 * sum(decoded.get(f, False) for f in starts) >= len(starts)  # most functions' state
-                for va, gap_end, after_tail in arm_leaf_candidates(image, codemap, backend, covered, prior):
-                    if starts.get(gap_end) == {"prologue"} and arm_runs_into(codemap, backend, va, gap_end):
+                # A leaf taken covers what descent from it reaches, and the rest of its gap is looked
+                # at again in the same round: runs of small leaves laid out one after another took a
+                # round each (~50 rounds on some armv7 files). (Not for pushes: found in the first
+                # rounds, in gaps that still hold much unreached code, a push guessed before the
+                # discovery of the code around it can be a literal pool's words.)
+                # (a sub-gap is looked at as the next round would: its push first, then its leaf)
+                first = arm_leaf_candidates(image, codemap, backend, covered, prior)
+                work: list[tuple] = [(False, *leaf, None) for leaf in reversed(first)]
+                while work:
+                    push, va, gap_end, after_tail, within = work.pop()
+                    if push:
+                        accept(va, "prologue", in_range=True)
+                        if (va & ~1) not in out:  # no function there: the sub-gap's leaf, if any
+                            sub = arm_leaf_candidates(image, codemap, backend, covered, prior, within)
+                            work.extend((False, *leaf, within) for leaf in reversed(sub))
+                            continue
+                    elif starts.get(gap_end) == {"prologue"} and arm_runs_into(codemap, backend, va, gap_end):
                         # the checks before a frame whose push was found first: the entry is here (the
                         # push, which this code now runs into, is dropped after the next discovery)
                         accept(va, "prologue", in_range=True)
                         continue
-                    accept(va, "prologue", need_ret=True, in_range=True, gap_end=gap_end, trial=after_tail)
+                    else:
+                        accept(va, "prologue", need_ret=True, in_range=True, gap_end=gap_end, trial=after_tail)
+                    entry = va & ~1
+                    if entry not in out or entry in bound:
+                        continue
+                    bound.add(entry)
+                    cover(codemap, covered, explorer, _descend(explorer, entry))
+                    within = (entry, gap_end)
+                    pushes = arm_gap_candidates(codemap, backend, covered, gaps.memo, within)
+                    if pushes:
+                        work.extend((True, p, end, False, within) for p, end in reversed(pushes))
+                    else:
+                        sub = arm_leaf_candidates(image, codemap, backend, covered, prior, within)
+                        work.extend((False, *leaf, within) for leaf in reversed(sub))
     elif image.identity.arch in ("x86-64", "x86", "aarch64") or image.identity.arch in PROLOGUE_ARCHES:
         # Gaps are code no function covers (code decoded on a path later found dead counts too).
         gaps = gaps or Gaps(codemap, explorer)
@@ -391,6 +421,15 @@ def _after_a64_end(codemap: CodeMap, va: int) -> bool:
         or w >> 16 == 0  # udf
         or w in (0xD65F0BFF, 0xD65F0FFF)  # retaa, retab
     )
+
+
+def _descend(explorer: Explorer, entry: int) -> list[int]:
+    """The chunks descent from `entry` reaches that it had not reached before (the discovery after
+    this round walks on from them): what a function taken now covers, callees and literal pools
+    read included, before the next candidate in its gap is looked for."""
+    fresh: list[int] = []
+    explorer.traverse([entry], explorer.noreturn, fresh)
+    return fresh
 
 
 def _self_contained(

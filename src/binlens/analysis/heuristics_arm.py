@@ -101,7 +101,8 @@ def arm_gap_candidates(
     backend: object,
     covered: dict[int, bytearray],
     memo: dict[int, dict[tuple[int, int], tuple[int, bool, int] | None]],
-) -> list[int]:
+    within: tuple[int, int] | None = None,
+) -> list[tuple[int, int]]:
     """ARM32: in each gap (code no function covers), the first `push {..., lr}` in either state, as
     a code address whose bit 0 says Thumb. A gap usually begins with the literal pool of the
     function before it, so the first non-padding address is data more often than code; the first
@@ -109,18 +110,24 @@ def arm_gap_candidates(
     A function may do a little work before its push (`ldr r3, [r0, #8]; push.w {...}`): when
     the gap, past the words pc-relative loads read and padding, begins at most 16 bytes before the
     push with code that runs into it (conditional branches aside: `cbz r0, 1f`), the entry is there instead.
-    `memo` keeps the push per gap between rounds (it depends on the gap's bounds and bytes only)."""
+    `memo` keeps the push per gap between rounds (it depends on the gap's bounds and bytes only).
+    Each candidate comes with the end of its gap; `within` (addresses in one region): only the
+    gaps inside that range."""
     out = []
     literals: set[int] = backend.literals  # type: ignore[attr-defined]
-    for r in codemap.regions:
+    regions = codemap.regions if within is None else [r for r in (codemap.region(within[0]),) if r is not None]
+    for r in regions:
         seen = memo.setdefault(r.va, {})
-        for span in zero_runs(covered[r.va]):
+        runs = zero_runs(covered[r.va])
+        if within is not None:
+            runs = zero_runs(covered[r.va], within[0] - r.va, min(within[1], r.end) - r.va)
+        for span in runs:
             hit = seen.get(span, _UNSEEN)
             if hit is _UNSEEN:
                 va = gap_push(r.data, span[0], span[1], r.va)
                 hit = seen[span] = None if va is None else (va, True, r.va + span[1])
             if hit is not None:
-                out.append(_arm_lead_in(r, backend, literals, r.va + span[0], hit[0]))
+                out.append((_arm_lead_in(r, backend, literals, r.va + span[0], hit[0]), hit[2]))
     return out
 
 
@@ -131,19 +138,29 @@ _NOP_W = b"\xaf\xf3\x00\x80"
 
 
 def arm_leaf_candidates(
-    image: Image, codemap: CodeMap, backend: object, covered: dict[int, bytearray], prior: bool
+    image: Image,
+    codemap: CodeMap,
+    backend: object,
+    covered: dict[int, bytearray],
+    prior: bool,
+    within: tuple[int, int] | None = None,
 ) -> list[tuple[int, int, bool]]:
     """ARM32: the first address of each gap (past padding and the words pc-relative loads read)
     when a return or a tail call (an unconditional branch: then the third item is True) comes
     right before it, in the state its first bytes tell (`guess_state`; else
     `prior`, True for Thumb), as a code address whose bit 0 says Thumb: a leaf function nothing
     references (no push to find it by), with the end of its gap. The caller takes it only when its
-    code stays inside the gap, or (after a return) when its first block returns or jumps."""
+    code stays inside the gap, or (after a return) when its first block returns or jumps.
+    `within` (addresses in one region): only the gaps inside that range."""
     literals: set[int] = backend.literals  # type: ignore[attr-defined]
     md = backend.md  # type: ignore[attr-defined]
     out = []
-    for r in codemap.regions:
-        for lo, hi in zero_runs(covered[r.va]):
+    regions = codemap.regions if within is None else [r for r in (codemap.region(within[0]),) if r is not None]
+    for r in regions:
+        runs = zero_runs(covered[r.va])
+        if within is not None:
+            runs = zero_runs(covered[r.va], within[0] - r.va, min(within[1], r.end) - r.va)
+        for lo, hi in runs:
             g = r.va + lo + (lo & 1)
             end = r.va + hi
             while g + 4 <= end:
