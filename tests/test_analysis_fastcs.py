@@ -17,7 +17,7 @@ import pytest
 
 import crossbuild as xb
 from binlens.analysis import fastcs
-from binlens.analysis.capstone_backend import CapstoneBackend, _mode
+from binlens.analysis.capstone_backend import F_JUMP, CapstoneBackend, _a64_flow, _may_flow_for, _mode
 from binlens.analysis.codemap import CodeMap
 from binlens.loader.parse_lief import parse_path
 
@@ -147,3 +147,24 @@ def test_undecodable_bytes_end_the_instructions_as_capstone_ends_them():
     ours = [(i.address, i.mnemonic) for i in fastcs.FastCs(md).disasm(code, 0x1000)]
     assert ours == [(i.address, i.mnemonic) for i in md.disasm(code, 0x1000)] == [(0x1000, "nop"), (0x1004, "ret")]
     assert list(fastcs.FastCs(md).disasm(b"", 0x1000)) == []
+
+
+def test_aarch64_branches_read_from_their_text_are_classified_as_from_their_operands(fastcs_build):
+    """The AArch64 chunk decoder reads a branch's flow and target from capstone's operand text
+    (`_a64_flow`) instead of decoding it again with details: on every branch, return and trap of
+    a real build, both give the same answer, and only unknown text falls back."""
+    b = fastcs_build("aarch64-linux-gnu", (), False)
+    image = parse_path(str(b.exe))
+    backend = CapstoneBackend(image, CodeMap(image))
+    text = next(s for s in image.sections if s.name == ".text")
+    code = bytes(image.read(text.va, text.size))
+    may_flow = _may_flow_for("aarch64")
+    kinds = set()
+    for ins in backend.md(False).disasm(code, text.va):
+        if may_flow(ins.mnemonic, ins.op_str):
+            assert _a64_flow(ins.mnemonic, ins.op_str) == backend.classify(ins), (hex(ins.address), ins.mnemonic)
+            kinds.add(ins.mnemonic.split(".")[0])
+    assert {"b", "bl", "ret", "br"} <= kinds, kinds  # (calls, jumps, returns, the switch's table jump)
+    assert _a64_flow("b", "#0x1000") == (F_JUMP, 0x1000)
+    assert _a64_flow("tbz", "w0, #3, #0x2000")[1] == 0x2000
+    assert _a64_flow("b", "x0") is None  # (no target in the text: decoded with details instead)

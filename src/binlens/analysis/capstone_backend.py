@@ -342,6 +342,15 @@ class CapstoneBackend:
                 ins = _one(md, data, o, a)
                 self._adrp_refs(ins, pages, paged)
             if ins is None and may_flow(m, text):
+                if a64:  # AArch64: the flow and the target read from the text (as `classify` would)
+                    known = _a64_flow(m, text)
+                    if known is not None:
+                        flow, tgt = known
+                        if flow == F_NEXT:
+                            cur = nxt
+                            continue
+                        term, targets = _TERMS[flow](tgt)
+                        return nxt, term, tuple(nxt if x == -2 else x for x in targets), a
                 if it_left > 0:  # inside a Thumb IT block: its condition comes from the `it` before
                     *_, ins = md.disasm(data[it_at : o + n], a - (o - it_at))
                 else:
@@ -570,6 +579,35 @@ def _a64_paged(m: str, text: str, paged: set[str]) -> bool:
     j = text.find(",", i)
     k = text.find("]", i)
     return text[i + 1 : (j if 0 <= j < k else k)] in paged
+
+
+_A64_DIRECT = {"b": F_JUMP, "bl": F_CALL, "cbz": F_COND, "cbnz": F_COND, "tbz": F_COND, "tbnz": F_COND}
+_A64_KINDS = {
+    **dict.fromkeys(("br", "braa", "brab", "braaz", "brabz"), F_IJUMP),
+    **dict.fromkeys(("blr", "blraa", "blrab", "blraaz", "blrabz"), F_ICALL),
+    **dict.fromkeys(("ret", "retaa", "retab", "eret"), F_RET),
+    **dict.fromkeys(("brk", "udf", "hlt"), F_STOP),
+}
+
+
+def _a64_flow(m: str, text: str) -> tuple[int, int] | None:
+    """What `classify` answers for an AArch64 branch, return or trap, from its mnemonic and operand
+    text (the target is the last operand, `#0x...`: capstone prints the same immediate there);
+    None when the text does not say (the instruction is then decoded with its operands). Saves
+    a detailed decode per branch: ~a fifth of all AArch64 instructions."""
+    kind = _A64_DIRECT.get(m)
+    if kind is None and m.startswith("b."):
+        kind = F_COND
+    if kind is None:
+        kind = _A64_KINDS.get(m)
+        return None if kind is None else (kind, -1)
+    k = text.rfind("#0x")
+    if k < 0 or text.find(",", k) >= 0:
+        return None
+    try:
+        return kind, int(text[k + 3 :], 16)
+    except ValueError:
+        return None
 
 
 def _may_flow_for(arch: str) -> Callable[[str, str], bool]:
