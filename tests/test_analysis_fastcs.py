@@ -17,7 +17,17 @@ import pytest
 
 import crossbuild as xb
 from binlens.analysis import fastcs
-from binlens.analysis.capstone_backend import F_JUMP, CapstoneBackend, _a64_flow, _may_flow_for, _mode
+from binlens.analysis.capstone_backend import (
+    F_COND,
+    F_JUMP,
+    F_NEXT,
+    F_RET,
+    CapstoneBackend,
+    _a64_flow,
+    _may_flow_for,
+    _mips_flow,
+    _mode,
+)
 from binlens.analysis.codemap import CodeMap
 from binlens.loader.parse_lief import parse_path
 
@@ -168,3 +178,25 @@ def test_aarch64_branches_read_from_their_text_are_classified_as_from_their_oper
     assert _a64_flow("b", "#0x1000") == (F_JUMP, 0x1000)
     assert _a64_flow("tbz", "w0, #3, #0x2000")[1] == 0x2000
     assert _a64_flow("b", "x0") is None  # (no target in the text: decoded with details instead)
+
+
+@pytest.mark.parametrize("triple", ["mips-linux-gnu", "mipsel-linux-gnu", "mips64-linux-gnuabi64"])
+def test_mips_branches_read_from_their_text_are_classified_as_from_their_operands(fastcs_build, triple):
+    """The MIPS chunk decoder reads a branch's flow and target from the text too (`_mips_flow`):
+    jumps, calls, `jr $ra`, `jalr`, conditional branches and `bal` give what `classify` gives."""
+    b = fastcs_build(triple, (), False)
+    image = parse_path(str(b.exe))
+    backend = CapstoneBackend(image, CodeMap(image))
+    text = next(s for s in image.sections if s.name == ".text")
+    code = bytes(image.read(text.va, text.size))
+    may_flow = _may_flow_for("mips")
+    kinds = set()
+    for ins in backend.md(False).disasm(code, text.va):
+        if may_flow(ins.mnemonic, ins.op_str):
+            got = _mips_flow(ins.mnemonic, ins.op_str, ins.address)
+            assert got == backend.classify(ins), (hex(ins.address), ins.mnemonic, ins.op_str)
+            kinds.add(got[0])
+    assert {F_JUMP, F_COND, F_RET} <= kinds, kinds
+    assert _mips_flow("bal", "0x1008", 0x1000) == (F_NEXT, -1)  # reads the PC: no call
+    assert _mips_flow("beq", "$v0, $zero, 0x2000", 0x1000) == (F_COND, 0x2000)
+    assert _mips_flow("beq", "$v0, $zero, 0xzz", 0x1000) is None  # (decoded with details instead)

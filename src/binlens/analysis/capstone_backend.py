@@ -309,6 +309,7 @@ class CapstoneBackend:
         a64 = self.arch == "aarch64"
         begins = self.pairs.begins if formed is not None else None  # type: ignore[union-attr]
         may_flow = self._may_flow
+        text_flow = _TEXT_FLOW.get(self.arch)
         it_at = it_left = 0  # Thumb: where the last IT block began, and how many instructions it still covers
         lits: dict[str, int] = {}  # ARM32: register -> the literal word an `ldr rX, [pc, #imm]` put there
         data = r.data
@@ -338,27 +339,24 @@ class CapstoneBackend:
                     return nxt, term, tuple(nxt if x == -2 else x for x in targets), last
                 continue
             ins = None
+            known = None  # (flow, target) read from the text (AArch64, MIPS: as `classify` answers)
             if a64 and (m == "adrp" or m == "adr" or paged and _a64_paged(m, text, paged)):
                 ins = _one(md, data, o, a)
                 self._adrp_refs(ins, pages, paged)
             if ins is None and may_flow(m, text):
-                if a64:  # AArch64: the flow and the target read from the text (as `classify` would)
-                    known = _a64_flow(m, text)
-                    if known is not None:
-                        flow, tgt = known
-                        if flow == F_NEXT:
-                            cur = nxt
-                            continue
-                        term, targets = _TERMS[flow](tgt)
-                        return nxt, term, tuple(nxt if x == -2 else x for x in targets), a
-                if it_left > 0:  # inside a Thumb IT block: its condition comes from the `it` before
-                    *_, ins = md.disasm(data[it_at : o + n], a - (o - it_at))
-                else:
-                    ins = _one(md, data, o, a)
+                if text_flow is not None:
+                    known = text_flow(m, text, a)
+                if known is None:
+                    if it_left > 0:  # inside a Thumb IT block: its condition comes from the `it` before
+                        *_, ins = md.disasm(data[it_at : o + n], a - (o - it_at))
+                    else:
+                        ins = _one(md, data, o, a)
             it_left -= 1
             if thumb and m[:2] == "it" and len(m) <= 5:  # it, itt, ite, ..., itete: 1 to 4 conditional
                 it_at, it_left = o, len(m) - 1
-            if ins is None:
+            if known is not None:
+                flow, tgt = known
+            elif ins is None:
                 flow, tgt = F_NEXT, -1
                 if arm and (m == "movw" or m == "movt"):
                     self._movw_movt(m, text, a, lits)
@@ -608,6 +606,39 @@ def _a64_flow(m: str, text: str) -> tuple[int, int] | None:
         return kind, int(text[k + 3 :], 16)
     except ValueError:
         return None
+
+
+def _mips_flow(m: str, text: str, a: int) -> tuple[int, int] | None:
+    """What `classify` answers for a MIPS branch, jump or trap at `a`, from its mnemonic and operand
+    text (the target is the last operand, which capstone prints from the same immediate); None
+    when the text does not say (the instruction is then decoded with its operands)."""
+    last = text.rpartition(", ")[2]
+    tgt = -1
+    if last and not last.startswith("$") and "(" not in last:
+        try:
+            tgt = int(last, 0)
+        except ValueError:
+            return None
+    if m in ("j", "b"):
+        return F_JUMP, tgt
+    if m in ("jal", "bal", "jalx"):
+        return (F_NEXT, -1) if m == "bal" and tgt == a + 8 else (F_CALL, tgt)
+    if m in ("jr", "jr.hb", "jrc"):
+        return (F_RET if text.strip() in ("$ra", "ra") else F_IJUMP), -1
+    if m in ("jalr", "jalr.hb", "jalrc"):
+        return F_ICALL, -1
+    if (m.startswith("b") or m.startswith("j")) and tgt != -1:
+        return F_COND, tgt
+    if m in ("break", "sdbbp"):
+        return F_STOP, -1
+    return F_NEXT, -1
+
+
+# architecture -> its branches' flow from the text, where the decoder reads it there
+_TEXT_FLOW: dict[str, Callable[[str, str, int], tuple[int, int] | None]] = {
+    "aarch64": lambda m, text, _a: _a64_flow(m, text),
+    "mips": _mips_flow,
+}
 
 
 def _may_flow_for(arch: str) -> Callable[[str, str], bool]:
