@@ -18,15 +18,19 @@ import pytest
 import crossbuild as xb
 from binlens.analysis import fastcs
 from binlens.analysis.capstone_backend import (
+    _TEXT_FLOW,
+    F_CALL,
     F_COND,
     F_JUMP,
     F_NEXT,
     F_RET,
     CapstoneBackend,
     _a64_flow,
+    _last_number,
     _may_flow_for,
     _mips_flow,
     _mode,
+    _riscv_flow,
 )
 from binlens.analysis.codemap import CodeMap
 from binlens.loader.parse_lief import parse_path
@@ -180,23 +184,42 @@ def test_aarch64_branches_read_from_their_text_are_classified_as_from_their_oper
     assert _a64_flow("b", "x0") is None  # (no target in the text: decoded with details instead)
 
 
-@pytest.mark.parametrize("triple", ["mips-linux-gnu", "mipsel-linux-gnu", "mips64-linux-gnuabi64"])
-def test_mips_branches_read_from_their_text_are_classified_as_from_their_operands(fastcs_build, triple):
-    """The MIPS chunk decoder reads a branch's flow and target from the text too (`_mips_flow`):
-    jumps, calls, `jr $ra`, `jalr`, conditional branches and `bal` give what `classify` gives."""
+TEXT_FLOW = ["mips-linux-gnu", "mipsel-linux-gnu", "mips64-linux-gnuabi64", "powerpc-linux-gnu"]
+TEXT_FLOW += ["powerpc64le-linux-gnu", "riscv64-linux-gnu"]
+
+
+@pytest.mark.parametrize("triple", TEXT_FLOW)
+def test_branches_read_from_their_text_are_classified_as_from_their_operands(fastcs_build, triple):
+    """MIPS, PowerPC and RISC-V chunk decoders read a branch's flow and target from the text too
+    (`_mips_flow`, `CapstoneBackend._ppc_flow`, `_riscv_flow`): every jump, call, return,
+    conditional branch and trap of a real build gives what `classify` gives from the operands."""
     b = fastcs_build(triple, (), False)
     image = parse_path(str(b.exe))
     backend = CapstoneBackend(image, CodeMap(image))
+    arch = backend.arch
+    flow_of = backend._ppc_flow if arch == "ppc" else _TEXT_FLOW[arch]
     text = next(s for s in image.sections if s.name == ".text")
     code = bytes(image.read(text.va, text.size))
-    may_flow = _may_flow_for("mips")
+    may_flow = _may_flow_for(arch)
     kinds = set()
-    for ins in backend.md(False).disasm(code, text.va):
-        if may_flow(ins.mnemonic, ins.op_str):
-            got = _mips_flow(ins.mnemonic, ins.op_str, ins.address)
-            assert got == backend.classify(ins), (hex(ins.address), ins.mnemonic, ins.op_str)
-            kinds.add(got[0])
-    assert {F_JUMP, F_COND, F_RET} <= kinds, kinds
+    off = 0
+    while off < len(code):  # (past the words capstone cannot decode)
+        n = 0
+        for ins in backend.md(False).disasm(code[off:], text.va + off):
+            n += ins.size
+            if may_flow(ins.mnemonic, ins.op_str):
+                got = flow_of(ins.mnemonic, ins.op_str, ins.address)
+                if got is not None:
+                    assert got == backend.classify(ins), (hex(ins.address), ins.mnemonic, ins.op_str)
+                    kinds.add(got[0])
+        off += n + 4
+    assert {F_JUMP, F_COND, F_RET} <= kinds or {F_COND, F_RET, F_CALL} <= kinds, kinds
+
+
+def test_text_flow_edge_cases():
     assert _mips_flow("bal", "0x1008", 0x1000) == (F_NEXT, -1)  # reads the PC: no call
     assert _mips_flow("beq", "$v0, $zero, 0x2000", 0x1000) == (F_COND, 0x2000)
     assert _mips_flow("beq", "$v0, $zero, 0xzz", 0x1000) is None  # (decoded with details instead)
+    assert _riscv_flow("c.j", "-0x10", 0x1010) == (F_JUMP, 0x1000)  # relative, as the operand
+    assert _last_number("4*cr4+so, 0xffffffffffffb1fc") == -0x4E04  # signed, as the operand
+    assert _last_number("$ra") == -1

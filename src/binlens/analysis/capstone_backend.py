@@ -213,6 +213,27 @@ class CapstoneBackend:
         w1, w2 = int.from_bytes(words[:4], order), int.from_bytes(words[4:], order)
         return tgt - 8 if w1 >> 16 == 0x3C4C and w2 >> 16 == 0x3842 else tgt
 
+    def _ppc_flow(self, m: str, text: str, a: int) -> tuple[int, int] | None:
+        """`classify` for a PowerPC branch or trap, from its mnemonic and operand text."""
+        tgt = _last_number(text)
+        if tgt is None:
+            return None
+        if m == "b" or m == "ba":
+            return F_JUMP, self._global_entry(tgt)
+        if m in ("bl", "bla"):
+            return (F_NEXT, -1) if tgt == a + 4 else (F_CALL, self._global_entry(tgt))
+        if m == "blr":
+            return F_RET, -1
+        if m == "bctr":
+            return F_IJUMP, -1
+        if m == "bctrl":
+            return F_ICALL, -1
+        if m == "trap":
+            return F_STOP, -1
+        if m.startswith("b") and tgt != -1 and not m.endswith("l"):
+            return F_COND, tgt
+        return F_NEXT, -1
+
     def _classify_arm(self, ins: cs.CsInsn, m: str, tgt: int) -> tuple[int, int]:
         cond = ins.cc not in (cs.arm.ARM_CC_AL, 0)
         ops = ins.op_str
@@ -309,7 +330,7 @@ class CapstoneBackend:
         a64 = self.arch == "aarch64"
         begins = self.pairs.begins if formed is not None else None  # type: ignore[union-attr]
         may_flow = self._may_flow
-        text_flow = _TEXT_FLOW.get(self.arch)
+        text_flow = self._ppc_flow if self.arch == "ppc" else _TEXT_FLOW.get(self.arch)
         it_at = it_left = 0  # Thumb: where the last IT block began, and how many instructions it still covers
         lits: dict[str, int] = {}  # ARM32: register -> the literal word an `ldr rX, [pc, #imm]` put there
         data = r.data
@@ -634,10 +655,49 @@ def _mips_flow(m: str, text: str, a: int) -> tuple[int, int] | None:
     return F_NEXT, -1
 
 
+def _last_number(text: str) -> int | None:
+    """The last operand of `text` as a number (-1: it is no number); None when unsure."""
+    last = text.rpartition(", ")[2].strip()
+    if not last or last[0] not in "-0123456789":
+        return -1
+    try:
+        v = int(last, 0)
+    except ValueError:
+        return None
+    return v - (1 << 64) if v >= 1 << 63 else v  # (the operand is signed: -0x4e04 prints as 0xff...b1fc)
+
+
+def _riscv_flow(m: str, text: str, a: int) -> tuple[int, int] | None:
+    """`classify` for a RISC-V branch, jump, return or trap, from its text (targets are printed
+    relative to the instruction, as the operand holds them)."""
+    tgt = _last_number(text)
+    if tgt is None:
+        return None
+    if tgt != -1:
+        tgt += a
+    m = m.removeprefix("c.")
+    if m == "j":
+        return F_JUMP, tgt
+    if m == "jal":
+        return F_CALL, tgt
+    if m == "ret" or m in ("jr", "mret", "sret") and text.strip() in ("ra", "x1", ""):
+        return F_RET, -1
+    if m == "jr":
+        return F_IJUMP, -1
+    if m == "jalr":
+        return F_ICALL, -1
+    if m.startswith("b") and tgt != -1:
+        return F_COND, tgt
+    if m in ("ebreak", "unimp"):
+        return F_STOP, -1
+    return F_NEXT, -1
+
+
 # architecture -> its branches' flow from the text, where the decoder reads it there
 _TEXT_FLOW: dict[str, Callable[[str, str, int], tuple[int, int] | None]] = {
     "aarch64": lambda m, text, _a: _a64_flow(m, text),
     "mips": _mips_flow,
+    "riscv": _riscv_flow,
 }
 
 
