@@ -107,3 +107,23 @@ def test_msvc_jump_tables_give_their_case_targets(name):
     # every case string is referenced from a block that a jump-table edge enters
     assert len(blocks_with) == 10
     assert set(blocks_with.values()) == targets
+
+
+def test_armv7_macho_functions_are_the_linkers_list():
+    """An armv7 iOS app (stripped): LC_FUNCTION_STARTS lists every function the linker laid out,
+    each with its Thumb bit. Every listed function is found, in the state the list gives, and no
+    other start inside the sections the list covers (tail-call targets, gap and data-pointer
+    guesses and calls from code decoded in the wrong state had added 8.5k there)."""
+    path = corpus_dir("mach0") / "BatteryLife"
+    if not path.exists():
+        pytest.skip(f"{path} is absent")
+    img = parse_path(str(path))  # (the first slice of the universal binary: armv7)
+    assert img.identity.arch == "arm"
+    listed = {a & ~1: bool(a & 1) for a in img.function_hints["function_starts"]}
+    assert len(listed) > 4000
+    spans = [(s.va, s.va + s.size) for s in img.sections if any(s.va <= a < s.va + s.size for a in listed)]
+    found = {f.address: f for f in analyze(img).functions}
+    inside = {a for a in found if any(lo <= a < hi for lo, hi in spans)}
+    assert inside == set(listed), (len(inside - set(listed)), len(set(listed) - inside))
+    wrong_state = [a for a, thumb in listed.items() if (found[a].mode == "thumb") != thumb]
+    assert not wrong_state, [hex(a) for a in wrong_state[:5]]

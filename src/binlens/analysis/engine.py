@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import gc
 import importlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from contextlib import contextmanager
 
 from binlens.analysis.armexidx import seed_exidx_starts
@@ -164,6 +165,9 @@ def _analyze(
     excluded = set(excluded_starts)
     for va in excluded:
         seeds.starts.pop(va, None)
+    # what may not become a function start: the user's removed starts, and in a Mach-O section
+    # that LC_FUNCTION_STARTS covers, any address the linker did not list there
+    refused = _Refused(image, excluded)
     noret_slots = {imp.slot for imp in image.imports if imp.name in NORETURN_NAMES}
     named_noret = {va for va, name in thunks.items() if name in NORETURN_NAMES}
     named_noret |= {s.address for s in image.symbols if s.name in NORETURN_NAMES and codemap.contains(s.address)}
@@ -188,7 +192,7 @@ def _analyze(
     )
 
     bodies, starts, noret = _discover(
-        explorer, seeds.starts, extents, frag, noret_slots | named_noret, noret_slots, excluded
+        explorer, seeds.starts, extents, frag, noret_slots | named_noret, noret_slots, refused
     )
     # Careful heuristics, most trusted first; each stage re-runs discovery before the next looks.
     # Data pointers come after the gaps: a switch table of a function nothing has reached yet
@@ -209,20 +213,20 @@ def _analyze(
             continue
         report(0.7, 1.0, f"{len(bodies)} functions; heuristics: {stage}")
         extra = heuristic_starts(image, codemap, explorer, backend, starts, known, bodies, stage, gaps)
+        extra = {va: src for va, src in extra.items() if va not in refused}
         if not extra:
             exhausted.add(stage)
         else:
             rounds += 1
             exhausted.clear()  # new code: every stage may find more in it
             for va, src in extra.items():
-                if va not in excluded:
-                    seeds.starts.setdefault(va, set()).add(src)
-            bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret, noret_slots, excluded)
+                seeds.starts.setdefault(va, set()).add(src)
+            bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret, noret_slots, refused)
             labels = arm_labels(explorer, backend, bodies, seeds.starts) if seeds.arm else set()
             if labels:  # ARM: gap guesses that code found since runs into
                 for va in labels:
                     del seeds.starts[va]
-                bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret, noret_slots, excluded)
+                bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret, noret_slots, refused)
             if stage in ("data_prologues", "data_pointers"):
                 entries = _table_entry_seeds(image, codemap, explorer, backend, jt_tables, seeds.starts)
                 labels, gotos = goto_tables(image, codemap, explorer, backend, bodies, starts)
@@ -231,7 +235,7 @@ def _analyze(
                         seeds.starts.pop(va, None)
                     explorer.gotos += gotos
                     bodies, starts, noret = _discover(
-                        explorer, seeds.starts, extents, frag, noret, noret_slots, excluded
+                        explorer, seeds.starts, extents, frag, noret, noret_slots, refused
                     )
     del gaps  # its coverage map and counts are of no further use
     explorer.finish()
@@ -402,7 +406,7 @@ def _discover(
     frag: FragmentIndex,
     noret: set[int],
     noret_slots: set[int],
-    excluded: set[int],
+    excluded: Container[int],
 ) -> tuple[dict[int, Body], dict[int, set[str]], set[int]]:
     """Descent + partition + non-returning fixpoint, repeated until nothing changes."""
     noret = set(noret)
@@ -443,6 +447,39 @@ def _discover(
     # with `noret` (no edge after a call to a function flagged as not returning) and the fragments
     bodies, _new = explorer.partition(set(starts), extents, frag, noret)
     return bodies, starts, noret
+
+
+class _Refused:
+    """Addresses that may not become function starts (`in`): the user's removed starts (`user`), and
+    in an ARM32 Mach-O section that LC_FUNCTION_STARTS covers, every address it does not list. On
+    armv7 the starts found there besides the linker's list were labels inside functions and ARM
+    code decoded as Thumb or the reverse (armv7 BatteryLife of the corpus: 8.5k of them, tail-call
+    targets, gap and data-pointer guesses and calls from misdecoded code, beside its 4.6k listed
+    functions; each of a sample of eighteen inside a listed function). Not on AArch64, where code
+    the list leaves out is real: Dart's AOT snapshot (flutter's HelloApp: 3.1k called functions
+    the list does not name) and functions after a tail call that data points to."""
+
+    def __init__(self, image: Image, user: set[int]) -> None:
+        self.user = user
+        arm = image.identity.arch == "arm"
+        listed = image.function_hints.get("function_starts") if image.identity.format == "MachO" and arm else None
+        self.listed = {a & ~1 if arm else a for a in listed or ()}
+        order = sorted(self.listed)
+
+        def holds_one(lo: int, hi: int) -> bool:
+            i = bisect.bisect_left(order, lo)
+            return i < len(order) and order[i] < hi
+
+        self.spans = sorted((s.va, s.va + s.size) for s in image.sections if s.size and holds_one(s.va, s.va + s.size))
+        self.starts = [lo for lo, _hi in self.spans]
+
+    def __contains__(self, va: object) -> bool:
+        if va in self.user:
+            return True
+        if not self.spans or va in self.listed or not isinstance(va, int):
+            return False
+        i = bisect.bisect_right(self.starts, va) - 1
+        return i >= 0 and va < self.spans[i][1]
 
 
 def _table_entry_seeds(
