@@ -17,21 +17,8 @@ import pytest
 
 import crossbuild as xb
 from binlens.analysis import fastcs
-from binlens.analysis.capstone_backend import (
-    _TEXT_FLOW,
-    F_CALL,
-    F_COND,
-    F_JUMP,
-    F_NEXT,
-    F_RET,
-    CapstoneBackend,
-    _a64_flow,
-    _last_number,
-    _may_flow_for,
-    _mips_flow,
-    _mode,
-    _riscv_flow,
-)
+from binlens.analysis.branchflow import F_CALL, F_COND, F_JUMP, F_NEXT, F_RET, last_number, text_flow
+from binlens.analysis.capstone_backend import CapstoneBackend, _may_flow_for, _mode
 from binlens.analysis.codemap import CodeMap
 from binlens.loader.parse_lief import parse_path
 
@@ -173,15 +160,16 @@ def test_aarch64_branches_read_from_their_text_are_classified_as_from_their_oper
     text = next(s for s in image.sections if s.name == ".text")
     code = bytes(image.read(text.va, text.size))
     may_flow = _may_flow_for("aarch64")
+    a64_flow = text_flow("aarch64", backend._global_entry)
     kinds = set()
     for ins in backend.md(False).disasm(code, text.va):
         if may_flow(ins.mnemonic, ins.op_str):
-            assert _a64_flow(ins.mnemonic, ins.op_str) == backend.classify(ins), (hex(ins.address), ins.mnemonic)
+            assert a64_flow(ins.mnemonic, ins.op_str, ins.address) == backend.classify(ins), hex(ins.address)
             kinds.add(ins.mnemonic.split(".")[0])
     assert {"b", "bl", "ret", "br"} <= kinds, kinds  # (calls, jumps, returns, the switch's table jump)
-    assert _a64_flow("b", "#0x1000") == (F_JUMP, 0x1000)
-    assert _a64_flow("tbz", "w0, #3, #0x2000")[1] == 0x2000
-    assert _a64_flow("b", "x0") is None  # (no target in the text: decoded with details instead)
+    assert a64_flow("b", "#0x1000", 0) == (F_JUMP, 0x1000)
+    assert a64_flow("tbz", "w0, #3, #0x2000", 0) == (F_COND, 0x2000)
+    assert a64_flow("b", "x0", 0) is None  # (no target in the text: decoded with details instead)
 
 
 TEXT_FLOW = ["mips-linux-gnu", "mipsel-linux-gnu", "mips64-linux-gnuabi64", "powerpc-linux-gnu"]
@@ -191,13 +179,13 @@ TEXT_FLOW += ["powerpc64le-linux-gnu", "riscv64-linux-gnu"]
 @pytest.mark.parametrize("triple", TEXT_FLOW)
 def test_branches_read_from_their_text_are_classified_as_from_their_operands(fastcs_build, triple):
     """MIPS, PowerPC and RISC-V chunk decoders read a branch's flow and target from the text too
-    (`_mips_flow`, `CapstoneBackend._ppc_flow`, `_riscv_flow`): every jump, call, return,
-    conditional branch and trap of a real build gives what `classify` gives from the operands."""
+    (`branchflow.text_flow`): every jump, call, return, conditional branch and trap of a real build
+    gives what `classify` gives from the operands."""
     b = fastcs_build(triple, (), False)
     image = parse_path(str(b.exe))
     backend = CapstoneBackend(image, CodeMap(image))
     arch = backend.arch
-    flow_of = backend._ppc_flow if arch == "ppc" else _TEXT_FLOW[arch]
+    flow_of = text_flow(arch, backend._global_entry)
     text = next(s for s in image.sections if s.name == ".text")
     code = bytes(image.read(text.va, text.size))
     may_flow = _may_flow_for(arch)
@@ -217,9 +205,13 @@ def test_branches_read_from_their_text_are_classified_as_from_their_operands(fas
 
 
 def test_text_flow_edge_cases():
-    assert _mips_flow("bal", "0x1008", 0x1000) == (F_NEXT, -1)  # reads the PC: no call
-    assert _mips_flow("beq", "$v0, $zero, 0x2000", 0x1000) == (F_COND, 0x2000)
-    assert _mips_flow("beq", "$v0, $zero, 0xzz", 0x1000) is None  # (decoded with details instead)
-    assert _riscv_flow("c.j", "-0x10", 0x1010) == (F_JUMP, 0x1000)  # relative, as the operand
-    assert _last_number("4*cr4+so, 0xffffffffffffb1fc") == -0x4E04  # signed, as the operand
-    assert _last_number("$ra") == -1
+    mips = text_flow("mips", lambda t: t)
+    assert mips("bal", "0x1008", 0x1000) == (F_NEXT, -1)  # reads the PC: no call
+    assert mips("beq", "$v0, $zero, 0x2000", 0x1000) == (F_COND, 0x2000)
+    assert mips("beq", "$v0, $zero, 0xzz", 0x1000) is None  # (decoded with details instead)
+    assert mips("jr", "$ra", 0x1000) == (F_RET, -1)
+    assert text_flow("riscv", lambda t: t)("c.j", "-0x10", 0x1010) == (F_JUMP, 0x1000)  # relative, as the operand
+    assert text_flow("ppc", lambda t: t + 8)("bl", "0x2000", 0x1000) == (F_CALL, 0x2008)  # (ELFv2 global entry)
+    assert last_number("4*cr4+so, 0xffffffffffffb1fc") == -0x4E04  # signed, as the operand
+    assert last_number("$ra") == -1
+    assert text_flow("arm", lambda t: t) is None  # (ARM32 decodes its branches with details)

@@ -16,8 +16,19 @@ from collections.abc import Callable
 import capstone as cs
 from capstone import arm as _ARM
 
-from binlens.analysis import fastcs
+from binlens.analysis import branchflow, fastcs
 from binlens.analysis.addrpairs import PairRefs
+from binlens.analysis.branchflow import (
+    F_CALL,
+    F_CIJUMP,
+    F_COND,
+    F_ICALL,
+    F_IJUMP,
+    F_JUMP,
+    F_NEXT,
+    F_RET,
+    F_STOP,
+)
 from binlens.analysis.codemap import BODY, CHUNK, INSN, CodeMap
 from binlens.analysis.model import (
     T_BAD,
@@ -35,10 +46,6 @@ from binlens.analysis.model import (
 )
 from binlens.loader.image import Image
 
-F_NEXT, F_JUMP, F_COND, F_CALL, F_RET, F_IJUMP, F_ICALL, F_STOP = range(8)
-# a conditional indirect jump (ARM `addls pc, pc, rI, lsl #2`, `ldrls pc, [pc, rI, lsl #2]`): the
-# chunk ends there, and the path where the condition fails falls through
-F_CIJUMP = 8
 _FLOW_NAMES = (*TERM_NAMES[:8], "indirect_jump")  # F_NEXT .. F_STOP name like T_FALL .. T_STOP; then F_CIJUMP
 K_READ, K_WRITE, K_OFFSET = XREF_KINDS.index("read"), XREF_KINDS.index("write"), XREF_KINDS.index("offset")
 
@@ -99,6 +106,7 @@ class CapstoneBackend:
         self.overlapping: set[int] = set()
         self.pairs = PairRefs(self) if self.arch in PairRefs.ARCHES else None
         self._may_flow = _may_flow_for(self.arch)
+        self._text_flow = branchflow.text_flow(self.arch, self._global_entry)  # (branches without a detailed decode)
         self._lite: dict[bool, cs.Cs] = {}  # decoders without operand details, by ARM32 state
 
     def md(self, thumb: bool) -> cs.Cs:
@@ -134,71 +142,15 @@ class CapstoneBackend:
             tgt = ins.address + tgt
         m = m.removeprefix("c.")
         if a == "aarch64":
-            if m in ("b",):
-                return F_JUMP, tgt
-            if m.startswith("b.") or m in ("cbz", "cbnz", "tbz", "tbnz"):
-                return F_COND, tgt
-            if m == "bl":
-                return F_CALL, tgt
-            if m in ("br", "braa", "brab", "braaz", "brabz"):
-                return F_IJUMP, -1
-            if m in ("blr", "blraa", "blrab", "blraaz", "blrabz"):
-                return F_ICALL, -1
-            if m in ("ret", "retaa", "retab", "eret"):
-                return F_RET, -1
-            if m in ("brk", "udf", "hlt"):
-                return F_STOP, -1
-            return F_NEXT, -1
+            return branchflow.a64_flow(m, tgt)
         if a == "arm":
             return self._classify_arm(ins, m, tgt)
         if a == "mips":
-            if m in ("j", "b"):
-                return F_JUMP, tgt
-            if m in ("jal", "bal", "jalx"):
-                # `bal 1f; nop; 1:` reads the PC into $ra (crt1's `__start`, PIC code): not a call
-                return (F_NEXT, -1) if m == "bal" and tgt == ins.address + 8 else (F_CALL, tgt)
-            if m in ("jr", "jr.hb", "jrc"):
-                return (F_RET if ins.op_str.strip() in ("$ra", "ra") else F_IJUMP), -1
-            if m in ("jalr", "jalr.hb", "jalrc"):
-                return F_ICALL, -1
-            if (m.startswith("b") or m.startswith("j")) and tgt != -1:
-                return F_COND, tgt
-            if m in ("break", "sdbbp"):
-                return F_STOP, -1
-            return F_NEXT, -1
+            return branchflow.mips_flow(m, ins.op_str, ins.address, tgt)
         if a == "ppc":
-            if m == "b" or m == "ba":
-                return F_JUMP, self._global_entry(tgt)
-            if m in ("bl", "bla"):
-                # `bl 1f; 1: mflr rP` reads the PC (clang's PIC base): not a call
-                return (F_NEXT, -1) if tgt == ins.address + 4 else (F_CALL, self._global_entry(tgt))
-            if m == "blr":
-                return F_RET, -1
-            if m == "bctr":
-                return F_IJUMP, -1
-            if m == "bctrl":
-                return F_ICALL, -1
-            if m == "trap":
-                return F_STOP, -1
-            if m.startswith("b") and tgt != -1 and not m.endswith("l"):
-                return F_COND, tgt
-            return F_NEXT, -1
+            return branchflow.ppc_flow(m, ins.address, tgt, self._global_entry)
         if a == "riscv":
-            if m == "j":
-                return F_JUMP, tgt
-            if m == "jal":
-                return F_CALL, tgt
-            if m == "ret" or m in ("jr", "mret", "sret") and ins.op_str.strip() in ("ra", "x1", ""):
-                return F_RET, -1
-            if m == "jr":
-                return F_IJUMP, -1
-            if m == "jalr":
-                return F_ICALL, -1
-            if m.startswith("b") and tgt != -1:
-                return F_COND, tgt
-            if m in ("ebreak", "unimp"):
-                return F_STOP, -1
-            return F_NEXT, -1
+            return branchflow.riscv_flow(m, ins.op_str, tgt)
         return F_NEXT, -1
 
     def _global_entry(self, tgt: int) -> int:
@@ -212,27 +164,6 @@ class CapstoneBackend:
         order = "big" if self.image.identity.endian == "big" else "little"
         w1, w2 = int.from_bytes(words[:4], order), int.from_bytes(words[4:], order)
         return tgt - 8 if w1 >> 16 == 0x3C4C and w2 >> 16 == 0x3842 else tgt
-
-    def _ppc_flow(self, m: str, text: str, a: int) -> tuple[int, int] | None:
-        """`classify` for a PowerPC branch or trap, from its mnemonic and operand text."""
-        tgt = _last_number(text)
-        if tgt is None:
-            return None
-        if m == "b" or m == "ba":
-            return F_JUMP, self._global_entry(tgt)
-        if m in ("bl", "bla"):
-            return (F_NEXT, -1) if tgt == a + 4 else (F_CALL, self._global_entry(tgt))
-        if m == "blr":
-            return F_RET, -1
-        if m == "bctr":
-            return F_IJUMP, -1
-        if m == "bctrl":
-            return F_ICALL, -1
-        if m == "trap":
-            return F_STOP, -1
-        if m.startswith("b") and tgt != -1 and not m.endswith("l"):
-            return F_COND, tgt
-        return F_NEXT, -1
 
     def _classify_arm(self, ins: cs.CsInsn, m: str, tgt: int) -> tuple[int, int]:
         cond = ins.cc not in (cs.arm.ARM_CC_AL, 0)
@@ -330,7 +261,7 @@ class CapstoneBackend:
         a64 = self.arch == "aarch64"
         begins = self.pairs.begins if formed is not None else None  # type: ignore[union-attr]
         may_flow = self._may_flow
-        text_flow = self._ppc_flow if self.arch == "ppc" else _TEXT_FLOW.get(self.arch)
+        text_flow = self._text_flow
         it_at = it_left = 0  # Thumb: where the last IT block began, and how many instructions it still covers
         lits: dict[str, int] = {}  # ARM32: register -> the literal word an `ldr rX, [pc, #imm]` put there
         data = r.data
@@ -598,107 +529,6 @@ def _a64_paged(m: str, text: str, paged: set[str]) -> bool:
     j = text.find(",", i)
     k = text.find("]", i)
     return text[i + 1 : (j if 0 <= j < k else k)] in paged
-
-
-_A64_DIRECT = {"b": F_JUMP, "bl": F_CALL, "cbz": F_COND, "cbnz": F_COND, "tbz": F_COND, "tbnz": F_COND}
-_A64_KINDS = {
-    **dict.fromkeys(("br", "braa", "brab", "braaz", "brabz"), F_IJUMP),
-    **dict.fromkeys(("blr", "blraa", "blrab", "blraaz", "blrabz"), F_ICALL),
-    **dict.fromkeys(("ret", "retaa", "retab", "eret"), F_RET),
-    **dict.fromkeys(("brk", "udf", "hlt"), F_STOP),
-}
-
-
-def _a64_flow(m: str, text: str) -> tuple[int, int] | None:
-    """What `classify` answers for an AArch64 branch, return or trap, from its mnemonic and operand
-    text (the target is the last operand, `#0x...`: capstone prints the same immediate there);
-    None when the text does not say (the instruction is then decoded with its operands). Saves
-    a detailed decode per branch: ~a fifth of all AArch64 instructions."""
-    kind = _A64_DIRECT.get(m)
-    if kind is None and m.startswith("b."):
-        kind = F_COND
-    if kind is None:
-        kind = _A64_KINDS.get(m)
-        return None if kind is None else (kind, -1)
-    k = text.rfind("#0x")
-    if k < 0 or text.find(",", k) >= 0:
-        return None
-    try:
-        return kind, int(text[k + 3 :], 16)
-    except ValueError:
-        return None
-
-
-def _mips_flow(m: str, text: str, a: int) -> tuple[int, int] | None:
-    """What `classify` answers for a MIPS branch, jump or trap at `a`, from its mnemonic and operand
-    text (the target is the last operand, which capstone prints from the same immediate); None
-    when the text does not say (the instruction is then decoded with its operands)."""
-    last = text.rpartition(", ")[2]
-    tgt = -1
-    if last and not last.startswith("$") and "(" not in last:
-        try:
-            tgt = int(last, 0)
-        except ValueError:
-            return None
-    if m in ("j", "b"):
-        return F_JUMP, tgt
-    if m in ("jal", "bal", "jalx"):
-        return (F_NEXT, -1) if m == "bal" and tgt == a + 8 else (F_CALL, tgt)
-    if m in ("jr", "jr.hb", "jrc"):
-        return (F_RET if text.strip() in ("$ra", "ra") else F_IJUMP), -1
-    if m in ("jalr", "jalr.hb", "jalrc"):
-        return F_ICALL, -1
-    if (m.startswith("b") or m.startswith("j")) and tgt != -1:
-        return F_COND, tgt
-    if m in ("break", "sdbbp"):
-        return F_STOP, -1
-    return F_NEXT, -1
-
-
-def _last_number(text: str) -> int | None:
-    """The last operand of `text` as a number (-1: it is no number); None when unsure."""
-    last = text.rpartition(", ")[2].strip()
-    if not last or last[0] not in "-0123456789":
-        return -1
-    try:
-        v = int(last, 0)
-    except ValueError:
-        return None
-    return v - (1 << 64) if v >= 1 << 63 else v  # (the operand is signed: -0x4e04 prints as 0xff...b1fc)
-
-
-def _riscv_flow(m: str, text: str, a: int) -> tuple[int, int] | None:
-    """`classify` for a RISC-V branch, jump, return or trap, from its text (targets are printed
-    relative to the instruction, as the operand holds them)."""
-    tgt = _last_number(text)
-    if tgt is None:
-        return None
-    if tgt != -1:
-        tgt += a
-    m = m.removeprefix("c.")
-    if m == "j":
-        return F_JUMP, tgt
-    if m == "jal":
-        return F_CALL, tgt
-    if m == "ret" or m in ("jr", "mret", "sret") and text.strip() in ("ra", "x1", ""):
-        return F_RET, -1
-    if m == "jr":
-        return F_IJUMP, -1
-    if m == "jalr":
-        return F_ICALL, -1
-    if m.startswith("b") and tgt != -1:
-        return F_COND, tgt
-    if m in ("ebreak", "unimp"):
-        return F_STOP, -1
-    return F_NEXT, -1
-
-
-# architecture -> its branches' flow from the text, where the decoder reads it there
-_TEXT_FLOW: dict[str, Callable[[str, str, int], tuple[int, int] | None]] = {
-    "aarch64": lambda m, text, _a: _a64_flow(m, text),
-    "mips": _mips_flow,
-    "riscv": _riscv_flow,
-}
 
 
 def _may_flow_for(arch: str) -> Callable[[str, str], bool]:
