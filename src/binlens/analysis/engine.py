@@ -165,7 +165,7 @@ def _analyze(
     excluded = set(excluded_starts)
     for va in excluded:
         seeds.starts.pop(va, None)
-    # what may not become a function start: the user's removed starts, and in a Mach-O section
+    # what may not become a function start: the user's removed starts, and in an ARM32 Mach-O section
     # that LC_FUNCTION_STARTS covers, any address the linker did not list there
     refused = _Refused(image, excluded)
     noret_slots = {imp.slot for imp in image.imports if imp.name in NORETURN_NAMES}

@@ -97,7 +97,7 @@ def heuristic_starts(
     # a function is an entry even where a found function's blocks seem to run on (x86: `_starts_like_function`)
     taken = _prologue_test(image, codemap, mips) if stage == "code_offsets" and not (x86 or arm) else None
 
-    bound: set[int] = set(starts)  # the starts, and those this round takes (`accept` adds them)
+    bound: set[int] = set(starts)  # the starts, and those the gap stage takes as it goes (its peels)
 
     def accept(
         va: int, source: str, need_ret: bool = False, in_range: bool = False, gap_end: int = 0, trial: bool = False
@@ -269,7 +269,6 @@ def heuristic_starts(
         # then covered, and a sub-gap left after it that starts like a function is taken too in
         # the same round (unreferenced functions laid out one after another: one round each before)
         peel = [(va, gap_end) for va, prologue, gap_end in reversed(cands) if prologue]
-        bound = set(starts)
         while peel:
             va, gap_end = peel.pop()
             if va in bound or not free(va) or not _decodes(explorer, va):
