@@ -455,7 +455,7 @@ class _Refused:
     armv7 the starts found there besides the linker's list were labels inside functions and ARM
     code decoded as Thumb or the reverse (armv7 BatteryLife of the corpus: 8.5k of them, tail-call
     targets, gap and data-pointer guesses and calls from misdecoded code, beside its 4.6k listed
-    functions; each of a sample of eighteen inside a listed function). Not on AArch64, where code
+    functions; a sample of twelve: all inside listed functions). Not on AArch64, where code
     the list leaves out is real: Dart's AOT snapshot (flutter's HelloApp: 3.1k called functions
     the list does not name) and functions after a tail call that data points to."""
 
