@@ -214,4 +214,32 @@ def test_text_flow_edge_cases():
     assert text_flow("ppc", lambda t: t + 8)("bl", "0x2000", 0x1000) == (F_CALL, 0x2008)  # (ELFv2 global entry)
     assert last_number("4*cr4+so, 0xffffffffffffb1fc") == -0x4E04  # signed, as the operand
     assert last_number("$ra") == -1
-    assert text_flow("arm", lambda t: t) is None  # (ARM32 decodes its branches with details)
+    assert text_flow("x86", lambda t: t) is None  # (iced-x86 decodes x86)
+
+
+@pytest.mark.parametrize("flags,thumb", [(("-mthumb",), True), (("-marm",), False)], ids=["thumb", "arm"])
+def test_arm32_direct_branches_read_from_their_text_are_classified_as_from_their_operands(fastcs_build, flags, thumb):
+    """ARM32 `b`, `b<cond>`, `cbz`/`cbnz`, `bl` and `blx` to an address take their flow from the text
+    outside IT blocks (inside one, the condition comes from the `it`: decoded with details)."""
+    b = fastcs_build("arm-linux-gnueabihf", flags, thumb)
+    image = parse_path(str(b.exe))
+    backend = CapstoneBackend(image, CodeMap(image))
+    flow_of = text_flow("arm", backend._global_entry)
+    text = next(s for s in image.sections if s.name == ".text")
+    code = bytes(image.read(text.va, text.size))
+    seen = 0
+    it_left = 0
+    for ins in backend.md(thumb).disasm(code, text.va):
+        inside, it_left = it_left > 0, it_left - 1
+        if thumb and ins.mnemonic.startswith("it") and len(ins.mnemonic) <= 5:
+            it_left = len(ins.mnemonic) - 1
+        got = flow_of(ins.mnemonic, ins.op_str, ins.address)
+        if got is not None and not inside:
+            assert got == backend.classify(ins), (hex(ins.address), ins.mnemonic, ins.op_str)
+            seen += 1
+    assert seen >= 10
+    assert flow_of("beq.w", "#0x1000", 0) == (F_COND, 0x1000)
+    assert flow_of("bls", "#0x1000", 0) == (F_COND, 0x1000)  # (b + ls, not bl + s)
+    assert flow_of("cbz", "r0, #0x1000", 0) == (F_COND, 0x1000)
+    assert flow_of("bx", "lr", 0) is None and flow_of("blx", "r3", 0) is None  # (decoded with details)
+    assert flow_of("bl", "#0xff895800", 0) is None  # (the operand is negative there)

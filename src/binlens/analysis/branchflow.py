@@ -92,6 +92,31 @@ def riscv_flow(m: str, text: str, tgt: int) -> Flow:
     return F_NEXT, -1
 
 
+_ARM_CONDS = ("eq", "ne", "hs", "cs", "lo", "cc", "mi", "pl", "vs", "vc", "hi", "ls", "ge", "lt", "gt", "le")
+
+
+def arm_base(m: str) -> tuple[str, bool]:
+    """ARM32: a branch's mnemonic without its width (`.w`, `.n`) and condition suffixes, and whether
+    it had a condition suffix (`beq.w` -> ("b", True); `bls` -> ("b", True); `bic` -> ("bic", False))."""
+    base = m.split(".")[0]
+    for suffix in _ARM_CONDS:
+        if base.endswith(suffix) and base[: -len(suffix)] in ("b", "bl", "bx", "blx"):
+            return base[: -len(suffix)], True
+    return base, False
+
+
+def arm_direct_flow(base: str, cond: bool, tgt: int) -> Flow | None:
+    """ARM32 `b`, `cbz`/`cbnz`, and `bl`/`blx` to an address (`base` from `arm_base`; `cond`: the
+    branch is conditional); None for any other instruction."""
+    if base == "b":
+        return (F_COND if cond else F_JUMP), tgt
+    if base in ("cbz", "cbnz"):
+        return F_COND, tgt
+    if base in ("bl", "blx") and tgt != -1:
+        return F_CALL, tgt
+    return None
+
+
 def last_number(text: str) -> int | None:
     """The last operand of `text` as a number (-1: it is no number); None when unsure."""
     last = text.rpartition(", ")[2].strip().removeprefix("#")
@@ -105,7 +130,7 @@ def last_number(text: str) -> int | None:
 
 
 def text_flow(arch: str, global_entry: Callable[[int], int]) -> Callable[[str, str, int], Flow | None] | None:
-    """For AArch64, MIPS, PowerPC and RISC-V: (mnemonic, operand text, address) -> what
+    """For AArch64, ARM32, MIPS, PowerPC and RISC-V: (mnemonic, operand text, address) -> what
     `CapstoneBackend.classify` answers for that instruction, with the target read from the text
     (None when the text does not say it surely: the instruction is then decoded with details)."""
 
@@ -133,6 +158,16 @@ def text_flow(arch: str, global_entry: Callable[[int], int]) -> Callable[[str, s
             return None if tgt is None else ppc_flow(m, a, tgt, global_entry)
 
         return ppc
+    if arch == "arm":  # (only outside an IT block: inside, the condition comes from the `it`)
+
+        def arm(m: str, text: str, _a: int) -> Flow | None:
+            base, cond = arm_base(m)
+            if base not in ("b", "bl", "blx", "cbz", "cbnz") or not text.rpartition(", ")[2].startswith("#0x"):
+                return None  # (`bx lr`, `blx r3`, `bic`, ...: decoded with details)
+            tgt = target(text)  # (at 2**31 and above the operand is a negative number: decoded with details)
+            return None if tgt is None or not 0 <= tgt < 1 << 31 else arm_direct_flow(base, cond, tgt)
+
+        return arm
     if arch == "riscv":
 
         def riscv(m: str, text: str, a: int) -> Flow | None:

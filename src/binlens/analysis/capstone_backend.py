@@ -166,22 +166,14 @@ class CapstoneBackend:
         return tgt - 8 if w1 >> 16 == 0x3C4C and w2 >> 16 == 0x3842 else tgt
 
     def _classify_arm(self, ins: cs.CsInsn, m: str, tgt: int) -> tuple[int, int]:
-        cond = ins.cc not in (cs.arm.ARM_CC_AL, 0)
+        base, suffixed = branchflow.arm_base(m)
+        cond = suffixed or ins.cc not in (cs.arm.ARM_CC_AL, 0)
         ops = ins.op_str
-        base = m.split(".")[0]
-        for suffix in ("eq", "ne", "hs", "cs", "lo", "cc", "mi", "pl", "vs", "vc", "hi", "ls", "ge", "lt", "gt", "le"):
-            if base.endswith(suffix) and base[: -len(suffix)] in ("b", "bl", "bx", "blx"):
-                base = base[: -len(suffix)]
-                cond = True
-                break
         writes_pc = "pc" in ops.split(",")[0] if ops else False
-        if base == "b":
-            return (F_COND if cond else F_JUMP), tgt
-        if base in ("cbz", "cbnz"):
-            return F_COND, tgt
+        direct = branchflow.arm_direct_flow(base, cond, tgt)
+        if direct is not None:
+            return direct
         if base in ("bl", "blx"):
-            if tgt != -1:
-                return F_CALL, tgt
             return F_ICALL, -1
         if base == "bx":
             if cond:
@@ -296,7 +288,7 @@ class CapstoneBackend:
                 ins = _one(md, data, o, a)
                 self._adrp_refs(ins, pages, paged)
             if ins is None and may_flow(m, text):
-                if text_flow is not None:
+                if text_flow is not None and it_left <= 0:
                     known = text_flow(m, text, a)
                 if known is None:
                     if it_left > 0:  # inside a Thumb IT block: its condition comes from the `it` before
