@@ -56,14 +56,10 @@ def _plain(value: object) -> object:
 
 def _arch_fields(md: cs.Cs) -> list[str]:
     """The fields of the architecture's detail structure that `CsInsn` gives as attributes."""
-    (fields,) = (f for t, f in fastcs._FIELDS.items() if t.__name__.lower() == f"cs{_NAMES[md.arch]}")
+    fields = fastcs._FIELDS[type(getattr(cs._cs_arch(), fastcs._ARCH_FIELD[md.arch]))]
     # (PowerPC's `bh` and `update_cr0` are left unset by capstone for some instructions: two
     # decodes of the same bytes by capstone itself can disagree; binlens reads neither)
     return sorted(fields - {"bh", "update_cr0"})
-
-
-_NAMES = {cs.CS_ARCH_MIPS: "mips", cs.CS_ARCH_PPC: "ppc", cs.CS_ARCH_RISCV: "riscv", cs.CS_ARCH_ARM: "arm"}
-_NAMES[cs.CS_ARCH_ARM64] = "arm64"
 
 
 def _view(ins: object, fields: list[str]) -> tuple:

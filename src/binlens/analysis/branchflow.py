@@ -134,7 +134,7 @@ def text_flow(arch: str, global_entry: Callable[[int], int]) -> Callable[[str, s
     `CapstoneBackend.classify` answers for that instruction, with the target read from the text
     (None when the text does not say it surely: the instruction is then decoded with details)."""
 
-    target = last_number
+    target = last_number  # (the last operand: where capstone prints a branch's target)
     if arch == "aarch64":
 
         def a64(m: str, text: str, _a: int) -> Flow | None:

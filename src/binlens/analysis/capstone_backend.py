@@ -283,7 +283,7 @@ class CapstoneBackend:
                     return nxt, term, tuple(nxt if x == -2 else x for x in targets), last
                 continue
             ins = None
-            known = None  # (flow, target) read from the text (AArch64, MIPS: as `classify` answers)
+            known = None  # (flow, target) read from the text, as `classify` answers (`branchflow.text_flow`)
             if a64 and (m == "adrp" or m == "adr" or paged and _a64_paged(m, text, paged)):
                 ins = _one(md, data, o, a)
                 self._adrp_refs(ins, pages, paged)

@@ -5,6 +5,7 @@ unwind index, gap pushes and wrong-state guesses")."""
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 
 from binlens.analysis.armexidx import decodes, gap_push, guess_state, starts_with_push
 from binlens.analysis.codemap import CodeMap, CodeRegion, zero_runs
@@ -96,6 +97,20 @@ def arm_after_end(image: Image, codemap: CodeMap, backend: object, va: int, thum
     return (r.va + o) % 4 == 0 and arm_end
 
 
+def _gap_runs(
+    codemap: CodeMap, covered: dict[int, bytearray], within: tuple[int, int] | None
+) -> Iterator[tuple[CodeRegion, Iterator[tuple[int, int]]]]:
+    """(region, its gaps as offset ranges) for every region, or (`within`: addresses in one region)
+    for the gaps inside that range only."""
+    if within is None:
+        for r in codemap.regions:
+            yield r, zero_runs(covered[r.va])
+        return
+    r = codemap.region(within[0])
+    if r is not None:
+        yield r, zero_runs(covered[r.va], within[0] - r.va, min(within[1], r.end) - r.va)
+
+
 def arm_gap_candidates(
     codemap: CodeMap,
     backend: object,
@@ -115,12 +130,8 @@ def arm_gap_candidates(
     gaps inside that range."""
     out = []
     literals: set[int] = backend.literals  # type: ignore[attr-defined]
-    regions = codemap.regions if within is None else [r for r in (codemap.region(within[0]),) if r is not None]
-    for r in regions:
+    for r, runs in _gap_runs(codemap, covered, within):
         seen = memo.setdefault(r.va, {})
-        runs = zero_runs(covered[r.va])
-        if within is not None:
-            runs = zero_runs(covered[r.va], within[0] - r.va, min(within[1], r.end) - r.va)
         for span in runs:
             hit = seen.get(span, _UNSEEN)
             if hit is _UNSEEN:
@@ -155,11 +166,7 @@ def arm_leaf_candidates(
     literals: set[int] = backend.literals  # type: ignore[attr-defined]
     md = backend.md  # type: ignore[attr-defined]
     out = []
-    regions = codemap.regions if within is None else [r for r in (codemap.region(within[0]),) if r is not None]
-    for r in regions:
-        runs = zero_runs(covered[r.va])
-        if within is not None:
-            runs = zero_runs(covered[r.va], within[0] - r.va, min(within[1], r.end) - r.va)
+    for r, runs in _gap_runs(codemap, covered, within):
         for lo, hi in runs:
             g = r.va + lo + (lo & 1)
             end = r.va + hi
