@@ -39,7 +39,7 @@ from binlens.analysis.xrefs import collect_xrefs, pointers_in_data
 from binlens.errors import BinlensError
 from binlens.loader.image import Image
 
-ENGINE_VERSION = "7"  # 2: AArch64 jump tables; 3: ARM32, MIPS, PowerPC, RISC-V and more x86 jump-table
+ENGINE_VERSION = "8"  # 2: AArch64 jump tables; 3: ARM32, MIPS, PowerPC, RISC-V and more x86 jump-table
 # shapes, ARM Thumb starts and BE8, code offsets looked at again after later stages; 4: gaps on every
 # architecture, `.ARM.exidx`, address pairs, relocated words only in position-independent data;
 # 5: computed-goto tables, ARM32 leaf trials and shrink-wrapped pushes, gaps peeled in one round,
@@ -47,7 +47,9 @@ ENGINE_VERSION = "7"  # 2: AArch64 jump tables; 3: ARM32, MIPS, PowerPC, RISC-V 
 # call stubs, PPC64 ELFv2 local entries and ELFv1 descriptors, ARM Thumb computed gotos and veneers,
 # MIPS `bal` PC reads, sizes across literal pools, unwind ranges end at the next start; 7: callers
 # of non-returning functions found in the same round (no chain cut short by the round limit), a
-# function that calls itself judged without the edges back from those calls
+# function that calls itself judged without the edges back from those calls; 8: ARM32 Mach-O
+# functions are `LC_FUNCTION_STARTS` where it covers, no x86 data reference from an instruction
+# without a memory operand (iced keeps imm64's high half and `enter`'s level where a displacement is)
 _K_OFFSET = XREF_KINDS.index("offset")
 ROUNDS = 8  # rounds of descent + partition + non-returning fixpoint in one `_discover` at most
 _GAP_ROUNDS = 200  # each round looks at the first address of every remaining gap

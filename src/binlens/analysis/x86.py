@@ -6,6 +6,7 @@ where an operand can hold an address.
 
 from __future__ import annotations
 
+import os
 import re
 from array import array
 from collections.abc import Callable
@@ -30,10 +31,20 @@ from binlens.analysis.x86_pic import THUNK_REGS, PicState
 from binlens.analysis.x86_pic import step as pic_step
 from binlens.loader.image import Image
 
+try:  # the C scanner of plain code (setup.py); without it every instruction takes the iced path
+    from binlens.analysis import _x86scan
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _x86scan = None  # type: ignore[assignment]
+_c_scan = None
+if _x86scan is not None and not os.environ.get("BINLENS_PURE_PYTHON"):
+    _x86scan.configure(T_COND, T_JUMP, T_CALL, T_RET, T_FALL, T_BAD)
+    _c_scan = _x86scan.scan
+
 FC = ix.FlowControl
 OK = ix.OpKind
 MN = ix.Mnemonic
 REG_NONE = ix.Register.NONE
+_MEMORY = OK.MEMORY
 _NEAR = {OK.NEAR_BRANCH16, OK.NEAR_BRANCH32, OK.NEAR_BRANCH64}
 _IMM_ADDR = {OK.IMMEDIATE32, OK.IMMEDIATE32TO64, OK.IMMEDIATE64}
 _NO_WRITE = {MN.CMP, MN.TEST, MN.PUSH, MN.BT, MN.UCOMISS, MN.UCOMISD, MN.COMISS, MN.COMISD, MN.PREFETCHNTA}
@@ -100,6 +111,10 @@ class X86Backend:
         lo, hi = (0, 0) if position_independent else (self.lo, self.hi)
         self._ctx = (lo, hi, self.got, self.gotreg, min_ref, self.x_src, self.x_dst, self.x_kind)
         self._ctx += (image.is_mapped,)
+        # the C scanner takes the plain part of every chunk, except in i386 PIC code, where
+        # `_pc_chunk` follows the GOT register through calls
+        self._scan = _c_scan if not pic else None
+        self._scan_args = (self.bits, lo, hi, min_ref)
 
     def _decoder(self, r: CodeRegion) -> ix.Decoder:
         d = self._decoders.get(r.va)
@@ -130,18 +145,36 @@ class X86Backend:
             return self._pc_chunk(va)
         if state[off]:
             return self._decode_chunk_exact(va)
-        dec = self._dec
-        dec.position = off
-        dec.ip = va
         data = r.data
+        nx = len(self.x_kind)  # the references recorded before this chunk (kept if it is redone)
+        out = None
+        if self._scan is not None:  # C decodes the plain instructions; iced goes on where it stops
+            out = self._scan(data, state, off, va, *self._scan_args)
+            if out is None:  # overlaps code decoded before
+                return self._decode_chunk_exact(va)
+            n = len(out)
+            if n == 4:  # the chunk ended in C and the state map is written
+                return out
+            dec = self._dec
+            for o in out[1] if n == 2 else out[4]:  # an operand may hold an address: iced decodes it
+                dec.position = o
+                dec.ip = o + r.va
+                self._data_ref(dec.decode(), o + r.va)
+            if n == 2:
+                return out[0]
+        dec = self._dec
         min_ref, x_src, x_dst, x_kind = self._min_ref, self.x_src, self.x_dst, self.x_kind
         data_ref, ending = self._data_ref, self._ending
-        nx = len(x_kind)
         marks: list[bytes] = []
         add_mark = marks.append
         cur = last = va
         res = None
-        for ins in dec:  # iterating is cheaper than decode_out; stops at the end of the region
+        if out is not None:
+            off, cur, last, span, _ = out
+            add_mark(span)
+        dec.position = off
+        dec.ip = cur
+        for ins in dec:  # iterating beats decode_out; stops at the region's end
             s = state[off]
             if s:
                 res = (cur, T_BAD, (), last) if s == BODY else (cur, T_FALL, (cur,), last)
@@ -284,8 +317,8 @@ class X86Backend:
             mb = ins.memory_base
             if mb == REG_NONE:
                 d = ins.memory_displacement
-                if lo <= d < hi:
-                    t = d
+                if lo <= d < hi and _MEMORY in (ins.op0_kind, ins.op1_kind, ins.op2_kind, ins.op3_kind):
+                    t = d  # (iced keeps imm64's high half, or enter's 2nd immediate, there too)
             elif mb == gotreg and ins.memory_index == REG_NONE:
                 t = (got + ins.memory_displacement) & 0xFFFFFFFF  # i386 PIC: [ebx + x] is GOT-relative
         if t:
