@@ -42,7 +42,7 @@ def _wait_running(st, fraction: float = 0.05, timeout: float = 60):  # noqa: ANN
 
 def _stored_rows(db) -> dict[str, int]:  # noqa: ANN001
     conn = db.connect()
-    return {t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("analysis_run", "func", "xref")}
+    return {t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("analysis_run", "func", "xref_pack")}
 
 
 def _gone(pid: int) -> bool:
@@ -56,7 +56,7 @@ def _gone(pid: int) -> bool:
 @pytest.mark.parametrize("opt,pie", [("-O2", True), ("-O0", False)])
 def test_same_result_as_in_process_and_progress_arrives(workspace, compile_c, opt, pie) -> None:  # noqa: ANN001
     from binlens.analysis import analyze
-    from binlens.store.analysis import AnalysisView
+    from binlens.store.analysis import AnalysisView, unpack_xrefs
 
     prog = workspace.open(compile_c("sample.c", opt, pie, strip=True), check_roots=False)
     st = prog.extensions["analysis"]
@@ -89,8 +89,9 @@ def test_same_result_as_in_process_and_progress_arrives(workspace, compile_c, op
     for f in want.functions:
         assert [b[:2] for b in view.blocks(f.address)] == [(b.start, b.end) for b in f.blocks]
         assert sorted(view.edges(f.address)) == sorted((e.src, e.dst, e.kind) for e in f.edges)
-    rows = prog.db.connect().execute("SELECT src, dst, kind FROM xref ORDER BY src, dst, kind").fetchall()
-    assert [tuple(r) for r in rows] == sorted((x.src, x.dst, x.kind) for x in want.xrefs)
+    rows = prog.db.connect().execute("SELECT data, kinds FROM xref_pack").fetchall()
+    stored = sorted(x for data, kinds in rows for x in unpack_xrefs(data, kinds))
+    assert stored == sorted((x.src, x.dst, x.kind) for x in want.xrefs)
     assert len(view.strings()) == len(want.strings)
 
 
@@ -117,7 +118,7 @@ def test_cancel_kills_the_process_at_once(workspace) -> None:  # noqa: ANN001
     elapsed = time.monotonic() - t0
     assert st.status == "cancelled" and _gone(worker.pid)
     assert elapsed < 0.5, f"cancellation took {elapsed:.3f} s"
-    assert _stored_rows(st.prog.db) == {"analysis_run": 0, "func": 0, "xref": 0}
+    assert _stored_rows(st.prog.db) == {"analysis_run": 0, "func": 0, "xref_pack": 0}
 
 
 def test_call_cancellation_kills_the_process(workspace) -> None:  # noqa: ANN001
@@ -156,7 +157,7 @@ def test_sigkill_gives_failed_and_no_partial_analysis(workspace, phase: str) -> 
     assert "SIGKILL" in st.error and "nothing was saved" in st.error
     got = invoke(workspace, "analysis.get", {})
     assert got["status"] == "failed" and "SIGKILL" in got["error"]
-    assert _stored_rows(st.prog.db) == {"analysis_run": 0, "func": 0, "xref": 0}
+    assert _stored_rows(st.prog.db) == {"analysis_run": 0, "func": 0, "xref_pack": 0}
     if phase == "saving":  # the database is fine: a new run completes
         invoke(workspace, "analysis.start", {"wait": True, "timeout_ms": 120000})
         assert st.status == "done" and _stored_rows(st.prog.db)["func"] > 1000

@@ -9,7 +9,7 @@ from binlens.loader.parse_elf import parse_elf
 from binlens.store import analysis as store
 from binlens.store.database import CORE_MIGRATIONS, ProgramDatabase
 
-INDEXES = {"block_by_start", "call_by_function", "call_by_callee", "xref_by_dst", "xref_by_src", "xref_by_function"}
+INDEXES = {"call_by_function", "call_by_callee", "xref_pack_by_function"}
 
 
 def _analysis(path):  # noqa: ANN001, ANN202
@@ -36,6 +36,21 @@ def test_saved_analysis_reads_back_whole(tmp_path, compile_c):
             assert view.callees(f.address) == sorted(f.calls)
         xrefs = {(x.src, x.dst, x.kind) for x in a.xrefs}
         assert {(s, d, k) for f in a.functions for s, d, k, _fn in view.xrefs_from_function(f.address)} <= xrefs
+        # every reference, found by its source and by its destination, with the function it is made from
+        owner = {b.start: f.address for f in reversed(a.functions) for b in f.blocks}
+        for x in a.xrefs:
+            assert (x.src, x.dst, x.kind) in {r[:3] for r in view.xrefs_to(x.dst)}
+            assert (x.src, x.dst, x.kind) in {r[:3] for r in view.xrefs_from(x.src)}
+            block = view.block_at(x.src)
+            fn = {r[3] for r in view.xrefs_from(x.src)}
+            assert fn == {owner[block[1]] if block else None}
+        assert sorted(r[:3] for r in view.xrefs_between(0, 1 << 64)) == sorted(xrefs)
+        blocks = sorted({(b.start, b.end) for f in a.functions for b in f.blocks})
+        assert view.blocks_in(0, 1 << 64) == blocks
+        for f in a.functions:
+            assert view.function_at(f.address).address == f.address
+            for b in f.blocks:
+                assert view.block_at(b.start)[1:] == (b.start, b.end) and view.block_at(b.end - 1)[2] == b.end
         assert _indexes(db) >= INDEXES
         run = store.load_run(db)
         assert run.counts["functions"] == len(a.functions) and run.counts["xrefs"] == len(a.xrefs)
@@ -70,4 +85,6 @@ def test_an_old_database_is_upgraded_and_its_analysis_runs_again(tmp_path):
     assert store.load_run(db) is None  # the cached analysis is dropped: it runs again and fills the new columns
     assert db.connect().execute("SELECT name FROM sqlite_master WHERE name='edge'").fetchone() is None
     cols = [r[1] for r in db.connect().execute("PRAGMA table_info(func)")]
-    assert cols[-2:] == ["edges", "edge_kinds"]
+    assert cols[-4:] == ["edges", "edge_kinds", "block_data", "block_terms"]
+    tables = {r[0] for r in db.connect().execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert "xref_pack" in tables and not {"block", "xref"} & tables

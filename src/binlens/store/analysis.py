@@ -13,12 +13,12 @@ import sys
 import time
 from array import array
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from itertools import chain
+from itertools import accumulate, chain
 from operator import attrgetter, itemgetter
 
-from binlens.analysis.model import ProgramAnalysis
+from binlens.analysis.model import XREF_KINDS, ProgramAnalysis
 from binlens.store.database import ProgramDatabase, register_migrations
 
 ANALYSIS_MIGRATIONS = [
@@ -62,12 +62,34 @@ ANALYSIS_MIGRATIONS = [
     DROP TABLE IF EXISTS edge;
     DELETE FROM analysis_run
     """,
+    # Blocks and references packed too: a function's blocks in its row (`func.block_data`:
+    # little-endian u64 start, end, instruction-count triples; `func.block_terms`: terminators,
+    # comma-separated), its references in one `xref_pack` row (u64 src, dst pairs and one byte of
+    # kind each; function NULL: references from outside every function). 70k block and 80k
+    # reference rows with their four indexes were ~0.5 s of the save of libc's analysis; readers
+    # build their address indexes in memory on first use (`AnalysisView`).
+    """
+    ALTER TABLE func ADD COLUMN block_data BLOB;
+    ALTER TABLE func ADD COLUMN block_terms TEXT;
+    DROP TABLE IF EXISTS block;
+    DROP TABLE IF EXISTS xref;
+    CREATE TABLE xref_pack (function INTEGER, data BLOB NOT NULL, kinds BLOB NOT NULL);
+    CREATE INDEX xref_pack_by_function ON xref_pack(function);
+    DELETE FROM analysis_run
+    """,
 ]
 register_migrations("analysis", ANALYSIS_MIGRATIONS)
-_TABLES = ("func", "block", "call", "xref", "string")
+_TABLES = ("func", "call", "xref_pack", "string")
 _FUNC_COLUMNS = "address, size, symbol, thunk, sources, noreturn, blocks, instructions, mode"
 _EDGE_PAIR = attrgetter("src", "dst")
 _EDGE_ORDER = itemgetter(0, 1)
+_BLOCK_TRIPLE = attrgetter("start", "end", "instruction_count")
+_TERM, _KIND = attrgetter("terminator"), attrgetter("kind")
+_KIND_CODE = {k: i for i, k in enumerate(XREF_KINDS)}
+_FUNC_INSERT = (
+    f"INSERT OR REPLACE INTO func ({_FUNC_COLUMNS}, edges, edge_kinds, block_data, block_terms) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+)
 
 
 def pack_edges(edges: list) -> tuple[bytes | None, str | None]:
@@ -78,6 +100,48 @@ def pack_edges(edges: list) -> tuple[bytes | None, str | None]:
     if sys.byteorder == "big":
         flat.byteswap()
     return flat.tobytes(), ",".join(e.kind for e in edges)
+
+
+def _words(values: Iterable[int]) -> bytes:
+    """Little-endian u64 words."""
+    flat = array("Q", values)
+    if sys.byteorder == "big":
+        flat.byteswap()
+    return flat.tobytes()
+
+
+def _unwords(blob: bytes) -> array:
+    flat = array("Q")
+    flat.frombytes(blob)
+    if sys.byteorder == "big":
+        flat.byteswap()
+    return flat
+
+
+def pack_blocks(blocks: list) -> tuple[bytes | None, str | None]:
+    """(`func.block_data`, `func.block_terms`) for a function's blocks; (None, None) when it has none."""
+    if not blocks:
+        return None, None
+    return _words(chain.from_iterable(map(_BLOCK_TRIPLE, blocks))), ",".join(map(_TERM, blocks))
+
+
+def unpack_blocks(blob: bytes | None, terms: str | None) -> list[tuple[int, int, int, str]]:
+    """(start, end, instructions, terminator) from `pack_blocks`, in stored order."""
+    if not blob or not terms:
+        return []
+    flat = _unwords(blob)
+    return list(zip(flat[0::3], flat[1::3], flat[2::3], terms.split(","), strict=True))
+
+
+def pack_xrefs(xrefs: list) -> tuple[bytes, bytes]:
+    """(`xref_pack.data`, `xref_pack.kinds`) for references: (src, dst) words, one byte of kind each."""
+    return _words(chain.from_iterable(map(_EDGE_PAIR, xrefs))), bytes(map(_KIND_CODE.__getitem__, map(_KIND, xrefs)))
+
+
+def unpack_xrefs(blob: bytes, kinds: bytes) -> list[tuple[int, int, str]]:
+    """(src, dst, kind) from `pack_xrefs`, in stored order."""
+    flat = _unwords(blob)
+    return list(zip(flat[0::2], flat[1::2], map(XREF_KINDS.__getitem__, kinds), strict=True))
 
 
 def unpack_edges(blob: bytes | None, kinds: str | None) -> list[tuple[int, int, str]]:
@@ -133,12 +197,9 @@ class RunInfo:
 # them, bulk-inserts, and builds them again: one sort per index instead of a B-tree insert per row
 # (the save of libc's analysis went from ~0.8 s to ~0.4 s).
 _INDEXES = (
-    ("block_by_start", "block(start)"),
     ("call_by_function", "call(function)"),
     ("call_by_callee", "call(callee)"),
-    ("xref_by_dst", "xref(dst)"),
-    ("xref_by_src", "xref(src)"),
-    ("xref_by_function", "xref(function)"),
+    ("xref_pack_by_function", "xref_pack(function)"),
 )
 _HIGH = 1 << 63
 
@@ -167,47 +228,12 @@ def save_analysis(db: ProgramDatabase, a: ProgramAnalysis) -> None:
             conn.execute(f"DROP INDEX IF EXISTS {name}")
         for t in _TABLES:
             conn.execute(f"DELETE FROM {t}")  # noqa: S608 - fixed table names
-        conn.executemany(
-            f"INSERT INTO func ({_FUNC_COLUMNS}, edges, edge_kinds) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                (
-                    sg(f.address),
-                    f.size,
-                    f.symbol_name,
-                    f.thunk_name,
-                    ",".join(f.sources),
-                    int(f.noreturn),
-                    len(f.blocks),
-                    sum(b.instruction_count for b in f.blocks),
-                    f.mode,
-                    *pack_edges(f.edges),
-                )
-                for f in a.functions
-            ),
-        )
+        conn.executemany(_FUNC_INSERT, _func_rows(a.functions, sg, {}))
         for f in a.functions:  # one executemany per function: no Python generator frame per row
-            fa = sg(f.address)
-            if f.blocks:
-                conn.executemany(
-                    "INSERT OR IGNORE INTO block VALUES (?,?,?,?,?)",
-                    [(fa, sg(b.start), sg(b.end), b.instruction_count, b.terminator) for b in f.blocks],
-                )
             if f.calls:
+                fa = sg(f.address)
                 conn.executemany("INSERT INTO call VALUES (?,?,?)", [(fa, sg(site), sg(c)) for site, c in f.calls])
-        starts, ends, fns = _owner_spans(a.functions)
-        right = bisect.bisect_right
-        conn.executemany(  # the owner lookup inlined: one bisect per reference, no call frame
-            "INSERT INTO xref VALUES (?,?,?,?)",
-            (
-                (
-                    sg(x.src),
-                    sg(x.dst),
-                    x.kind,
-                    sg(fns[i]) if (i := right(starts, x.src) - 1) >= 0 and x.src < ends[i] else None,
-                )
-                for x in a.xrefs
-            ),
-        )
+        conn.executemany("INSERT INTO xref_pack VALUES (?,?,?)", _xref_packs(a.functions, a.xrefs, sg))
         conn.executemany(
             "INSERT INTO string VALUES (?,?,?,?,?,?)",
             ((sg(s.address), s.size, s.encoding, s.text, s.section, refs.get(s.address, 0)) for s in a.strings),
@@ -233,6 +259,42 @@ def save_analysis(db: ProgramDatabase, a: ProgramAnalysis) -> None:
         )
 
 
+def _func_rows(functions: list, sg: Callable[[int], int], sources: dict[int, tuple[str, ...]]) -> Iterable[tuple]:
+    """`func` rows (blocks and edges packed); `sources` overrides a function's own."""
+    return (
+        (
+            sg(f.address),
+            f.size,
+            f.symbol_name,
+            f.thunk_name,
+            ",".join(sources.get(f.address, f.sources)),
+            int(f.noreturn),
+            len(f.blocks),
+            sum(b.instruction_count for b in f.blocks),
+            f.mode,
+            *pack_edges(f.edges),
+            *pack_blocks(f.blocks),
+        )
+        for f in functions
+    )
+
+
+def _xref_packs(functions: list, xrefs: list, sg: Callable[[int], int]) -> list[tuple[int | None, bytes, bytes]]:
+    """One `xref_pack` row per owner: the function whose block holds the source (None: no function)."""
+    starts, ends, fns = _owner_spans(functions)
+    right = bisect.bisect_right
+    groups: dict[int | None, list] = {}
+    for x in xrefs:
+        src = x.src
+        i = right(starts, src) - 1
+        owner = fns[i] if i >= 0 and src < ends[i] else None
+        group = groups.get(owner)
+        if group is None:
+            groups[owner] = group = []
+        group.append(x)
+    return [(None if owner is None else sg(owner), *pack_xrefs(group)) for owner, group in groups.items()]
+
+
 def _owner_spans(functions: list) -> tuple[list[int], list[int], list[int]]:
     """(starts, ends, functions) of the distinct block starts, sorted: who owns an address."""
     spans = sorted((b.start, b.end, f.address) for f in functions for b in f.blocks)
@@ -248,66 +310,35 @@ def _owner_spans(functions: list) -> tuple[list[int], list[int], list[int]]:
     return starts, ends, fns
 
 
-def _owner_index(functions: list) -> Callable[[int], int | None]:
-    starts, ends, fns = _owner_spans(functions)
-
-    def owner(va: int) -> int | None:
-        i = bisect.bisect_right(starts, va) - 1
-        return s64(fns[i]) if i >= 0 and va < ends[i] else None
-
-    return owner
-
-
 def replace_functions(
     db: ProgramDatabase, remove: set[int], functions: list, xrefs: list, sources: dict[int, tuple[str, ...]]
 ) -> None:
     """Replace some functions (and the rows that hang off them) after a local re-analysis."""
     ids = [s64(a) for a in remove | {f.address for f in functions}]
-    owner = _owner_index(functions)
     marks = ",".join("?" * len(ids))
     with db.transaction() as conn:
         conn.execute(f"DELETE FROM func WHERE address IN ({marks})", ids)  # noqa: S608 - placeholders only
-        for table in ("block", "call", "xref"):
+        for table in ("call", "xref_pack"):
             conn.execute(f"DELETE FROM {table} WHERE function IN ({marks})", ids)  # noqa: S608
-        conn.executemany(
-            f"INSERT OR REPLACE INTO func ({_FUNC_COLUMNS}, edges, edge_kinds) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                (
-                    s64(f.address),
-                    f.size,
-                    f.symbol_name,
-                    f.thunk_name,
-                    ",".join(sources.get(f.address, f.sources)),
-                    int(f.noreturn),
-                    len(f.blocks),
-                    sum(b.instruction_count for b in f.blocks),
-                    f.mode,
-                    *pack_edges(f.edges),
-                )
-                for f in functions
-            ),
-        )
-        conn.executemany(
-            "INSERT OR IGNORE INTO block VALUES (?,?,?,?,?)",
-            (
-                (s64(f.address), s64(b.start), s64(b.end), b.instruction_count, b.terminator)
-                for f in functions
-                for b in f.blocks
-            ),
-        )
+        conn.executemany(_FUNC_INSERT, _func_rows(functions, s64, sources))
         conn.executemany(
             "INSERT INTO call VALUES (?,?,?)",
             ((s64(f.address), s64(site), s64(callee)) for f in functions for site, callee in f.calls),
         )
-        conn.executemany(
-            "INSERT INTO xref VALUES (?,?,?,?)", ((s64(x.src), s64(x.dst), x.kind, owner(x.src)) for x in xrefs)
-        )
-        conn.execute("UPDATE string SET refs = (SELECT COUNT(*) FROM xref WHERE xref.dst = string.address)")
+        conn.executemany("INSERT INTO xref_pack VALUES (?,?,?)", _xref_packs(functions, xrefs, s64))
+        refs: Counter[int] = Counter()
+        total = 0
+        for data, kinds in conn.execute("SELECT data, kinds FROM xref_pack"):
+            refs.update(_unwords(data)[1::2])
+            total += len(kinds)
+        strings = conn.execute("SELECT address FROM string").fetchall()
+        conn.executemany("UPDATE string SET refs = ? WHERE address = ?", [(refs[u64(a)], a) for (a,) in strings])
         conn.execute(
             "UPDATE analysis_run SET functions = (SELECT COUNT(*) FROM func), "
             "blocks = (SELECT COALESCE(SUM(blocks), 0) FROM func), "
             "instructions = (SELECT COALESCE(SUM(instructions), 0) FROM func), "
-            "xrefs = (SELECT COUNT(*) FROM xref) WHERE id = 1"
+            "xrefs = ? WHERE id = 1",
+            (total,),
         )
 
 
@@ -335,7 +366,8 @@ def set_user_function(db: ProgramDatabase, va: int, defined: bool) -> None:
 
 
 class AnalysisView:
-    """Read access to a stored analysis (functions in memory; blocks, edges, xrefs by query)."""
+    """Read access to a stored analysis: functions in memory; a function's blocks, edges, calls and
+    references by query; blocks and references by address through indexes built on first use."""
 
     def __init__(self, db: ProgramDatabase) -> None:
         self.db = db
@@ -351,45 +383,52 @@ class AnalysisView:
         self.starts = [f.address for f in funcs]
         self.by_address = {f.address: f for f in funcs}
         self.thunks = {f.thunk: f.address for f in funcs if f.thunk}
+        self._block_index: _BlockIndex | None = None
+        self._xref_index: _XrefIndex | None = None
 
     def _q(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
         return self.db.connect().execute(sql, args).fetchall()
+
+    def _blocks_by_start(self) -> _BlockIndex:
+        idx = self._block_index
+        if idx is None:
+            idx = self._block_index = _BlockIndex(self._q("SELECT address, block_data FROM func"))
+        return idx
+
+    def _xrefs_by_address(self) -> _XrefIndex:
+        idx = self._xref_index
+        if idx is None:
+            idx = self._xref_index = _XrefIndex(self._q("SELECT function, data, kinds FROM xref_pack"))
+        return idx
 
     def function_at(self, va: int) -> FunctionRow | None:
         """The function starting at `va`, else the one with a block containing `va`."""
         f = self.by_address.get(va)
         if f is not None:
             return f
-        rows = self._q(
-            "SELECT function FROM block WHERE start <= ? AND end > ? ORDER BY start DESC LIMIT 1", (s64(va), s64(va))
-        )
-        if rows:
-            return self.by_address.get(u64(rows[0][0]))
-        return None
+        b = self.block_at(va)
+        return self.by_address.get(b[0]) if b is not None else None
 
     def blocks(self, fn: int) -> list[tuple[int, int, int, str]]:
         """(start, end, instructions, terminator) of a function's blocks, by address."""
-        rows = self._q(
-            "SELECT start, end, instructions, terminator FROM block WHERE function=? ORDER BY start", (s64(fn),)
-        )
-        return sorted((u64(s), u64(e), n, t) for s, e, n, t in rows)
+        rows = self._q("SELECT block_data, block_terms FROM func WHERE address=?", (s64(fn),))
+        return sorted(unpack_blocks(*rows[0])) if rows else []
 
     def blocks_in(self, start: int, end: int) -> list[tuple[int, int]]:
         """Distinct (start, end) of blocks that start in [start, end), by address."""
-        hi = min(end, (1 << 63) - 1)
-        rows = self._q(
-            "SELECT DISTINCT start, end FROM block WHERE start >= ? AND start < ? ORDER BY start",
-            (s64(start) if start < 1 << 63 else 0, hi),
-        )
-        return [(u64(s), u64(e)) for s, e in rows]
+        idx = self._blocks_by_start()
+        lo, hi = bisect.bisect_left(idx.starts, start), bisect.bisect_left(idx.starts, end)
+        return list(dict.fromkeys(zip(idx.starts[lo:hi], idx.ends[lo:hi], strict=True)))
 
     def block_at(self, va: int) -> tuple[int, int, int] | None:
-        """(function, start, end) of a block containing `va`."""
-        rows = self._q(
-            "SELECT function, start, end FROM block WHERE start <= ? AND end > ? ORDER BY start DESC LIMIT 1",
-            (s64(va), s64(va)),
-        )
-        return (u64(rows[0][0]), u64(rows[0][1]), u64(rows[0][2])) if rows else None
+        """(function, start, end) of the block containing `va` that starts last."""
+        idx = self._blocks_by_start()
+        i = bisect.bisect_right(idx.starts, va) - 1
+        while i >= 0 and idx.reach[i] > va:  # some block from here down still runs past va
+            if idx.ends[i] > va:
+                return idx.fns[i], idx.starts[i], idx.ends[i]
+            i -= 1
+        return None
 
     def edges(self, fn: int) -> list[tuple[int, int, str]]:
         rows = self._q("SELECT edges, edge_kinds FROM func WHERE address=?", (s64(fn),))
@@ -408,26 +447,80 @@ class AnalysisView:
         return [(u64(f), u64(s)) for f, s in rows]
 
     def xrefs_to(self, va: int, kinds: tuple[str, ...] = ()) -> list[tuple[int, int, str, int | None]]:
-        return self._xrefs("dst = ?", (s64(va),), kinds)
+        """(src, dst, kind, function of src) of the references to `va`, by source."""
+        idx = self._xrefs_by_address()
+        return idx.rows(idx.by_dst, idx.dst_keys, va, va + 1, kinds)
 
     def xrefs_from(self, va: int, kinds: tuple[str, ...] = ()) -> list[tuple[int, int, str, int | None]]:
-        return self._xrefs("src = ?", (s64(va),), kinds)
+        """The references made by the instruction (or data word) at `va`."""
+        idx = self._xrefs_by_address()
+        return idx.rows(idx.by_src, idx.src_keys, va, va + 1, kinds)
 
     def xrefs_between(self, start: int, end: int) -> list[tuple[int, int, str, int | None]]:
         """The references made from addresses in [start, end)."""
-        return self._xrefs("src >= ? AND src < ?", (s64(start), s64(end)), ())
+        idx = self._xrefs_by_address()
+        return idx.rows(idx.by_src, idx.src_keys, start, end, ())
 
     def xrefs_from_function(self, fn: int, kinds: tuple[str, ...] = ()) -> list[tuple[int, int, str, int | None]]:
-        return self._xrefs("function = ?", (s64(fn),), kinds)
-
-    def _xrefs(self, where: str, args: tuple, kinds: tuple[str, ...]) -> list[tuple[int, int, str, int | None]]:
-        sql = f"SELECT src, dst, kind, function FROM xref WHERE {where}"  # noqa: S608 - fixed fragments
-        if kinds:
-            sql += f" AND kind IN ({','.join('?' * len(kinds))})"
-            args = args + tuple(kinds)
-        rows = self._q(sql + " ORDER BY src, dst", args)
-        return [(u64(s), u64(d), k, u64(f) if f is not None else None) for s, d, k, f in rows]
+        """The references made from the blocks of `fn`."""
+        out = [
+            (s, d, k, fn)
+            for data, codes in self._q("SELECT data, kinds FROM xref_pack WHERE function=?", (s64(fn),))
+            for s, d, k in unpack_xrefs(data, codes)
+            if not kinds or k in kinds
+        ]
+        out.sort(key=_EDGE_ORDER)
+        return out
 
     def strings(self) -> list[tuple[int, int, str, str, str | None, int]]:
         rows = self._q("SELECT address, size, encoding, text, section, refs FROM string ORDER BY address")
         return [(u64(a), n, e, t, s, r) for a, n, e, t, s, r in rows]
+
+
+class _BlockIndex:
+    """Every stored block by start address (a block two functions share is listed for each)."""
+
+    def __init__(self, rows: list[sqlite3.Row]) -> None:
+        starts, ends, fns = array("Q"), array("Q"), array("Q")
+        for address, blob in rows:
+            if blob:
+                flat = _unwords(blob)
+                starts += flat[0::3]
+                ends += flat[1::3]
+                fns += array("Q", [u64(address)]) * (len(flat) // 3)
+        order = sorted(range(len(starts)), key=starts.__getitem__)  # (stable: function order at equal starts)
+        self.starts = array("Q", map(starts.__getitem__, order))
+        self.ends = array("Q", map(ends.__getitem__, order))
+        self.fns = array("Q", map(fns.__getitem__, order))
+        self.reach = array("Q", accumulate(self.ends, max))  # the furthest end of the blocks up to each one
+
+
+class _XrefIndex:
+    """Every stored reference, ordered by source and by destination (arrays: ~40 bytes a reference)."""
+
+    def __init__(self, rows: list[sqlite3.Row]) -> None:
+        self.src, self.dst, self.kind = array("Q"), array("Q"), bytearray()
+        self.fn: list[int | None] = []
+        for owner, data, kinds in rows:
+            flat = _unwords(data)
+            self.src.extend(flat[0::2])
+            self.dst.extend(flat[1::2])
+            self.kind += kinds
+            self.fn += [None if owner is None else u64(owner)] * len(kinds)
+        n = len(self.kind)
+        self.by_src = array("I", sorted(range(n), key=self.src.__getitem__))
+        self.by_dst = array("I", sorted(range(n), key=self.dst.__getitem__))
+        self.src_keys = array("Q", map(self.src.__getitem__, self.by_src))
+        self.dst_keys = array("Q", map(self.dst.__getitem__, self.by_dst))
+
+    def rows(
+        self, order: array, keys: array, lo: int, hi: int, kinds: tuple[str, ...]
+    ) -> list[tuple[int, int, str, int | None]]:
+        """The references whose key (in `keys`, ordered by `order`) is in [lo, hi), by (src, dst)."""
+        i, j = bisect.bisect_left(keys, lo), bisect.bisect_left(keys, hi)
+        src, dst, kind, fn = self.src, self.dst, self.kind, self.fn
+        out = [(src[x], dst[x], XREF_KINDS[kind[x]], fn[x]) for x in order[i:j]]
+        if kinds:
+            out = [r for r in out if r[2] in kinds]
+        out.sort(key=_EDGE_ORDER)
+        return out
