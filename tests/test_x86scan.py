@@ -193,3 +193,49 @@ def test_no_reference_from_the_high_half_of_a_64_bit_immediate(tmp_path: Path, m
         monkeypatch.setattr(X, "_c_scan", scanner)
         result = analyze(parse_path(str(exe)))
         assert not [x for x in result.xrefs if x.dst == 0x401000 and main <= x.src < main + 32]
+
+
+def _sweep_with_scanner(path: Path, limit: int | None = None) -> int:
+    """Chunk by chunk through the code: `Scanner.chunk` (or, where it declines, `decode_chunk`)
+    against the exact iced path on a second code map; same chunks, state maps and references."""
+    image = parse_path(str(path))
+    fast_map, exact_map = CodeMap(image), CodeMap(image)
+    fast, exact = X.X86Backend(image, fast_map), X.X86Backend(image, exact_map)
+    assert fast.fast_chunk is not None
+    whole = 0
+    for rf in fast_map.regions:
+        va, end = rf.va, rf.end if limit is None else min(rf.end, rf.va + limit)
+        for odd in range(rf.va + 1, min(end, rf.va + 4096), 97):  # some code decoded misaligned first
+            got = fast.fast_chunk(odd)
+            assert (got if got else fast.decode_chunk(odd)) == exact.decode_chunk_exact(odd), hex(odd)
+        while va < end:
+            got = fast.fast_chunk(va)
+            whole += bool(got)
+            got = got if got else fast.decode_chunk(va)
+            assert got == exact.decode_chunk_exact(va), hex(va)
+            va = got[0] if got is not None and got[0] > va else va + 1
+    for rf, rx in zip(fast_map.regions, exact_map.regions, strict=True):
+        assert rf.state == rx.state
+    assert (fast.x_src, fast.x_dst, fast.x_kind) == (exact.x_src, exact.x_dst, exact.x_kind)
+    return whole
+
+
+@pytest.mark.parametrize("opt,pie", [("-O2", True), ("-O0", False)])
+def test_scanner_chunks_match_the_exact_decoder(compile_c, opt: str, pie: bool) -> None:
+    assert _sweep_with_scanner(compile_c("callbacks.c", opt, pie)) > 10
+
+
+def test_scanner_chunks_match_the_exact_decoder_on_libc() -> None:
+    if not LIBC.exists():
+        pytest.skip(f"{LIBC} is absent")
+    assert _sweep_with_scanner(LIBC, limit=300_000) > 10_000
+
+
+def test_scanner_answers_none_outside_the_regions_and_false_on_decoded_code(compile_c) -> None:
+    image = parse_path(str(compile_c("sample.c", "-O2", True)))
+    backend = X.X86Backend(image, CodeMap(image))
+    first = backend.codemap.regions[0]
+    assert backend.fast_chunk(0) is None and backend.fast_chunk(1 << 70) is None
+    got = backend.fast_chunk(first.va)
+    assert got and got[0] > first.va
+    assert backend.fast_chunk(first.va) is False  # decoded now: the Python path decides (chunk split)

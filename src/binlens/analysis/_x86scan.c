@@ -449,6 +449,71 @@ static void put_marks(uint8_t *m, const uint8_t *p, Py_ssize_t n, Py_ssize_t off
     }
 }
 
+typedef struct {
+    Py_ssize_t off;  /* where the walk stopped (the chunk's end when kind != 0) */
+    uint64_t cur;    /* its address */
+    uint64_t last;   /* the address of the last instruction decoded */
+    uint64_t target; /* the branch target (kind FL_JCC, FL_JMP, FL_CALL) */
+    int kind;        /* 0: an instruction not known here; else FL_JCC..FL_RET, K_FALL, K_BAD */
+} walk_t;
+
+/* Walk the plain instructions from `off`; the offsets of those that may reference data are
+ * appended to *refs (a list made on first need). -1 with an exception set on failure. */
+static int walk(const uint8_t *p, const uint8_t *st, Py_ssize_t n, Py_ssize_t off, uint64_t va, int x64, uint64_t lo,
+                uint64_t hi, int min_ref, PyObject **refs, walk_t *w) {
+    uint64_t cur = va, last = va;
+    w->kind = 0;
+    w->target = 0;
+    while (off < n && st[off] == 0) {
+        insn_t d;
+        int len = decode(p + off, n - off, x64, cur, lo, hi, &d);
+        if (!len)
+            break;
+        if (d.flagged && len >= min_ref && add_ref(refs, off) < 0)
+            return -1;
+        last = cur;
+        cur += (uint64_t)len;
+        off += len;
+        if (d.flow != FL_NEXT) {
+            w->kind = d.flow;
+            w->target = d.target;
+            break;
+        }
+    }
+    /* (addresses run on past 4 GiB in 32-bit code as in the iced path: only branch targets wrap) */
+    if (!w->kind && (off >= n || st[off] != 0)) /* the region ends, or code decoded before begins */
+        w->kind = off < n && st[off] != M_BODY ? K_FALL : K_BAD;
+    w->off = off;
+    w->cur = cur;
+    w->last = last;
+    return 0;
+}
+
+/* Are the state bytes under [off0, off) all unexplored (no instruction runs into earlier code)? */
+static int unexplored(const uint8_t *st, Py_ssize_t off0, Py_ssize_t off) {
+    for (Py_ssize_t k = off0; k < off; k++)
+        if (st[k])
+            return 0;
+    return 1;
+}
+
+/* `decode_chunk`'s (end, terminator, targets, last) for a walk that ended the chunk */
+static PyObject *chunk_tuple(const walk_t *w) {
+    unsigned long long cur = w->cur, last = w->last, target = w->target;
+    switch (w->kind) {
+    case FL_JCC:
+        return Py_BuildValue("(Kl(KK)K)", cur, t_cond, target, cur, last);
+    case FL_CALL:
+        return Py_BuildValue("(Kl(KK)K)", cur, t_call, target, cur, last);
+    case FL_JMP:
+        return Py_BuildValue("(Kl(K)K)", cur, t_jump, target, last);
+    case K_FALL:
+        return Py_BuildValue("(Kl(K)K)", cur, t_fall, cur, last);
+    default:
+        return Py_BuildValue("(Kl()K)", cur, w->kind == FL_RET ? t_ret : t_bad, last);
+    }
+}
+
 /* scan(data, state, off, va, bits, lo, hi, min_ref): the chunk at `off` (address `va`).
  *
  * When it ends here (a direct branch, call or return, the region's end, or code decoded before)
@@ -475,71 +540,30 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     uint8_t *st = state.buf;
     Py_ssize_t n = data.len < state.len ? data.len : state.len;
     int x64 = bits == 64;
-    Py_ssize_t off0 = off;
-    uint64_t cur = va, last = va, target = 0;
-    int kind = 0;
     PyObject *refs = NULL, *out = NULL;
+    walk_t w;
     if (off < 0 || off > n) {
         PyErr_SetString(PyExc_ValueError, "offset outside the region");
         goto done;
     }
-    while (off < n && st[off] == 0) {
-        insn_t d;
-        int len = decode(p + off, n - off, x64, cur, lo, hi, &d);
-        if (!len)
-            break;
-        if (d.flagged && len >= min_ref && add_ref(&refs, off) < 0)
-            goto done;
-        last = cur;
-        cur += (uint64_t)len;
-        off += len;
-        if (d.flow != FL_NEXT) {
-            kind = d.flow;
-            target = d.target;
-            break;
-        }
-    }
-    /* (addresses run on past 4 GiB in 32-bit code as in the iced path: only branch targets wrap) */
-    if (!kind && (off >= n || st[off] != 0)) /* the region ends, or code decoded before begins */
-        kind = off < n && st[off] != M_BODY ? K_FALL : K_BAD;
-    if (!kind) { /* the iced path goes on */
-        PyObject *marks = PyBytes_FromStringAndSize(NULL, off - off0);
+    if (walk(p, st, n, off, va, x64, lo, hi, min_ref, &refs, &w) < 0)
+        goto done;
+    if (!w.kind) { /* the iced path goes on */
+        PyObject *marks = PyBytes_FromStringAndSize(NULL, w.off - off);
         if (marks == NULL)
             goto done;
-        put_marks((uint8_t *)PyBytes_AS_STRING(marks), p, n, off0, off, x64);
+        put_marks((uint8_t *)PyBytes_AS_STRING(marks), p, n, off, w.off, x64);
         PyObject *found = refs ? Py_NewRef(refs) : PyTuple_New(0);
-        out = Py_BuildValue("nKKNN", off, (unsigned long long)cur, (unsigned long long)last, marks, found);
+        out = Py_BuildValue("nKKNN", w.off, (unsigned long long)w.cur, (unsigned long long)w.last, marks, found);
         goto done;
     }
-    for (Py_ssize_t k = off0; k < off; k++) {
-        if (st[k]) { /* an instruction runs into code decoded before */
-            out = Py_NewRef(Py_None);
-            goto done;
-        }
+    if (!unexplored(st, off, w.off)) { /* an instruction runs into code decoded before */
+        out = Py_NewRef(Py_None);
+        goto done;
     }
-    put_marks(st + off0, p, n, off0, off, x64);
-    st[off0] = 3; /* codemap.CHUNK */
-    switch (kind) {
-    case FL_JCC:
-        out = Py_BuildValue("(Kl(KK)K)", (unsigned long long)cur, t_cond, (unsigned long long)target,
-                            (unsigned long long)cur, (unsigned long long)last);
-        break;
-    case FL_CALL:
-        out = Py_BuildValue("(Kl(KK)K)", (unsigned long long)cur, t_call, (unsigned long long)target,
-                            (unsigned long long)cur, (unsigned long long)last);
-        break;
-    case FL_JMP:
-        out = Py_BuildValue("(Kl(K)K)", (unsigned long long)cur, t_jump, (unsigned long long)target,
-                            (unsigned long long)last);
-        break;
-    case K_FALL:
-        out = Py_BuildValue("(Kl(K)K)", (unsigned long long)cur, t_fall, (unsigned long long)cur,
-                            (unsigned long long)last);
-        break;
-    default:
-        out = Py_BuildValue("(Kl()K)", (unsigned long long)cur, kind == FL_RET ? t_ret : t_bad,
-                            (unsigned long long)last);
-    }
+    put_marks(st + off, p, n, off, w.off, x64);
+    st[off] = 3; /* codemap.CHUNK */
+    out = chunk_tuple(&w);
     if (out != NULL && refs != NULL)
         out = Py_BuildValue("(NO)", out, refs);
 done:
@@ -548,6 +572,155 @@ done:
     PyBuffer_Release(&state);
     return out;
 }
+
+/* ---- Scanner: the same over a code map's regions, one call per chunk ---- */
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t nreg, hit;
+    uint64_t *rva;    /* region start addresses, ascending */
+    PyObject **data;  /* bytes */
+    PyObject **state; /* bytearray, never resized (codemap.CodeRegion.state) */
+    int x64, min_ref;
+    uint64_t lo, hi;
+    PyObject *on_ref; /* called with the address of each instruction that may reference data */
+} Scanner;
+
+static void scanner_free(Scanner *s) {
+    for (Py_ssize_t i = 0; i < s->nreg; i++) {
+        Py_XDECREF(s->data[i]);
+        Py_XDECREF(s->state[i]);
+    }
+    PyMem_Free(s->rva);
+    PyMem_Free(s->data);
+    PyMem_Free(s->state);
+    Py_XDECREF(s->on_ref);
+    Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+static PyObject *scanner_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    PyObject *regions, *on_ref;
+    int bits, min_ref;
+    unsigned long long lo, hi;
+    (void)kw;
+    if (!configured) {
+        PyErr_SetString(PyExc_RuntimeError, "_x86scan.configure() was not called");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "O!iKKiO", &PyList_Type, &regions, &bits, &lo, &hi, &min_ref, &on_ref))
+        return NULL;
+    Scanner *s = (Scanner *)type->tp_alloc(type, 0);
+    if (s == NULL)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(regions);
+    s->rva = PyMem_Calloc((size_t)n + 1, sizeof *s->rva);
+    s->data = PyMem_Calloc((size_t)n + 1, sizeof *s->data);
+    s->state = PyMem_Calloc((size_t)n + 1, sizeof *s->state);
+    s->x64 = bits == 64;
+    s->lo = lo;
+    s->hi = hi;
+    s->min_ref = min_ref;
+    s->on_ref = Py_NewRef(on_ref);
+    if (s->rva == NULL || s->data == NULL || s->state == NULL) {
+        scanner_free(s);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *va, *data, *state;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(regions, i), "OO!O!", &va, &PyBytes_Type, &data, &PyByteArray_Type,
+                              &state)) {
+            scanner_free(s);
+            return NULL;
+        }
+        s->rva[i] = PyLong_AsUnsignedLongLong(va);
+        if (PyErr_Occurred() || (i > 0 && s->rva[i] < s->rva[i - 1])) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "regions must be in address order");
+            scanner_free(s);
+            return NULL;
+        }
+        s->data[i] = Py_NewRef(data);
+        s->state[i] = Py_NewRef(state);
+        s->nreg = i + 1;
+    }
+    return (PyObject *)s;
+}
+
+static inline Py_ssize_t region_len(const Scanner *s, Py_ssize_t i) {
+    Py_ssize_t a = PyBytes_GET_SIZE(s->data[i]), b = PyByteArray_GET_SIZE(s->state[i]);
+    return a < b ? a : b;
+}
+
+/* Scanner.chunk(va): the chunk at `va` as `decode_chunk` answers it, when it is decoded here
+ * whole; False when the Python path has to decide (code decoded there before, an instruction
+ * not known here, an overlap with earlier code); None outside every region. */
+static PyObject *scanner_chunk(Scanner *s, PyObject *arg) {
+    uint64_t va = PyLong_AsUnsignedLongLong(arg);
+    if (va == (uint64_t)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t i = s->hit;
+    if (!(i < s->nreg && s->rva[i] <= va && va - s->rva[i] < (uint64_t)region_len(s, i))) {
+        Py_ssize_t lo = 0, hi = s->nreg; /* the last region starting at or below va */
+        while (lo < hi) {
+            Py_ssize_t mid = (lo + hi) / 2;
+            if (s->rva[mid] <= va)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        i = lo - 1;
+        if (i < 0 || va - s->rva[i] >= (uint64_t)region_len(s, i))
+            Py_RETURN_NONE;
+        s->hit = i;
+    }
+    const uint8_t *p = (const uint8_t *)PyBytes_AS_STRING(s->data[i]);
+    uint8_t *st = (uint8_t *)PyByteArray_AS_STRING(s->state[i]);
+    Py_ssize_t n = region_len(s, i), off = (Py_ssize_t)(va - s->rva[i]);
+    if (st[off])
+        Py_RETURN_FALSE;
+    PyObject *refs = NULL;
+    walk_t w;
+    if (walk(p, st, n, off, va, s->x64, s->lo, s->hi, s->min_ref, &refs, &w) < 0)
+        return NULL;
+    if (!w.kind || !unexplored(st, off, w.off)) {
+        Py_XDECREF(refs);
+        Py_RETURN_FALSE;
+    }
+    if (refs != NULL) { /* before the state is written: a failure leaves the chunk undecoded */
+        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(refs); k++) {
+            Py_ssize_t at = PyLong_AsSsize_t(PyList_GET_ITEM(refs, k));
+            PyObject *addr = PyLong_FromUnsignedLongLong(s->rva[i] + (uint64_t)at);
+            PyObject *r = addr ? PyObject_CallOneArg(s->on_ref, addr) : NULL;
+            Py_XDECREF(addr);
+            if (r == NULL) {
+                Py_DECREF(refs);
+                return NULL;
+            }
+            Py_DECREF(r);
+        }
+        Py_DECREF(refs);
+    }
+    put_marks(st + off, p, n, off, w.off, s->x64);
+    st[off] = 3; /* codemap.CHUNK */
+    return chunk_tuple(&w);
+}
+
+static PyMethodDef scanner_methods[] = {
+    {"chunk", (PyCFunction)scanner_chunk, METH_O,
+     "The chunk at an address, decoded here whole; False: the Python path decides; None: outside the regions."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ScannerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "binlens.analysis._x86scan.Scanner",
+    .tp_basicsize = sizeof(Scanner),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Scanner(regions: [(va, data: bytes, state: bytearray)], bits, lo, hi, min_ref, on_ref)",
+    .tp_new = scanner_new,
+    .tp_dealloc = (destructor)scanner_free,
+    .tp_methods = scanner_methods,
+};
 
 /* decode_one(data, off, va, bits, lo, hi) -> (length, flow, target, flagged) or None: what
  * `scan` makes of the one instruction at `off` (the test oracle's view of this file). */
@@ -575,14 +748,20 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_x86scan", "Plain x86/x86-64 chunk decoding in C (see x86.py).", -1, methods,
+    PyModuleDef_HEAD_INIT, "_x86scan", "Plain x86/x86-64 chunk decoding in C (see x86.py).", -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__x86scan(void) {
     init_tables();
+    if (PyType_Ready(&ScannerType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
+    if (PyModule_AddObjectRef(m, "Scanner", (PyObject *)&ScannerType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddIntConstant(m, "FLOW_NEXT", FL_NEXT) < 0 || PyModule_AddIntConstant(m, "FLOW_JCC", FL_JCC) < 0 ||
         PyModule_AddIntConstant(m, "FLOW_JMP", FL_JMP) < 0 || PyModule_AddIntConstant(m, "FLOW_CALL", FL_CALL) < 0 ||
         PyModule_AddIntConstant(m, "FLOW_RET", FL_RET) < 0) {

@@ -114,6 +114,10 @@ class Explorer:
         self.codemap = codemap
         self.backend = backend
         self.decode = backend.decode_chunk  # type: ignore[attr-defined]
+        # x86: a new chunk decoded whole in C (`_x86scan.Scanner`), else False (the path below decides)
+        self.fast: Callable[[int], tuple[int, int, tuple[int, ...], int] | bool | None] | None = getattr(
+            backend, "fast_chunk", None
+        )
         self.chunks: dict[int, tuple[int, int, tuple[int, ...], int]] = {}
         self.pred: dict[int, int] = {}
         self.jpred: dict[int, int] = {}  # first chunk seen jumping to a chunk
@@ -149,6 +153,13 @@ class Explorer:
         c = self.chunks.get(va)
         if c is not None:
             return c
+        if self.fast is not None:
+            c = self.fast(va)
+            if c:
+                self.chunks[va] = c  # type: ignore[assignment]
+                return c  # type: ignore[return-value]
+            if c is None:
+                return None
         r = self.codemap.region(va)
         if r is None:
             return None

@@ -115,6 +115,20 @@ class X86Backend:
         # `_pc_chunk` follows the GOT register through calls
         self._scan = _c_scan if not pic else None
         self._scan_args = (self.bits, lo, hi, min_ref)
+        # the explorer's first try at a new chunk: decoded whole in C, else False (this class decides)
+        self.fast_chunk: Callable[[int], tuple[int, int, tuple[int, ...], int] | bool | None] | None = None
+        if self._scan is not None:
+            regions = [(r.va, r.data, r.state) for r in codemap.regions]
+            self.fast_chunk = _x86scan.Scanner(regions, self.bits, lo, hi, min_ref, self._ref_at).chunk
+
+    def _ref_at(self, va: int) -> None:
+        """The scanner flagged the instruction at `va`: an operand may hold an address."""
+        r = self.codemap.region(va)
+        if r is not None:
+            dec = self._decoder(r)
+            dec.position = va - r.va
+            dec.ip = va
+            self._data_ref(dec.decode(), va)
 
     def _decoder(self, r: CodeRegion) -> ix.Decoder:
         d = self._decoders.get(r.va)
