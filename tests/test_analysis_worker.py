@@ -202,6 +202,33 @@ def test_early_start_is_taken_over_and_saves_only_then(workspace, compile_c, hom
     assert [f.address for f in st.view.functions] == [f.address for f in analyze(prog.image).functions]
 
 
+def test_early_start_whose_user_starts_changed_analyses_again(workspace, compile_c, home) -> None:  # noqa: ANN001
+    """The early process analysed with no user starts; the caller's request has one removed: the
+    process analyses again with it (the request carries no image: it parses its own bytes)."""
+    from binlens import analysis_worker
+    from binlens.analysis import analyze
+    from binlens.store.analysis import set_user_function
+
+    path = compile_c("sample.c", "-O2", True, strip=True)
+    analysis_worker.prestart(str(path), None, str(home))
+    early = analysis_worker._spare
+    time.sleep(0.5)
+    prog = workspace.open(path, check_roots=False)
+    whole = analyze(prog.image).functions
+    gone = next(f.address for f in whole if "call" in f.sources and f.address != prog.image.identity.entry)
+    set_user_function(prog.db, gone, False)
+    st = prog.extensions["analysis"]
+    pids = set()
+    st.start()
+    while not st._done.wait(0.005):
+        if st.worker is not None:
+            pids.add(st.worker.pid)
+    assert st.status == "done" and pids == {early.pid}
+    want = analyze(prog.image, excluded_starts=[gone]).functions
+    assert [f.address for f in st.view.functions] == [f.address for f in want]
+    assert gone not in {f.address for f in st.view.functions}
+
+
 def test_early_start_not_needed_exits_without_saving(home, compile_c) -> None:  # noqa: ANN001
     from binlens import analysis_worker
     from binlens.store import ProgramDatabase, database_path

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import hashlib
 import os
 import pickle
@@ -169,8 +170,13 @@ class AnalysisProcess:
         Raises BinlensError: `cancelled` when `cancelled` is set (the process is killed at once),
         `timeout` past `budget_s`, `internal` when the process dies, or the error it reported.
         """
+        request = self.request
+        if self._early and request.image is not None:
+            # an early start parsed the file itself: the caller's image would only cost unpickling there
+            # (~50 ms for libc, after the analysis and before the save)
+            request = dataclasses.replace(request, image=None)
         with contextlib.suppress(OSError):  # an early start may have stopped already: its frames say why
-            write_frame(self.proc.stdin, ("save", self.request) if self._early else self.request)
+            write_frame(self.proc.stdin, ("save", request) if self._early else request)
         with contextlib.suppress(OSError):
             self.proc.stdin.close()  # type: ignore[union-attr]
         self._reader.start()
