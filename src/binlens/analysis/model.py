@@ -66,7 +66,11 @@ class Instruction:
         return f"{self.mnemonic} {self.operands}".strip()
 
 
-@dataclass(frozen=True, slots=True)
+# BasicBlock, Edge and Xref are values the engine makes by the hundred thousand (libc: 70k, 103k
+# and 80k) and nothing changes after: not `frozen`, whose __init__ sets each field through
+# object.__setattr__ (0.61-0.75 us an object here, against 0.17-0.18 us), but hashed and compared
+# by value all the same (`unsafe_hash`). Treat them as read-only.
+@dataclass(slots=True, unsafe_hash=True)
 class BasicBlock:
     """A maximal run of instructions entered only at its start; calls that return do not end it."""
 
@@ -80,7 +84,7 @@ class BasicBlock:
         return self.end - self.start
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Edge:
     """A control-flow edge between two blocks of one function."""
 
@@ -89,7 +93,7 @@ class Edge:
     kind: str  # one of EDGE_KINDS
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Xref:
     """A reference from an instruction or data address to an address."""
 
