@@ -38,10 +38,77 @@ typedef struct {
     uint8_t regs;  /* allowed ModRM.reg values, a bit each */
     uint8_t mod;   /* M_* */
     uint8_t rel;   /* relative branch operand size: 0, 1 or 4 */
+    uint8_t lock;  /* ModRM.reg values that take a `lock` prefix (with a memory operand) */
+    uint8_t vl;    /* VEX: allowed VEX.L values, a bit each */
+    uint8_t vw;    /* VEX: allowed VEX.W values, a bit each */
+    uint8_t v1111; /* VEX: VEX.vvvv names no register and must be 1111b */
 } op_t;
 
 /* maps: 0 one-byte, 1 0F, 2 0F38, 3 0F3A; each table per operating mode (0 32-bit, 1 64-bit) */
 static op_t tab[2][4][256];
+/* VEX-encoded instructions (64-bit mode only), by map; `pfx` holds the allowed VEX.pp */
+static op_t vtab[4][256];
+
+/* a VEX instruction: map, opcode, VEX.pp allowed, VEX.L allowed (bit 0: L0, bit 1: L1), whether
+ * vvvv must be 1111b, an imm8, ModRM restriction; VEX.W either value unless `vw` is given */
+static void vex(int map, int op, int pfx, int lmask, int v1111, int imm, int mod) {
+    op_t *e = &vtab[map][op];
+    e->ok = 1;
+    e->modrm = 1;
+    e->imm = (uint8_t)imm;
+    e->flow = FL_NEXT;
+    e->pfx = (uint8_t)pfx;
+    e->regs = 0xFF;
+    e->mod = (uint8_t)mod;
+    e->vl = (uint8_t)lmask;
+    e->vw = 3;
+    e->v1111 = (uint8_t)v1111;
+}
+
+static void init_vex(void) {
+    memset(vtab, 0, sizeof vtab);
+    const int L01 = 3, L0 = 1, L1 = 2;
+    /* 0F: moves, compares, logic, integer arithmetic of AVX/AVX2 string and memory routines */
+    vex(1, 0x10, P_NP | P_66, L01, 1, I_NONE, M_ANY); /* vmovups/pd */
+    vex(1, 0x11, P_NP | P_66, L01, 1, I_NONE, M_ANY);
+    vex(1, 0x28, P_NP | P_66, L01, 1, I_NONE, M_ANY); /* vmovaps/pd */
+    vex(1, 0x29, P_NP | P_66, L01, 1, I_NONE, M_ANY);
+    vex(1, 0x6F, P_66 | P_F3, L01, 1, I_NONE, M_ANY); /* vmovdqa/u */
+    vex(1, 0x7F, P_66 | P_F3, L01, 1, I_NONE, M_ANY);
+    vex(1, 0x6E, P_66, L0, 1, I_NONE, M_ANY); /* vmovd/q xmm, r/m */
+    vex(1, 0x7E, P_66 | P_F3, L0, 1, I_NONE, M_ANY);
+    vex(1, 0xD6, P_66, L0, 1, I_NONE, M_ANY);
+    vex(1, 0xD7, P_66, L01, 1, I_NONE, M_REG); /* vpmovmskb */
+    vex(1, 0x70, P_66 | P_F3 | P_F2, L01, 1, I_B, M_ANY); /* vpshufd/hw/lw */
+    for (int op = 0x54; op < 0x58; op++) /* vand/andn/or/xor ps/pd */
+        vex(1, op, P_NP | P_66, L01, 0, I_NONE, M_ANY);
+    for (int op = 0x60; op < 0x6E; op++) /* vpunpck, vpack, vpcmpgt */
+        vex(1, op, P_66, L01, 0, I_NONE, M_ANY);
+    for (int op = 0x74; op < 0x77; op++) /* vpcmpeq */
+        vex(1, op, P_66, L01, 0, I_NONE, M_ANY);
+    vex(1, 0x77, P_NP, L01, 1, I_NONE, M_ANY); /* vzeroupper (L0), vzeroall (L1): no ModRM */
+    vtab[1][0x77].modrm = 0;
+    for (int op = 0xD8; op < 0x100; op++) { /* vpsubus .. vpaddd */
+        if (op == 0xE6 || op == 0xE7 || op == 0xF0 || op == 0xF7 || op == 0xFF || (op >= 0xE0 && op <= 0xE5) ||
+            (op >= 0xF1 && op <= 0xF6))
+            continue;
+        vex(1, op, P_66, L01, 0, I_NONE, M_ANY);
+    }
+    /* 0F38 */
+    vex(2, 0x00, P_66, L01, 0, I_NONE, M_ANY); /* vpshufb */
+    vex(2, 0x17, P_66, L01, 1, I_NONE, M_ANY); /* vptest */
+    for (int op = 0x38; op < 0x40; op++)       /* vpmin/vpmax */
+        vex(2, op, P_66, L01, 0, I_NONE, M_ANY);
+    vex(2, 0x78, P_66, L01, 1, I_NONE, M_ANY); /* vpbroadcastb/w */
+    vex(2, 0x79, P_66, L01, 1, I_NONE, M_ANY);
+    vtab[2][0x78].vw = vtab[2][0x79].vw = 1; /* W0 */
+    /* 0F3A */
+    vex(3, 0x0F, P_66, L01, 0, I_B, M_ANY); /* vpalignr */
+    vex(3, 0x38, P_66, L1, 0, I_B, M_ANY);  /* vinserti128 */
+    vex(3, 0x39, P_66, L1, 1, I_B, M_ANY);  /* vextracti128 */
+    vtab[3][0x38].vw = vtab[3][0x39].vw = 1;
+    (void)L0;
+}
 
 static void set(int x64, int map, int op, int modrm, int imm, int pfx) {
     op_t *e = &tab[x64][map][op];
@@ -53,6 +120,12 @@ static void set(int x64, int map, int op, int modrm, int imm, int pfx) {
     e->regs = 0xFF;
     e->mod = M_ANY;
     e->rel = 0;
+    e->lock = 0;
+}
+
+static void lockable(int map, int op, int regs) {
+    tab[0][map][op].lock = (uint8_t)regs;
+    tab[1][map][op].lock = (uint8_t)regs;
 }
 
 static void both(int map, int op, int modrm, int imm, int pfx) {
@@ -222,6 +295,40 @@ static void init_tables(void) {
     both(1, 0xE7, 1, I_NONE, sse);  /* movntq/movntdq */
     restrict_op(1, 0xE7, 0xFF, M_MEM);
 
+    both(1, 0xD7, 1, I_NONE, sse); /* pmovmskb */
+    restrict_op(1, 0xD7, 0xFF, M_REG);
+    both(1, 0x71, 1, I_B, sse); /* shifts by an immediate (0F 73 /3 and /7 need 66: see decode) */
+    restrict_op(1, 0x71, 0x54, M_REG);
+    both(1, 0x72, 1, I_B, sse);
+    restrict_op(1, 0x72, 0x54, M_REG);
+    both(1, 0x73, 1, I_B, sse);
+    restrict_op(1, 0x73, 0xCC, M_REG);
+    set(1, 1, 0x05, 0, I_NONE, P_NP); /* syscall: iced's flow is CALL, without a target: the chunk goes on */
+
+    /* `lock` with a memory destination: add or adc sbb and sub xor (not cmp), xchg, inc/dec,
+     * not/neg, bts/btr/btc, cmpxchg, xadd */
+    for (int g = 0; g < 7; g++) {
+        lockable(0, g * 8, 0xFF);
+        lockable(0, g * 8 + 1, 0xFF);
+    }
+    lockable(0, 0x80, 0x7F);
+    lockable(0, 0x81, 0x7F);
+    lockable(0, 0x83, 0x7F);
+    lockable(0, 0x86, 0xFF);
+    lockable(0, 0x87, 0xFF);
+    lockable(0, 0xF6, 0x0C);
+    lockable(0, 0xF7, 0x0C);
+    lockable(0, 0xFE, 0x03);
+    lockable(0, 0xFF, 0x03);
+    lockable(1, 0xAB, 0xFF);
+    lockable(1, 0xB3, 0xFF);
+    lockable(1, 0xBB, 0xFF);
+    lockable(1, 0xBA, 0xE0);
+    lockable(1, 0xB0, 0xFF);
+    lockable(1, 0xB1, 0xFF);
+    lockable(1, 0xC0, 0xFF);
+    lockable(1, 0xC1, 0xFF);
+
     /* ---- 0F38 and 0F3A: the SSSE3/SSE4 instructions of string and memory routines ---- */
     for (int op = 0x00; op < 0x0C; op++) /* pshufb .. pmulhrsw */
         both(2, op, 1, I_NONE, sse);
@@ -266,7 +373,7 @@ static inline uint32_t rd32(const uint8_t *p) {
  * this file knows exactly. */
 static int decode(const uint8_t *p, Py_ssize_t n, int x64, uint64_t va, uint64_t lo, uint64_t hi, insn_t *d) {
     int i = 0, max = n < 15 ? (int)n : 15;
-    int o16 = 0, rep = 0, rexw = 0;
+    int o16 = 0, rep = 0, rexw = 0, lock = 0, rex = 0;
     uint8_t b;
     for (;;) {
         if (i >= max)
@@ -278,7 +385,9 @@ static int decode(const uint8_t *p, Py_ssize_t n, int x64, uint64_t va, uint64_t
             if (rep && rep != b)
                 return 0;
             rep = b;
-        } else if (b == 0xF0 || b == 0x67) {
+        } else if (b == 0xF0) {
+            lock = 1;
+        } else if (b == 0x67) {
             return 0;
         } else if (!(b == 0x2E || b == 0x3E || b == 0x26 || b == 0x36 || b == 0x64 || b == 0x65)) {
             break;
@@ -286,6 +395,7 @@ static int decode(const uint8_t *p, Py_ssize_t n, int x64, uint64_t va, uint64_t
         i++;
     }
     if (x64 && (b & 0xF0) == 0x40) {
+        rex = 1;
         rexw = (b >> 3) & 1;
         if (++i >= max)
             return 0;
@@ -293,8 +403,25 @@ static int decode(const uint8_t *p, Py_ssize_t n, int x64, uint64_t va, uint64_t
         if ((b & 0xF0) == 0x40 || is_legacy_prefix(b))
             return 0;
     }
-    int map = 0, op = p[i++];
-    if (op == 0x0F) {
+    int map = 0, op = p[i++], isvex = 0, vl = 0, vw = 0, vvvv = 0, vpp = 0;
+    if (x64 && (op == 0xC5 || op == 0xC4)) { /* VEX: no legacy or REX prefix may come before */
+        if (o16 || rep || lock || rex || i + (op == 0xC4 ? 2 : 1) >= max)
+            return 0;
+        uint8_t v2 = p[i++];
+        map = 1;
+        if (op == 0xC4) {
+            map = v2 & 0x1F;
+            if (map < 1 || map > 3)
+                return 0;
+            v2 = p[i++];
+            vw = v2 >> 7;
+        }
+        vvvv = (~v2 >> 3) & 15;
+        vl = (v2 >> 2) & 1;
+        vpp = v2 & 3;
+        op = p[i++];
+        isvex = 1;
+    } else if (op == 0x0F) {
         if (i >= max)
             return 0;
         op = p[i++];
@@ -306,10 +433,14 @@ static int decode(const uint8_t *p, Py_ssize_t n, int x64, uint64_t va, uint64_t
             op = p[i++];
         }
     }
-    const op_t *e = &tab[x64][map][op];
+    const op_t *e = isvex ? &vtab[map][op] : &tab[x64][map][op];
     if (!e->ok)
         return 0;
-    if (map) {
+    if (isvex) {
+        static const int pp_bit[4] = {P_NP, P_66, P_F3, P_F2};
+        if (!(e->pfx & pp_bit[vpp]) || !(e->vl >> vl & 1) || !(e->vw >> vw & 1) || (e->v1111 && vvvv))
+            return 0;
+    } else if (map) {
         int mp;
         if (rep && o16)
             return 0;
@@ -322,6 +453,8 @@ static int decode(const uint8_t *p, Py_ssize_t n, int x64, uint64_t va, uint64_t
     if (e->rel && o16)
         return 0;
     int reg = 0, flagged = 0;
+    if (lock && !e->modrm)
+        return 0;
     if (e->modrm) {
         if (i >= max)
             return 0;
@@ -332,6 +465,10 @@ static int decode(const uint8_t *p, Py_ssize_t n, int x64, uint64_t va, uint64_t
             return 0;
         if ((e->mod == M_MEM && mod == 3) || (e->mod == M_REG && mod != 3))
             return 0;
+        if (lock && (mod == 3 || !(e->lock >> reg & 1)))
+            return 0;
+        if (map == 1 && op == 0x73 && !o16 && (reg == 3 || reg == 7))
+            return 0; /* psrldq/pslldq: 66 only */
         if (map == 1 && op == 0x1E && !(mod == 3 && reg == 7 && (rm == 2 || rm == 3)))
             return 0; /* F3 0F 1E FA/FB: endbr64/endbr32 */
         if (mod != 3) {
@@ -753,6 +890,7 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__x86scan(void) {
     init_tables();
+    init_vex();
     if (PyType_Ready(&ScannerType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
