@@ -9,7 +9,7 @@ PORT ?= 8765
 
 .PHONY: run test lint bench clean sample
 
-$(VENV)/.installed: pyproject.toml setup.py src/binlens/analysis/_x86scan.c
+$(VENV)/.installed: pyproject.toml setup.py src/binlens/analysis/_x86scan.c src/binlens/analysis/_descent.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'

@@ -1,9 +1,15 @@
-"""Builds the one C extension of binlens; everything else is in pyproject.toml.
+"""Builds binlens's two C extensions; everything else is in pyproject.toml.
 
-`binlens.analysis._x86scan` decodes plain x86 code for the analysis engine (see its source). It
-is optional: where no C compiler is at hand, binlens runs the same analysis on its iced-x86 path.
+`binlens.analysis._x86scan` decodes plain x86 code for the analysis engine, `binlens.analysis._descent`
+runs the explorer's walk (see their sources). Both are optional: where no C compiler is at hand,
+binlens runs the same analysis in Python (iced-x86 decoding, the Python walk), only slower.
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("binlens.analysis._x86scan", ["src/binlens/analysis/_x86scan.c"], optional=True)])
+setup(
+    ext_modules=[
+        Extension("binlens.analysis._x86scan", ["src/binlens/analysis/_x86scan.c"], optional=True),
+        Extension("binlens.analysis._descent", ["src/binlens/analysis/_descent.c"], optional=True),
+    ]
+)

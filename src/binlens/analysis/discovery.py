@@ -18,6 +18,7 @@ chunk start) once and caches them; everything after that is graph work over the 
 from __future__ import annotations
 
 import bisect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,6 +26,15 @@ from binlens.analysis.codemap import CHUNK, INSN, CodeMap
 from binlens.analysis.leaves import leaves
 from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET
 from binlens.analysis.partition import Partitioner
+
+try:  # the walk of `Explorer.traverse` in C (setup.py); without it the Python loop below runs
+    from binlens.analysis import _descent
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _descent = None  # type: ignore[assignment]
+_c_traverse = None
+if _descent is not None and not os.environ.get("BINLENS_PURE_PYTHON"):
+    _descent.configure(T_FALL, T_JUMP, T_COND, T_CALL, T_ICALL, T_IJUMP)
+    _c_traverse = _descent.traverse
 
 Progress = Callable[[float, float | None, str | None], None]
 
@@ -160,6 +170,10 @@ class Explorer:
                 return c  # type: ignore[return-value]
             if c is None:
                 return None
+        return self._new_chunk(va)
+
+    def _new_chunk(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
+        """`chunk` for an address with no chunk yet that the fast decoder left to Python."""
         r = self.codemap.region(va)
         if r is None:
             return None
@@ -344,6 +358,10 @@ class Explorer:
                 note(a)
 
         progress = self.progress
+        if _c_traverse is not None:  # the same walk in C (`_descent.c`)
+            _c_traverse(stack, reached, calls, noret, self.chunks, pred, jpred, cpred, self.fast, self._new_chunk,
+                        self.case_targets, fresh, progress)  # fmt: skip
+            return reached, calls
         tick = 0
         covered = 0
         while stack:

@@ -1,0 +1,151 @@
+"""The explorer's walk in C (`binlens/analysis/_descent.c`) against the Python loop it replaces.
+
+Same reached chunks, call targets and first-seen predecessors, in the same order, on synthetic
+chunk graphs that use every terminator (and a progress callback that cancels), and the same
+analyses on real programs of several architectures.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from binlens.analysis import analyze
+from binlens.analysis import discovery as D
+from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET, T_STOP
+from binlens.loader.parse_lief import parse_path
+from conftest import corpus_dir
+
+C = pytest.importorskip("binlens.analysis._descent", reason="the C walk is not built (no C compiler?)")
+
+
+class _NoCode:
+    """A code map with no regions: every chunk comes from the explorer's dict."""
+
+    regions: list = []
+
+    def region(self, va: int) -> None:
+        return None
+
+
+class _Backend:
+    def decode_chunk(self, va: int) -> None:
+        return None
+
+
+def _graph(seed: int, n: int = 400) -> dict[int, tuple[int, int, tuple[int, ...], int]]:
+    """Random chunks at 0x1000, 0x1010, ...: every terminator kind, targets inside and outside."""
+    rnd = random.Random(seed)
+    addr = [0x1000 + 16 * i for i in range(n)]
+
+    def pick() -> int:
+        return rnd.choice(addr) if rnd.random() < 0.95 else 0xDEAD0000 + rnd.randrange(16)
+
+    chunks = {}
+    for i, a in enumerate(addr):
+        nxt = addr[i + 1] if i + 1 < n else a + 16
+        term = rnd.choice([T_FALL, T_JUMP, T_COND, T_CALL, T_RET, T_IJUMP, T_ICALL, T_STOP, T_BAD])
+        targets: tuple[int, ...] = {
+            T_FALL: (nxt,),
+            T_JUMP: (pick(),),
+            T_COND: (pick(), nxt),
+            T_CALL: (pick(), nxt),
+            T_ICALL: (rnd.choice([-1, pick()]), nxt),
+            T_IJUMP: (-1, nxt) if rnd.random() < 0.3 else (-1,),
+        }.get(term, ())
+        chunks[a] = (a + 16, term, targets, a + 12)
+    return chunks
+
+
+def _walk(chunks: dict, use_c: bool, noret: set[int], starts: list[int], cond_preds: bool, fresh: bool) -> tuple:
+    saved = D._c_traverse
+    D._c_traverse = C.traverse if use_c else None
+    try:
+        ex = D.Explorer(_NoCode(), _Backend(), None, cond_preds=cond_preds)  # type: ignore[arg-type]
+        ex.chunks = dict(chunks)
+        rnd = random.Random(7)
+        ex.case_targets = lambda start, last: [rnd.choice(list(chunks)) for _ in range(rnd.randrange(4))]  # type: ignore[method-assign]
+        ticks: list[int] = []
+        ex.progress = lambda done, total, msg: ticks.append(done)  # type: ignore[assignment]
+        new: list[int] | None = [] if fresh else None
+        reached, calls = ex.traverse(starts, noret, new)
+        return reached, calls, list(ex.pred.items()), list(ex.jpred.items()), ex.cpred, new, ticks
+    finally:
+        D._c_traverse = saved
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_c_walk_is_the_python_walk(seed: int) -> None:
+    chunks = _graph(seed, 400 + 600 * seed)  # the larger ones reach 4096 chunks: progress ticks
+    rnd = random.Random(seed)
+    starts = rnd.sample(sorted(chunks), len(chunks) // 3) + [0xBAD]  # (and one address with no chunk)
+    noret = set(rnd.sample(sorted(chunks), 20))
+    for cond_preds in (False, True):
+        for fresh in (False, True):
+            want = _walk(chunks, False, noret, starts, cond_preds, fresh)
+            assert _walk(chunks, True, noret, starts, cond_preds, fresh) == want
+    reached, calls, pred, jpred, cpred, _fresh, ticks = want
+    assert len(reached) > len(chunks) // 2 and calls and pred and jpred and cpred
+    assert ticks or len(reached) < 4096
+
+
+def test_c_walk_stops_when_progress_raises() -> None:
+    chunks = _graph(3, 9000)
+    D_saved = D._c_traverse
+    D._c_traverse = C.traverse
+    try:
+        ex = D.Explorer(_NoCode(), _Backend(), None)  # type: ignore[arg-type]
+        ex.chunks = dict(chunks)
+        ex.case_targets = lambda start, last: []  # type: ignore[method-assign]
+
+        def cancel(done: float, total: float | None, msg: str | None) -> None:
+            raise KeyboardInterrupt
+
+        ex.progress = cancel  # type: ignore[assignment]
+        with pytest.raises(KeyboardInterrupt):
+            ex.traverse(sorted(chunks), set())
+    finally:
+        D._c_traverse = D_saved
+
+
+def test_c_walk_refuses_what_is_not_a_chunk() -> None:
+    with pytest.raises(TypeError, match="chunk is"):
+        C.traverse([1], set(), set(), set(), {1: (2, 0)}, {}, {}, None, None, print, print, None, None)
+    with pytest.raises(TypeError, match="noret"):
+        C.traverse([1], set(), set(), [], {}, {}, {}, None, None, print, print, None, None)
+
+
+CORPUS = [
+    "jmptbl/test_msvc_1900_32.exe",
+    "jmptbl/test_gcc_7.2.0_32.out",
+    "elf/libarm.so",
+    "elf/boa-mips",
+    "elf/ip-riscv",
+    "mach0/swift-main",
+]
+
+
+def _summary(path: Path) -> tuple:
+    r = analyze(parse_path(str(path)))
+    functions = [(f.address, f.size, [(b.start, b.end) for b in f.blocks], f.edges, f.calls) for f in r.functions]
+    return functions, sorted((x.src, x.dst, x.kind) for x in r.xrefs)
+
+
+@pytest.mark.parametrize("name,opt,pie", [("sample.c", "-O2", True), ("gaps.c", "-O0", False)])
+def test_analysis_is_the_same_with_the_python_walk(compile_c, monkeypatch, name: str, opt: str, pie: bool) -> None:
+    path = compile_c(name, opt, pie, strip=True)
+    with_c = _summary(path)
+    monkeypatch.setattr(D, "_c_traverse", None)
+    assert _summary(path) == with_c
+
+
+@pytest.mark.parametrize("name", CORPUS)
+def test_corpus_analysis_is_the_same_with_the_python_walk(monkeypatch, name: str) -> None:
+    path = corpus_dir() / name
+    if not path.exists():
+        pytest.skip(f"{path} is absent")
+    with_c = _summary(path)
+    monkeypatch.setattr(D, "_c_traverse", None)
+    assert _summary(path) == with_c
