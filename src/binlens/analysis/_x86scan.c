@@ -634,21 +634,42 @@ static int unexplored(const uint8_t *st, Py_ssize_t off0, Py_ssize_t off) {
     return 1;
 }
 
-/* `decode_chunk`'s (end, terminator, targets, last) for a walk that ended the chunk */
+/* `decode_chunk`'s (end, terminator, targets, last) for a walk that ended the chunk; the end is
+ * one int object wherever it appears (also as the fall-through target): 80k chunks on libc */
 static PyObject *chunk_tuple(const walk_t *w) {
-    unsigned long long cur = w->cur, last = w->last, target = w->target;
+    PyObject *cur = PyLong_FromUnsignedLongLong(w->cur), *last = PyLong_FromUnsignedLongLong(w->last);
+    PyObject *target = NULL, *targets = NULL, *out = NULL;
+    long term;
+    if (cur == NULL || last == NULL)
+        goto done;
     switch (w->kind) {
     case FL_JCC:
-        return Py_BuildValue("(Kl(KK)K)", cur, t_cond, target, cur, last);
     case FL_CALL:
-        return Py_BuildValue("(Kl(KK)K)", cur, t_call, target, cur, last);
+        term = w->kind == FL_JCC ? t_cond : t_call;
+        target = PyLong_FromUnsignedLongLong(w->target);
+        targets = target ? PyTuple_Pack(2, target, cur) : NULL;
+        break;
     case FL_JMP:
-        return Py_BuildValue("(Kl(K)K)", cur, t_jump, target, last);
+        term = t_jump;
+        target = PyLong_FromUnsignedLongLong(w->target);
+        targets = target ? PyTuple_Pack(1, target) : NULL;
+        break;
     case K_FALL:
-        return Py_BuildValue("(Kl(K)K)", cur, t_fall, cur, last);
+        term = t_fall;
+        targets = PyTuple_Pack(1, cur);
+        break;
     default:
-        return Py_BuildValue("(Kl()K)", cur, w->kind == FL_RET ? t_ret : t_bad, last);
+        term = w->kind == FL_RET ? t_ret : t_bad;
+        targets = PyTuple_New(0);
     }
+    if (targets != NULL)
+        out = Py_BuildValue("(OlOO)", cur, term, targets, last);
+done:
+    Py_XDECREF(cur);
+    Py_XDECREF(last);
+    Py_XDECREF(target);
+    Py_XDECREF(targets);
+    return out;
 }
 
 /* scan(data, state, off, va, bits, lo, hi, min_ref): the chunk at `off` (address `va`).
