@@ -16,6 +16,24 @@ FIXTURE_SRC = ROOT / "tests" / "fixtures" / "src"
 CORPUS = Path(os.environ.get("BINLENS_CORPUS", ROOT.parent / "shared" / "corpus"))
 
 
+def analysis_summary(path: Path) -> tuple:
+    """Functions (extent, blocks, edges, calls) and references of the analysis of `path`."""
+    from binlens.analysis import analyze
+    from binlens.loader.parse_lief import parse_path
+
+    r = analyze(parse_path(str(path)))
+    functions = [(f.address, f.size, [(b.start, b.end) for b in f.blocks], f.edges, f.calls) for f in r.functions]
+    return functions, sorted((x.src, x.dst, x.kind) for x in r.xrefs)
+
+
+def assert_same_analysis_without(monkeypatch: pytest.MonkeyPatch, module: object, attr: str, path: Path) -> tuple:
+    """The analysis of `path` is the same with `module.attr` set to None (a C path turned off)."""
+    with_c = analysis_summary(path)
+    monkeypatch.setattr(module, attr, None)
+    assert analysis_summary(path) == with_c
+    return with_c
+
+
 def corpus_dir(sub: str = "") -> Path:
     """The third-party corpus folder, or skip the test with the reason."""
     path = CORPUS / sub

@@ -181,6 +181,16 @@ def test_file_changed_on_disk_is_analysed_from_the_opened_bytes(workspace, compi
     assert st.status == "done" and len(view.functions) >= 16
 
 
+def _run_watching_pids(st) -> set[int]:  # noqa: ANN001
+    """Run the program's analysis to its end; the ids of the processes that ran it."""
+    pids = set()
+    st.start()
+    while not st._done.wait(0.005):
+        if st.worker is not None:
+            pids.add(st.worker.pid)
+    return pids
+
+
 def test_early_start_is_taken_over_and_saves_only_then(workspace, compile_c, home) -> None:  # noqa: ANN001
     from binlens import analysis_worker
     from binlens.analysis import analyze
@@ -193,12 +203,7 @@ def test_early_start_is_taken_over_and_saves_only_then(workspace, compile_c, hom
     prog = workspace.open(path, check_roots=False)
     assert _stored_rows(prog.db)["func"] == 0
     st = prog.extensions["analysis"]
-    pids = set()
-    st.start()
-    while not st._done.wait(0.005):
-        if st.worker is not None:
-            pids.add(st.worker.pid)
-    assert st.status == "done" and pids == {early.pid}
+    assert _run_watching_pids(st) == {early.pid} and st.status == "done"
     assert [f.address for f in st.view.functions] == [f.address for f in analyze(prog.image).functions]
 
 
@@ -218,12 +223,7 @@ def test_early_start_whose_user_starts_changed_analyses_again(workspace, compile
     gone = next(f.address for f in whole if "call" in f.sources and f.address != prog.image.identity.entry)
     set_user_function(prog.db, gone, False)
     st = prog.extensions["analysis"]
-    pids = set()
-    st.start()
-    while not st._done.wait(0.005):
-        if st.worker is not None:
-            pids.add(st.worker.pid)
-    assert st.status == "done" and pids == {early.pid}
+    assert _run_watching_pids(st) == {early.pid} and st.status == "done"
     want = analyze(prog.image, excluded_starts=[gone]).functions
     assert [f.address for f in st.view.functions] == [f.address for f in want]
     assert gone not in {f.address for f in st.view.functions}

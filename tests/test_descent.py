@@ -8,15 +8,12 @@ analyses on real programs of several architectures.
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 
-from binlens.analysis import analyze
 from binlens.analysis import discovery as D
 from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET, T_STOP
-from binlens.loader.parse_lief import parse_path
-from conftest import corpus_dir
+from conftest import assert_same_analysis_without, corpus_dir
 
 C = pytest.importorskip("binlens.analysis._descent", reason="the C walk is not built (no C compiler?)")
 
@@ -127,18 +124,9 @@ CORPUS = [
 ]
 
 
-def _summary(path: Path) -> tuple:
-    r = analyze(parse_path(str(path)))
-    functions = [(f.address, f.size, [(b.start, b.end) for b in f.blocks], f.edges, f.calls) for f in r.functions]
-    return functions, sorted((x.src, x.dst, x.kind) for x in r.xrefs)
-
-
 @pytest.mark.parametrize("name,opt,pie", [("sample.c", "-O2", True), ("gaps.c", "-O0", False)])
 def test_analysis_is_the_same_with_the_python_walk(compile_c, monkeypatch, name: str, opt: str, pie: bool) -> None:
-    path = compile_c(name, opt, pie, strip=True)
-    with_c = _summary(path)
-    monkeypatch.setattr(D, "_c_traverse", None)
-    assert _summary(path) == with_c
+    assert_same_analysis_without(monkeypatch, D, "_c_traverse", compile_c(name, opt, pie, strip=True))
 
 
 @pytest.mark.parametrize("name", CORPUS)
@@ -146,6 +134,4 @@ def test_corpus_analysis_is_the_same_with_the_python_walk(monkeypatch, name: str
     path = corpus_dir() / name
     if not path.exists():
         pytest.skip(f"{path} is absent")
-    with_c = _summary(path)
-    monkeypatch.setattr(D, "_c_traverse", None)
-    assert _summary(path) == with_c
+    assert_same_analysis_without(monkeypatch, D, "_c_traverse", path)

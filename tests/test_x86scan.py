@@ -22,7 +22,7 @@ from binlens.analysis import analyze
 from binlens.analysis import x86 as X
 from binlens.analysis.codemap import CodeMap
 from binlens.loader.parse_lief import parse_path
-from conftest import corpus_dir
+from conftest import assert_same_analysis_without, corpus_dir
 
 S = pytest.importorskip("binlens.analysis._x86scan", reason="the C scanner is not built (no C compiler?)")
 FC = ix.FlowControl
@@ -93,13 +93,6 @@ def _check_file(path: Path) -> int:
         accepted, wrong = accepted + n, wrong + bad
     assert not wrong, wrong[:10]
     return accepted
-
-
-def _summary(path: Path) -> tuple:
-    """Functions (extent, blocks, edges, calls) and references of the analysis of `path`."""
-    r = analyze(parse_path(str(path)))
-    functions = [(f.address, f.size, [(b.start, b.end) for b in f.blocks], f.edges, f.calls) for f in r.functions]
-    return functions, sorted((x.src, x.dst, x.kind) for x in r.xrefs)
 
 
 def test_scanner_is_built_and_used() -> None:
@@ -174,12 +167,8 @@ BUILDS = [
 
 @pytest.mark.parametrize("name,opt,pie", BUILDS)
 def test_analysis_is_the_same_without_the_scanner(compile_c, monkeypatch, name: str, opt: str, pie: bool) -> None:
-    path = compile_c(name, opt, pie, strip=True)
-
-    with_scanner = _summary(path)
-    monkeypatch.setattr(X, "_c_scan", None)
-    assert _summary(path) == with_scanner
-    assert with_scanner[1]  # references were found (some through the scanner's flags)
+    summary = assert_same_analysis_without(monkeypatch, X, "_c_scan", compile_c(name, opt, pie, strip=True))
+    assert summary[1]  # references were found (some through the scanner's flags)
 
 
 CORPUS_FILES = ["pe/lfanew_relocXP.exe", "mach0/swift/movabs", "pe/winmain.exe", "jmptbl/test_msvc_1900_32.exe"]
@@ -192,10 +181,7 @@ def test_analysis_of_corpus_files_is_the_same_without_the_scanner(monkeypatch, n
     path = corpus_dir() / name
     if not path.exists():
         pytest.skip(f"{path} is absent")
-
-    with_scanner = _summary(path)
-    monkeypatch.setattr(X, "_c_scan", None)
-    assert _summary(path) == with_scanner
+    assert_same_analysis_without(monkeypatch, X, "_c_scan", path)
 
 
 def test_scan_refuses_an_offset_outside_the_region() -> None:

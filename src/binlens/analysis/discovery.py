@@ -18,23 +18,18 @@ chunk start) once and caches them; everything after that is graph work over the 
 from __future__ import annotations
 
 import bisect
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from binlens.analysis.codemap import CHUNK, INSN, CodeMap
 from binlens.analysis.leaves import leaves
 from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET
+from binlens.analysis.native import native
 from binlens.analysis.partition import Partitioner
 
-try:  # the walk of `Explorer.traverse` in C (setup.py); without it the Python loop below runs
-    from binlens.analysis import _descent
-except ImportError:  # pragma: no cover - a build without a C compiler
-    _descent = None  # type: ignore[assignment]
-_c_traverse = None
-if _descent is not None and not os.environ.get("BINLENS_PURE_PYTHON"):
-    _descent.configure(T_FALL, T_JUMP, T_COND, T_CALL, T_ICALL, T_IJUMP)
-    _c_traverse = _descent.traverse
+# the walk of `Explorer.traverse` in C (`_descent.c`); without it the Python loop below runs
+_descent = native("_descent", T_FALL, T_JUMP, T_COND, T_CALL, T_ICALL, T_IJUMP)
+_c_traverse = _descent.traverse if _descent is not None else None
 
 Progress = Callable[[float, float | None, str | None], None]
 

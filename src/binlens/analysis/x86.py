@@ -6,7 +6,6 @@ where an operand can hold an address.
 
 from __future__ import annotations
 
-import os
 import re
 from array import array
 from collections.abc import Callable
@@ -27,18 +26,14 @@ from binlens.analysis.model import (
     XREF_KINDS,
     Instruction,
 )
+from binlens.analysis.native import native
 from binlens.analysis.x86_pic import THUNK_REGS, PicState
 from binlens.analysis.x86_pic import step as pic_step
 from binlens.loader.image import Image
 
-try:  # the C scanner of plain code (setup.py); without it every instruction takes the iced path
-    from binlens.analysis import _x86scan
-except ImportError:  # pragma: no cover - a build without a C compiler
-    _x86scan = None  # type: ignore[assignment]
-_c_scan = None
-if _x86scan is not None and not os.environ.get("BINLENS_PURE_PYTHON"):
-    _x86scan.configure(T_COND, T_JUMP, T_CALL, T_RET, T_FALL, T_BAD)
-    _c_scan = _x86scan.scan
+# the C scanner of plain code (`_x86scan.c`); without it every instruction takes the iced path
+_x86scan = native("_x86scan", T_COND, T_JUMP, T_CALL, T_RET, T_FALL, T_BAD)
+_c_scan = _x86scan.scan if _x86scan is not None else None
 
 FC = ix.FlowControl
 OK = ix.OpKind
@@ -117,7 +112,7 @@ class X86Backend:
         self._scan_args = (self.bits, lo, hi, min_ref)
         # the explorer's first try at a new chunk: decoded whole in C, else False (this class decides)
         self.fast_chunk: Callable[[int], tuple[int, int, tuple[int, ...], int] | bool | None] | None = None
-        if self._scan is not None:
+        if self._scan is not None and _x86scan is not None:
             regions = [(r.va, r.data, r.state) for r in codemap.regions]
             self.fast_chunk = _x86scan.Scanner(regions, self.bits, lo, hi, min_ref, self._ref_at).chunk
 
