@@ -1,8 +1,9 @@
-"""The explorer's walk in C (`binlens/analysis/_descent.c`) against the Python loop it replaces.
+"""The explorer's walk and the block merge in C (`binlens/analysis/_descent.c`) against the
+Python code they replace.
 
 Same reached chunks, call targets and first-seen predecessors, in the same order, on synthetic
 chunk graphs that use every terminator (and a progress callback that cancels), and the same
-analyses on real programs of several architectures.
+analyses (blocks, edges, calls, references) on real programs of several architectures.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import random
 import pytest
 
 from binlens.analysis import discovery as D
+from binlens.analysis import functions as F
 from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET, T_STOP
 from conftest import assert_same_analysis_without, corpus_dir
 
@@ -118,20 +120,25 @@ CORPUS = [
     "jmptbl/test_msvc_1900_32.exe",
     "jmptbl/test_gcc_7.2.0_32.out",
     "elf/libarm.so",
-    "elf/boa-mips",
+    "elf/mips-mozi",
     "elf/ip-riscv",
     "mach0/swift-main",
 ]
 
 
+PIECES = [(D, "_c_traverse"), (F, "_c_merge")]
+
+
+@pytest.mark.parametrize("module,attr", PIECES)
 @pytest.mark.parametrize("name,opt,pie", [("sample.c", "-O2", True), ("gaps.c", "-O0", False)])
-def test_analysis_is_the_same_with_the_python_walk(compile_c, monkeypatch, name: str, opt: str, pie: bool) -> None:
-    assert_same_analysis_without(monkeypatch, D, "_c_traverse", compile_c(name, opt, pie, strip=True))
+def test_analysis_is_the_same_with_the_python_code(compile_c, monkeypatch, module, attr, name, opt, pie) -> None:  # noqa: ANN001
+    assert_same_analysis_without(monkeypatch, module, attr, compile_c(name, opt, pie, strip=True))
 
 
+@pytest.mark.parametrize("module,attr", PIECES)
 @pytest.mark.parametrize("name", CORPUS)
-def test_corpus_analysis_is_the_same_with_the_python_walk(monkeypatch, name: str) -> None:
+def test_corpus_analysis_is_the_same_with_the_python_code(monkeypatch, module, attr, name: str) -> None:  # noqa: ANN001
     path = corpus_dir() / name
     if not path.exists():
         pytest.skip(f"{path} is absent")
-    assert_same_analysis_without(monkeypatch, D, "_c_traverse", path)
+    assert_same_analysis_without(monkeypatch, module, attr, path)

@@ -186,8 +186,9 @@ def test_analysis_of_corpus_files_is_the_same_without_the_scanner(monkeypatch, n
 
 def test_scan_refuses_an_offset_outside_the_region() -> None:
     data = bytes.fromhex("4889c3c3")
-    with pytest.raises(ValueError, match="outside"):
-        S.scan(data, bytearray(len(data)), 9, 0x1000, 64, 0, 0, 4)
+    for off in (4, 9, -1):  # (4: just past the end, where a chunk start would be written out of bounds)
+        with pytest.raises(ValueError, match="outside"):
+            S.scan(data, bytearray(len(data)), off, 0x1000, 64, 0, 0, 4)
     state = bytearray(len(data))
     assert S.scan(data, state, 0, 0x1000, 64, 0, 0, 4) == (0x1004, X.T_RET, (), 0x1003)
     assert state == bytes([3, 2, 2, 1])  # chunk start, body, instruction start

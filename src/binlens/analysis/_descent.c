@@ -176,10 +176,148 @@ static PyObject *traverse(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* dict[key] += 1 (a count) */
+static int count(PyObject *d, PyObject *key) {
+    PyObject *n = PyDict_GetItemWithError(d, key);
+    if (n == NULL && PyErr_Occurred())
+        return -1;
+    PyObject *m = PyLong_FromLong(n == NULL ? 1 : PyLong_AsLong(n) + 1);
+    if (m == NULL)
+        return -1;
+    int rc = PyDict_SetItem(d, key, m);
+    Py_DECREF(m);
+    return rc;
+}
+
+static long count_of(PyObject *d, PyObject *key) {
+    PyObject *n = PyDict_GetItemWithError(d, key);
+    return n == NULL ? 0 : PyLong_AsLong(n);
+}
+
+/* merge(chunks, f, body_chunks, edges) -> (blocks, edges)
+ *
+ * `functions._blocks` without the objects: a function's chunks merged into basic blocks across
+ * a single fall-through or call-return edge (the one edge into a chunk, from a chunk with that one
+ * successor that ends where it starts), as (start, end, terminator) in address order, and the
+ * edges between blocks as (src block, dst, kind), each once, in the body's order (the caller
+ * sorts them). `edges` is the body's flat [src, dst, kind, ...] list. */
+static PyObject *merge(PyObject *self, PyObject *args) {
+    PyObject *chunks, *f, *body, *edges;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!OO!O!", &PyDict_Type, &chunks, &f, &PyList_Type, &body, &PyList_Type, &edges))
+        return NULL;
+    Py_ssize_t ne = PyList_GET_SIZE(edges) / 3;
+    PyObject *npred = PyDict_New(), *succ = PyDict_New(), *via = PyDict_New(), *via_kind = PyDict_New();
+    PyObject *owner = PyDict_New(), *index = PyDict_New(), *order = PySequence_List(body);
+    PyObject *blocks = PyList_New(0), *keys = NULL, *seen = NULL, *out = NULL;
+    if (!npred || !succ || !via || !via_kind || !owner || !index || !order || !blocks)
+        goto done;
+    for (Py_ssize_t i = 0; i < ne; i++) {
+        PyObject *s = PyList_GET_ITEM(edges, 3 * i), *d = PyList_GET_ITEM(edges, 3 * i + 1);
+        if (count(npred, d) < 0 || count(succ, s) < 0 || PyDict_SetItem(via, d, s) < 0 ||
+            PyDict_SetItem(via_kind, d, PyList_GET_ITEM(edges, 3 * i + 2)) < 0)
+            goto done;
+    }
+    if (PyList_Sort(order) < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(order); i++) {
+        PyObject *a = PyList_GET_ITEM(order, i), *c = PyDict_GetItemWithError(chunks, a), *blk = a;
+        if (c == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetObject(PyExc_KeyError, a);
+            goto done;
+        }
+        int is_f = PyObject_RichCompareBool(a, f, Py_EQ);
+        if (is_f < 0)
+            goto done;
+        if (!is_f && count_of(npred, a) == 1) {
+            PyObject *src = PyDict_GetItem(via, a), *kind = PyDict_GetItem(via_kind, a);
+            PyObject *sc = src ? PyDict_GetItemWithError(chunks, src) : NULL;
+            if (src && kind && PyUnicode_Check(kind) &&
+                (!PyUnicode_CompareWithASCIIString(kind, "fallthrough") ||
+                 !PyUnicode_CompareWithASCIIString(kind, "call_return")) &&
+                count_of(succ, src) == 1 && sc != NULL) {
+                int ends_here = PyObject_RichCompareBool(PyTuple_GET_ITEM(sc, 0), a, Py_EQ);
+                PyObject *b = ends_here > 0 ? PyDict_GetItem(owner, src) : NULL;
+                if (ends_here < 0)
+                    goto done;
+                if (b != NULL)
+                    blk = b;
+            }
+            if (PyErr_Occurred())
+                goto done;
+        }
+        if (PyDict_SetItem(owner, a, blk) < 0)
+            goto done;
+        if (blk == a) { /* a new block */
+            PyObject *at = PyLong_FromSsize_t(PyList_GET_SIZE(blocks));
+            PyObject *row = at ? PyList_New(3) : NULL;
+            if (row == NULL || PyDict_SetItem(index, a, at) < 0 || PyList_Append(blocks, row) < 0) {
+                Py_XDECREF(at);
+                Py_XDECREF(row);
+                goto done;
+            }
+            Py_DECREF(at);
+            Py_DECREF(row);
+            PyList_SET_ITEM(row, 0, Py_NewRef(a));
+            PyList_SET_ITEM(row, 1, Py_NewRef(Py_None));
+            PyList_SET_ITEM(row, 2, Py_NewRef(Py_None));
+        }
+        PyObject *row = PyList_GET_ITEM(blocks, PyLong_AsSsize_t(PyDict_GetItem(index, blk)));
+        if (PyList_SetItem(row, 1, Py_NewRef(PyTuple_GET_ITEM(c, 0))) < 0 ||
+            PyList_SetItem(row, 2, Py_NewRef(PyTuple_GET_ITEM(c, 1))) < 0)
+            goto done;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(blocks); i++) { /* [start, end, term] -> (start, end, term) */
+        PyObject *t = PyList_AsTuple(PyList_GET_ITEM(blocks, i));
+        if (t == NULL)
+            goto done;
+        PyList_SetItem(blocks, i, t);
+    }
+    keys = PyList_New(0);
+    seen = PySet_New(NULL);
+    if (keys == NULL || seen == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < ne; i++) { /* edges into merged chunks go; repeats keep their first place */
+        PyObject *s = PyList_GET_ITEM(edges, 3 * i), *d = PyList_GET_ITEM(edges, 3 * i + 1);
+        PyObject *od = PyDict_GetItem(owner, d);
+        if (od == NULL || PyObject_RichCompareBool(od, d, Py_EQ) != 1)
+            continue;
+        PyObject *os = PyDict_GetItem(owner, s);
+        if (os == NULL) {
+            PyErr_SetObject(PyExc_KeyError, s);
+            goto done;
+        }
+        PyObject *key = PyTuple_Pack(3, os, d, PyList_GET_ITEM(edges, 3 * i + 2));
+        if (key == NULL)
+            goto done;
+        int dup = PySet_Contains(seen, key);
+        if (dup < 0 || (!dup && (PySet_Add(seen, key) < 0 || PyList_Append(keys, key) < 0))) {
+            Py_DECREF(key);
+            goto done;
+        }
+        Py_DECREF(key);
+    }
+    out = Py_BuildValue("(OO)", blocks, keys);
+done:
+    Py_XDECREF(npred);
+    Py_XDECREF(succ);
+    Py_XDECREF(via);
+    Py_XDECREF(via_kind);
+    Py_XDECREF(owner);
+    Py_XDECREF(index);
+    Py_XDECREF(order);
+    Py_XDECREF(blocks);
+    Py_XDECREF(keys);
+    Py_XDECREF(seen);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "Set the engine's terminator codes: configure(T_FALL, T_JUMP, T_COND, T_CALL, T_ICALL, T_IJUMP)."},
     {"traverse", traverse, METH_VARARGS, "Explorer.traverse's walk (see the module source)."},
+    {"merge", merge, METH_VARARGS, "functions._blocks's merge of chunks into blocks (see the module source)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -700,7 +700,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     int x64 = bits == 64;
     PyObject *refs = NULL, *out = NULL;
     walk_t w;
-    if (off < 0 || off > n) {
+    if (off < 0 || off >= n) {
         PyErr_SetString(PyExc_ValueError, "offset outside the region");
         goto done;
     }

@@ -9,12 +9,13 @@ from itertools import chain
 from operator import itemgetter
 
 from binlens.analysis.codemap import BODY, CodeMap
-from binlens.analysis.discovery import Body, Explorer
+from binlens.analysis.discovery import Body, Explorer, _descent
 from binlens.analysis.model import SOURCES, TERM_NAMES, BasicBlock, Edge, Function
 from binlens.loader.image import Image
 
 _ORDER = {s: i for i, s in enumerate(SOURCES)}
 _SRC_DST = itemgetter(0, 1)
+_c_merge = _descent.merge if _descent is not None else None  # `_blocks`'s merge in C
 
 
 def symbol_names(image: Image) -> dict[int, str]:
@@ -102,6 +103,10 @@ def _thumb_test(backend: object) -> Callable[[int], bool]:
 
 def _blocks(codemap: CodeMap, explorer: Explorer, f: int, body: Body) -> tuple[list[BasicBlock], list[Edge]]:
     """Basic blocks (chunks merged across a single fall-through/call-return edge) and their edges."""
+    if _c_merge is not None:  # the merge in C (`_descent.c`), the objects here
+        spans, keys = _c_merge(explorer.chunks, f, body.chunks, body.edges)
+        keys.sort(key=_SRC_DST)
+        return _block_objects(codemap, spans), [Edge(s, d, k) for s, d, k in keys]
     chunks = explorer.chunks
     edges = body.edges
     srcs, dsts, kinds = edges[0::3], edges[1::3], edges[2::3]  # body edges are flat triples
@@ -126,18 +131,24 @@ def _blocks(codemap: CodeMap, explorer: Explorer, f: int, body: Body) -> tuple[l
         owner[a] = a
         ends[a] = c[0]
         terms[a] = c[1]
-    blocks = []
-    r = None
-    for b, e in ends.items():  # insertion order is address order
-        if r is None or not r.va <= b < r.end:
-            r = codemap.region(b)
-        n = 0 if r is None else (e - b) - r.state.count(BODY, b - r.va, e - r.va)
-        blocks.append(BasicBlock(b, e, n, TERM_NAMES[terms[b]]))
+    blocks = _block_objects(codemap, [(b, e, terms[b]) for b, e in ends.items()])  # (address order)
     own = owner.get
     # edges into merged chunks disappear; duplicates keep their first place (dict order)
     keys = list(dict.fromkeys([(owner[s], d, k) for s, d, k in zip(srcs, dsts, kinds, strict=True) if own(d) == d]))
     keys.sort(key=_SRC_DST)
     return blocks, [Edge(s, d, k) for s, d, k in keys]
+
+
+def _block_objects(codemap: CodeMap, spans: list[tuple[int, int, int]]) -> list[BasicBlock]:
+    """BasicBlocks of (start, end, terminator) spans, their instructions counted in the state map."""
+    blocks = []
+    r = None
+    for b, e, t in spans:
+        if r is None or not r.va <= b < r.end:
+            r = codemap.region(b)
+        n = 0 if r is None else (e - b) - r.state.count(BODY, b - r.va, e - r.va)
+        blocks.append(BasicBlock(b, e, n, TERM_NAMES[t]))
+    return blocks
 
 
 def _extent(f: int, blocks: list[BasicBlock], nxt: int, codemap: CodeMap, literals: set[int]) -> int:

@@ -135,7 +135,9 @@ class X86Backend:
     def decode_chunk(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
         """Decode straight-line code from `va`: (end, terminator, targets, address of last insn).
 
-        Fast path: per instruction only the decode, its length and flow kind, and the start
+        The C scanner (`_x86scan.scan`) takes the plain instructions first and often the whole
+        chunk; iced-x86 goes on from the first instruction it does not know. There, per
+        instruction only the decode, its length and flow kind, and the start
         byte of the state map; operands are looked at only for instructions long enough to hold
         an address (>= 4 bytes; any length for i386 PIC `[ebx + x]`), `hlt` only when the last
         byte is f4. The state bytes under the chunk are checked once at the end with a C-speed
@@ -164,11 +166,8 @@ class X86Backend:
             n = len(out)
             if n == 4:  # the chunk ended in C and the state map is written
                 return out
-            dec = self._dec
             for o in out[1] if n == 2 else out[4]:  # an operand may hold an address: iced decodes it
-                dec.position = o
-                dec.ip = o + r.va
-                self._data_ref(dec.decode(), o + r.va)
+                self._ref_at(r.va + o)
             if n == 2:
                 return out[0]
         dec = self._dec
