@@ -85,6 +85,6 @@ def test_an_old_database_is_upgraded_and_its_analysis_runs_again(tmp_path):
     assert store.load_run(db) is None  # the cached analysis is dropped: it runs again and fills the new columns
     assert db.connect().execute("SELECT name FROM sqlite_master WHERE name='edge'").fetchone() is None
     cols = [r[1] for r in db.connect().execute("PRAGMA table_info(func)")]
-    assert cols[-4:] == ["edges", "edge_kinds", "block_data", "block_terms"]
+    assert cols[-2:] == ["edges", "edge_kinds"]
     tables = {r[0] for r in db.connect().execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert "xref_pack" in tables and not {"block", "xref"} & tables
+    assert {"xref_pack", "func_blocks"} <= tables and not {"block", "xref"} & tables

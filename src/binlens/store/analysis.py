@@ -62,15 +62,15 @@ ANALYSIS_MIGRATIONS = [
     DROP TABLE IF EXISTS edge;
     DELETE FROM analysis_run
     """,
-    # Blocks and references packed too: a function's blocks in its row (`func.block_data`:
-    # little-endian u64 start, end, instruction-count triples; `func.block_terms`: terminators,
-    # comma-separated), its references in one `xref_pack` row (u64 src, dst pairs and one byte of
-    # kind each; function NULL: references from outside every function). 70k block and 80k
-    # reference rows with their four indexes were ~0.5 s of the save of libc's analysis; readers
-    # build their address indexes in memory on first use (`AnalysisView`).
+    # Blocks and references packed too: a function's blocks in one `func_blocks` row (`data`:
+    # little-endian u64 start, end, instruction-count triples; `terms`: terminators,
+    # comma-separated; not in `func`, whose rows every open reads), its references in one
+    # `xref_pack` row (u64 src, dst pairs and one byte of kind each; function NULL: references from
+    # outside every function). 70k block and 80k reference rows with their four indexes were
+    # ~0.5 s of the save of libc's analysis; readers build their address indexes in memory on
+    # first use (`AnalysisView`).
     """
-    ALTER TABLE func ADD COLUMN block_data BLOB;
-    ALTER TABLE func ADD COLUMN block_terms TEXT;
+    CREATE TABLE func_blocks (address INTEGER PRIMARY KEY, data BLOB NOT NULL, terms TEXT NOT NULL);
     DROP TABLE IF EXISTS block;
     DROP TABLE IF EXISTS xref;
     CREATE TABLE xref_pack (function INTEGER, data BLOB NOT NULL, kinds BLOB NOT NULL);
@@ -79,17 +79,15 @@ ANALYSIS_MIGRATIONS = [
     """,
 ]
 register_migrations("analysis", ANALYSIS_MIGRATIONS)
-_TABLES = ("func", "call", "xref_pack", "string")
+_TABLES = ("func", "func_blocks", "call", "xref_pack", "string")
 _FUNC_COLUMNS = "address, size, symbol, thunk, sources, noreturn, blocks, instructions, mode"
 _EDGE_PAIR = attrgetter("src", "dst")
 _EDGE_ORDER = itemgetter(0, 1)
 _BLOCK_TRIPLE = attrgetter("start", "end", "instruction_count")
 _TERM, _KIND = attrgetter("terminator"), attrgetter("kind")
 _KIND_CODE = {k: i for i, k in enumerate(XREF_KINDS)}
-_FUNC_INSERT = (
-    f"INSERT OR REPLACE INTO func ({_FUNC_COLUMNS}, edges, edge_kinds, block_data, block_terms) "
-    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
-)
+_FUNC_INSERT = f"INSERT OR REPLACE INTO func ({_FUNC_COLUMNS}, edges, edge_kinds) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+_BLOCKS_INSERT = "INSERT OR REPLACE INTO func_blocks VALUES (?,?,?)"
 
 
 def pack_edges(edges: list) -> tuple[bytes | None, str | None]:
@@ -119,7 +117,7 @@ def _unwords(blob: bytes) -> array:
 
 
 def pack_blocks(blocks: list) -> tuple[bytes | None, str | None]:
-    """(`func.block_data`, `func.block_terms`) for a function's blocks; (None, None) when it has none."""
+    """(`func_blocks.data`, `func_blocks.terms`) for a function's blocks; (None, None) when it has none."""
     if not blocks:
         return None, None
     return _words(chain.from_iterable(map(_BLOCK_TRIPLE, blocks))), ",".join(map(_TERM, blocks))
@@ -229,6 +227,7 @@ def save_analysis(db: ProgramDatabase, a: ProgramAnalysis) -> None:
         for t in _TABLES:
             conn.execute(f"DELETE FROM {t}")  # noqa: S608 - fixed table names
         conn.executemany(_FUNC_INSERT, _func_rows(a.functions, sg, {}))
+        conn.executemany(_BLOCKS_INSERT, _block_rows(a.functions, sg))
         for f in a.functions:  # one executemany per function: no Python generator frame per row
             if f.calls:
                 fa = sg(f.address)
@@ -260,7 +259,7 @@ def save_analysis(db: ProgramDatabase, a: ProgramAnalysis) -> None:
 
 
 def _func_rows(functions: list, sg: Callable[[int], int], sources: dict[int, tuple[str, ...]]) -> Iterable[tuple]:
-    """`func` rows (blocks and edges packed); `sources` overrides a function's own."""
+    """`func` rows (CFG edges packed); `sources` overrides a function's own."""
     return (
         (
             sg(f.address),
@@ -273,10 +272,14 @@ def _func_rows(functions: list, sg: Callable[[int], int], sources: dict[int, tup
             sum(b.instruction_count for b in f.blocks),
             f.mode,
             *pack_edges(f.edges),
-            *pack_blocks(f.blocks),
         )
         for f in functions
     )
+
+
+def _block_rows(functions: list, sg: Callable[[int], int]) -> Iterable[tuple]:
+    """`func_blocks` rows: each function's blocks, packed."""
+    return ((sg(f.address), *pack_blocks(f.blocks)) for f in functions if f.blocks)
 
 
 def _xref_packs(functions: list, xrefs: list, sg: Callable[[int], int]) -> list[tuple[int | None, bytes, bytes]]:
@@ -318,9 +321,11 @@ def replace_functions(
     marks = ",".join("?" * len(ids))
     with db.transaction() as conn:
         conn.execute(f"DELETE FROM func WHERE address IN ({marks})", ids)  # noqa: S608 - placeholders only
+        conn.execute(f"DELETE FROM func_blocks WHERE address IN ({marks})", ids)  # noqa: S608
         for table in ("call", "xref_pack"):
             conn.execute(f"DELETE FROM {table} WHERE function IN ({marks})", ids)  # noqa: S608
         conn.executemany(_FUNC_INSERT, _func_rows(functions, s64, sources))
+        conn.executemany(_BLOCKS_INSERT, _block_rows(functions, s64))
         conn.executemany(
             "INSERT INTO call VALUES (?,?,?)",
             ((s64(f.address), s64(site), s64(callee)) for f in functions for site, callee in f.calls),
@@ -392,7 +397,7 @@ class AnalysisView:
     def _blocks_by_start(self) -> _BlockIndex:
         idx = self._block_index
         if idx is None:
-            idx = self._block_index = _BlockIndex(self._q("SELECT address, block_data FROM func"))
+            idx = self._block_index = _BlockIndex(self._q("SELECT address, data FROM func_blocks"))
         return idx
 
     def _xrefs_by_address(self) -> _XrefIndex:
@@ -411,7 +416,7 @@ class AnalysisView:
 
     def blocks(self, fn: int) -> list[tuple[int, int, int, str]]:
         """(start, end, instructions, terminator) of a function's blocks, by address."""
-        rows = self._q("SELECT block_data, block_terms FROM func WHERE address=?", (s64(fn),))
+        rows = self._q("SELECT data, terms FROM func_blocks WHERE address=?", (s64(fn),))
         return sorted(unpack_blocks(*rows[0])) if rows else []
 
     def blocks_in(self, start: int, end: int) -> list[tuple[int, int]]:
