@@ -9,7 +9,6 @@ analysis with the scanner is the analysis without it.
 
 from __future__ import annotations
 
-import os
 import random
 import subprocess
 from pathlib import Path
@@ -93,12 +92,6 @@ def _check_file(path: Path) -> int:
         accepted, wrong = accepted + n, wrong + bad
     assert not wrong, wrong[:10]
     return accepted
-
-
-def test_scanner_is_built_and_used() -> None:
-    if os.environ.get("BINLENS_PURE_PYTHON"):
-        pytest.skip("BINLENS_PURE_PYTHON turns the scanner off")
-    assert X._c_scan is S.scan
 
 
 @pytest.mark.parametrize("opt,pie", [("-O2", True), ("-O0", False), ("-O3", True)])
