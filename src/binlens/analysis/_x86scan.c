@@ -107,7 +107,6 @@ static void init_vex(void) {
     vex(3, 0x38, P_66, L1, 0, I_B, M_ANY);  /* vinserti128 */
     vex(3, 0x39, P_66, L1, 1, I_B, M_ANY);  /* vextracti128 */
     vtab[3][0x38].vw = vtab[3][0x39].vw = 1;
-    (void)L0;
 }
 
 static void set(int x64, int map, int op, int modrm, int imm, int pfx) {
