@@ -183,11 +183,21 @@ def test_file_changed_on_disk_is_analysed_from_the_opened_bytes(workspace, compi
 
 def _run_watching_pids(st) -> set[int]:  # noqa: ANN001
     """Run the program's analysis to its end; the ids of the processes that ran it."""
+    from binlens import analysis_worker
+
     pids = set()
-    st.start()
-    while not st._done.wait(0.005):
-        if st.worker is not None:
-            pids.add(st.worker.pid)
+    real_run = analysis_worker.AnalysisProcess.run
+
+    def run(self, *args):  # noqa: ANN001, ANN002, ANN202 - records which process each run uses
+        pids.add(self.pid)
+        return real_run(self, *args)
+
+    analysis_worker.AnalysisProcess.run = run
+    try:
+        st.start()
+        assert st._done.wait(60)
+    finally:
+        analysis_worker.AnalysisProcess.run = real_run
     return pids
 
 

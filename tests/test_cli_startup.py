@@ -63,3 +63,30 @@ def test_table_output_still_renders(home, compile_c):
     sample = compile_c("sample.c", "-O2")
     got = probe("functions", str(sample), home=home)
     assert got["code"] == 0 and "rich" in got["loaded"] and "main" in got["text"]
+
+
+def test_analysis_target_is_read_before_the_parser_is_built(tmp_path):
+    from binlens.cli.main import _early_target
+
+    f = tmp_path / "prog"
+    f.write_bytes(b"\x7fELF")
+    assert _early_target(["functions", str(f), "--json"]) == (str(f), None, None)
+    assert _early_target(["-v", "disasm", "--max", "10", str(f), "main"]) == (str(f), None, None)
+    assert _early_target(["xrefs", f"--home={tmp_path}", str(f), "0x10"]) == (str(f), None, str(tmp_path))
+    assert _early_target(["cfg", "--slice", "arm64", str(f), "main", "--home", "h"]) == (str(f), "arm64", "h")
+    assert _early_target(["functions", str(tmp_path / "missing")]) is None  # the parser gives that error
+    assert _early_target(["info", str(f)]) is None  # needs no analysis
+    assert _early_target([]) is None
+
+
+def test_console_exit_closes_the_database_and_survives_a_closed_pipe(home, compile_c):
+    sample = compile_c("sample.c", "-O2")
+    r = run_cli("functions", str(sample), "--json", home=home)
+    assert r.returncode == 0 and json.loads(r.stdout)["functions"], r.stderr
+    dbs = list((home / "db").iterdir())
+    assert [p.suffix for p in dbs] == [".sqlite"]  # closed: no -wal/-shm file left behind
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), BINLENS_HOME=str(home))
+    for args in ("--json", ""):  # the reader is gone before the listing is written
+        cmd = f"{sys.executable} -m binlens functions {sample} {args} | true; echo $" + "{PIPESTATUS[0]}"
+        piped = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=env, timeout=120)
+        assert piped.stdout == "1\n" and "Traceback" not in piped.stderr and "Error" not in piped.stderr

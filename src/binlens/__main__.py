@@ -1,6 +1,6 @@
 """`python -m binlens` is the `binlens` command."""
 
-from binlens.cli.main import main
+from binlens.cli.main import console
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    console()

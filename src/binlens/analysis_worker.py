@@ -301,6 +301,9 @@ def analyse_early(req: AnalysisRequest, stdin: Any, send: Callable[[Any], None])
     _save(full, result, send)
 
 
+_retained: list[Any] = []  # the saved analysis, kept until the process exits (see `main`)
+
+
 def _save(req: AnalysisRequest, result: Any, send: Callable[[Any], None]) -> None:
     from binlens.analysis.engine import gc_paused
     from binlens.store import ProgramDatabase
@@ -311,6 +314,7 @@ def _save(req: AnalysisRequest, result: Any, send: Callable[[Any], None]) -> Non
     with gc_paused():  # the rows are acyclic tuples; collections would re-scan the whole analysis
         save_analysis(db, result)
     db.close()
+    _retained.append(result)  # freed by the exit, not object by object as the frames unwind (~35 ms for libc)
     send(("done", len(result.functions)))
 
 
@@ -361,3 +365,8 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # Everything is saved and reported (the database is closed): skip the interpreter's teardown,
+    # which frees the analysis object by object (~60 ms for libc) while the caller waits for the exit.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
