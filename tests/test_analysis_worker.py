@@ -337,3 +337,74 @@ def test_only_fast_reader_formats_start_early(home, tmp_path) -> None:  # noqa: 
     analysis_worker.prestart(str(elf), None, str(home))
     assert analysis_worker._spare_key == (os.path.realpath(elf), None)
     analysis_worker._drop_spare()
+
+
+def _dump(db_path: Path) -> dict:
+    """Every analysis row of a program database (the run without its time and duration)."""
+    import sqlite3
+
+    conn = sqlite3.connect(db_path)
+    try:
+        tables = ("func", "func_blocks", "call", "xref_pack", "string")
+        out = {t: sorted(conn.execute(f"SELECT * FROM {t}").fetchall(), key=repr) for t in tables}  # noqa: S608
+        run = "engine, status, functions, blocks, instructions, xrefs, strings, code_bytes, covered_bytes"
+        out["analysis_run"] = conn.execute(f"SELECT {run} FROM analysis_run").fetchall()  # noqa: S608
+        return out
+    finally:
+        conn.close()
+
+
+def test_two_process_analysis_stores_what_the_in_process_save_stores(compile_c, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """The analysis process builds the functions in a forked child beside the references (two
+    CPUs); with BINLENS_SERIAL=1 it does all in one process. Both store what `save_analysis` of
+    the in-process analysis stores."""
+    from binlens import analysis_worker
+    from binlens.analysis import analyze
+    from binlens.loader.parse_lief import parse_path
+    from binlens.store import ProgramDatabase
+    from binlens.store.analysis import save_analysis
+
+    if not analysis_worker._parallel():
+        pytest.skip("one CPU (or no fork): the analysis process never forks here")
+    libc = [p for p in (Path("/lib/x86_64-linux-gnu/libc.so.6"), Path("/usr/lib64/libc.so.6")) if p.exists()]
+    for path in (compile_c("sample.c", "-O2", True, strip=True), *libc[:1]):
+        image = parse_path(str(path))
+        expected = tmp_path / f"{path.name}-in-process.sqlite"
+        db = ProgramDatabase(expected)
+        save_analysis(db, analyze(image))
+        db.close()
+        want = _dump(expected)
+        assert want["func"] and want["xref_pack"] and want["string"]
+        for serial in ("0", "1"):
+            monkeypatch.setenv("BINLENS_SERIAL", serial)
+            analysis_worker._drop_spare()  # (a spare would have started with the other setting)
+            target = tmp_path / f"{path.name}-{serial}.sqlite"
+            request = analysis_worker.AnalysisRequest(str(path), image.identity.sha256, str(target))
+            n = analysis_worker.AnalysisProcess(request).run(lambda *_: None, threading.Event(), 300)
+            assert n == len(want["func"])
+            assert _dump(target) == want, f"{path.name} serial={serial}"
+
+
+def test_a_dead_function_builder_is_a_clean_error(compile_c, monkeypatch) -> None:  # noqa: ANN001
+    """The forked child that builds functions dies: the analysis fails with a clear message."""
+    from binlens import analysis_worker
+    from binlens.errors import BinlensError
+    from binlens.loader.parse_lief import parse_path
+    from binlens.store import analysis as store
+
+    if not analysis_worker._parallel():
+        pytest.skip("one CPU (or no fork): the analysis process never forks here")
+    image = parse_path(str(compile_c("sample.c", "-O2", True, strip=True)))
+    parent = os.getpid()
+    real = store.function_rows
+
+    def dying(functions, spans=None):  # noqa: ANN001, ANN202 - the child ends at once, as a crash would
+        if os.getpid() != parent:
+            os._exit(3)
+        return real(functions, spans)
+
+    monkeypatch.setattr(store, "function_rows", dying)
+    with pytest.raises(BinlensError) as err:
+        analysis_worker._analyse(image, lambda *_: None, [], [])
+    assert err.value.code == "internal"
+    assert err.value.message == "the analysis failed: its function builder stopped (exit status 3)"

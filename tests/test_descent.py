@@ -142,3 +142,50 @@ def test_corpus_analysis_is_the_same_with_the_python_code(monkeypatch, module, a
     if not path.exists():
         pytest.skip(f"{path} is absent")
     assert_same_analysis_without(monkeypatch, module, attr, path)
+
+
+# ------------------------------------------------------------------ pack_by_owner (the store's packing)
+def _packs(monkeypatch, spans, xrefs, use_c: bool) -> list:  # noqa: ANN001
+    from binlens.store import analysis as S
+
+    monkeypatch.setattr(S, "_c_descent", C if use_c else None)
+    return S._xref_packs(spans, xrefs, S.s64)
+
+
+@pytest.mark.parametrize("name,opt,pie", [("sample.c", "-O2", True), ("gaps.c", "-O0", False)])
+def test_c_packing_of_references_is_the_python_packing(compile_c, monkeypatch, name, opt, pie) -> None:  # noqa: ANN001
+    from binlens.analysis import analyze
+    from binlens.loader.parse_lief import parse_path
+    from binlens.store.analysis import owner_spans
+
+    for path in (compile_c(name, opt, pie, strip=True), *_libc()):
+        a = analyze(parse_path(str(path)))
+        spans = owner_spans(a.functions)
+        packs = _packs(monkeypatch, spans, a.xrefs, True)
+        assert packs == _packs(monkeypatch, spans, a.xrefs, False)
+        assert len(packs) > len(a.functions) // 2  # (most functions make a reference)
+
+
+def _libc() -> list:
+    from pathlib import Path
+
+    return [p for p in (Path("/lib/x86_64-linux-gnu/libc.so.6"),) if p.exists()][:1]
+
+
+def test_c_packing_edges(monkeypatch) -> None:  # noqa: ANN001
+    from binlens.analysis.model import Xref
+
+    spans = ([0x10, 0x20, 0x40], [0x18, 0x30, 0x48], [0x10, 0x10, (1 << 64) - 8])  # one function in two spans
+    xrefs = [Xref(a, 0x99, "read") for a in (0x8, 0x10, 0x17, 0x18, 0x20, 0x2F, 0x30, 0x40, 0x47, 0x48)]
+    xrefs.append(Xref((1 << 64) - 1, 0, "call"))
+    packs = _packs(monkeypatch, spans, xrefs, True)
+    assert packs == _packs(monkeypatch, spans, xrefs, False)
+    assert [owner for owner, _d, _k in packs] == [None, 0x10, -8]  # signed as SQLite stores it
+    assert [len(k) for _o, _d, k in packs] == [5, 4, 2]
+    assert _packs(monkeypatch, ([], [], []), [], True) == []
+    with pytest.raises(ValueError, match="differ in length"):
+        C.pack_by_owner([1], [], [], [], {})
+    with pytest.raises(KeyError):
+        C.pack_by_owner([], [], [], [Xref(1, 2, "no-such-kind")], {"read": 0})
+    with pytest.raises(OverflowError):
+        C.pack_by_owner([-1], [0], [0], [], {})

@@ -7,6 +7,9 @@
  * two overlapping decodings wins). What it saves is the interpreter's per-chunk work: libc.so.6
  * reaches ~80k chunks per walk. New chunks come from `fast(va)` (the x86 scanner: a tuple, False
  * when the Python path must decide, None outside the code) and else from `chunk(va)`.
+ *
+ * `merge` is the chunk merge of `functions._blocks`, and `pack_by_owner` the grouping and packing
+ * of references by the function that owns their source (`store.analysis._xref_packs`).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -313,11 +316,164 @@ done:
     return out;
 }
 
+/* little-endian u64 at p */
+static void put_u64(unsigned char *p, unsigned long long v) {
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* pack_by_owner(starts, ends, fns, xrefs, codes) -> [(owner | None, data, kinds)]
+ *
+ * store.analysis._xref_packs in one pass: each reference goes to the function owning its source
+ * (`fns` of the last span start at or below it, if the source is below that span's end; None
+ * otherwise), groups in the order of their first reference; per group, little-endian u64 (src, dst) pairs and
+ * one byte of kind (`codes[kind]`) each. `starts` is sorted; `ends` and `fns` go with it. */
+static PyObject *pack_by_owner(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *starts, *ends, *fns, *xrefs, *codes;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!", &PyList_Type, &starts, &PyList_Type, &ends, &PyList_Type, &fns,
+                          &PyList_Type, &xrefs, &PyDict_Type, &codes))
+        return NULL;
+    Py_ssize_t ns = PyList_GET_SIZE(starts), nx = PyList_GET_SIZE(xrefs);
+    if (PyList_GET_SIZE(ends) != ns || PyList_GET_SIZE(fns) != ns) {
+        PyErr_SetString(PyExc_ValueError, "starts, ends and fns differ in length");
+        return NULL;
+    }
+    PyObject *out = NULL, *s_src = PyUnicode_InternFromString("src"), *s_dst = PyUnicode_InternFromString("dst"),
+             *s_kind = PyUnicode_InternFromString("kind");
+    unsigned long long *st = PyMem_Malloc(sizeof(*st) * (ns + 1)), *en = PyMem_Malloc(sizeof(*en) * (ns + 1));
+    unsigned long long *src = PyMem_Malloc(sizeof(*src) * (nx + 1)), *dst = PyMem_Malloc(sizeof(*dst) * (nx + 1));
+    unsigned char *kind = PyMem_Malloc(nx + 1);
+    Py_ssize_t *grp = PyMem_Malloc(sizeof(*grp) * (nx + 1));      /* each reference's group */
+    Py_ssize_t *fid = PyMem_Malloc(sizeof(*fid) * (ns + 1));      /* span -> its function's first span + 1 */
+    Py_ssize_t *gid = PyMem_Malloc(sizeof(*gid) * (ns + 2));      /* that + 1 (0: no function) -> group */
+    Py_ssize_t *gspan = PyMem_Malloc(sizeof(*gspan) * (ns + 2));  /* group -> that + 1 */
+    PyObject *first = PyDict_New();                                /* function -> its first span */
+    Py_ssize_t *gcount = PyMem_Calloc(ns + 2, sizeof(*gcount));
+    Py_ssize_t *gfill = PyMem_Calloc(ns + 2, sizeof(*gfill));
+    PyObject **data = PyMem_Calloc(ns + 2, sizeof(*data)), **kinds = PyMem_Calloc(ns + 2, sizeof(*kinds));
+    Py_ssize_t ngroups = 0;
+    if (!s_src || !s_dst || !s_kind || !st || !en || !src || !dst || !kind || !grp || !fid || !gid || !gspan ||
+        !first || !gcount || !gfill || !data || !kinds) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < ns; i++) {
+        st[i] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(starts, i));
+        en[i] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(ends, i));
+        if (PyErr_Occurred())
+            goto done;
+        PyObject *at = PyLong_FromSsize_t(i), *was;
+        if (!at || !(was = PyDict_SetDefault(first, PyList_GET_ITEM(fns, i), at))) {
+            Py_XDECREF(at);
+            goto done;
+        }
+        fid[i] = PyLong_AsSsize_t(was) + 1;
+        Py_DECREF(at);
+    }
+    for (Py_ssize_t i = 0; i < ns + 2; i++)
+        gid[i] = -1;
+    for (Py_ssize_t i = 0; i < nx; i++) {
+        PyObject *x = PyList_GET_ITEM(xrefs, i), *v;
+        if (!(v = PyObject_GetAttr(x, s_src)))
+            goto done;
+        src[i] = PyLong_AsUnsignedLongLong(v);
+        Py_DECREF(v);
+        if (!(v = PyObject_GetAttr(x, s_dst)))
+            goto done;
+        dst[i] = PyLong_AsUnsignedLongLong(v);
+        Py_DECREF(v);
+        if (PyErr_Occurred() || !(v = PyObject_GetAttr(x, s_kind)))
+            goto done;
+        PyObject *code = PyDict_GetItemWithError(codes, v);
+        Py_DECREF(v);
+        if (!code) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_KeyError, "a reference kind without a code");
+            goto done;
+        }
+        long c = PyLong_AsLong(code);
+        if (c < 0 || c > 255) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "a kind code outside 0..255");
+            goto done;
+        }
+        kind[i] = (unsigned char)c;
+        /* the last start <= src (bisect_right - 1) */
+        Py_ssize_t lo = 0, hi = ns;
+        while (lo < hi) {
+            Py_ssize_t mid = (lo + hi) / 2;
+            if (src[i] < st[mid])
+                hi = mid;
+            else
+                lo = mid + 1;
+        }
+        Py_ssize_t span = lo - 1;
+        Py_ssize_t key = (span >= 0 && src[i] < en[span]) ? fid[span] : 0;
+        if (gid[key] < 0) {
+            gid[key] = ngroups;
+            gspan[ngroups++] = key;
+        }
+        grp[i] = gid[key];
+        gcount[grp[i]]++;
+    }
+    for (Py_ssize_t g = 0; g < ngroups; g++) {
+        data[g] = PyBytes_FromStringAndSize(NULL, 16 * gcount[g]);
+        kinds[g] = PyBytes_FromStringAndSize(NULL, gcount[g]);
+        if (!data[g] || !kinds[g])
+            goto done;
+    }
+    for (Py_ssize_t i = 0; i < nx; i++) {
+        Py_ssize_t g = grp[i], k = gfill[g]++;
+        unsigned char *d = (unsigned char *)PyBytes_AS_STRING(data[g]) + 16 * k;
+        put_u64(d, src[i]);
+        put_u64(d + 8, dst[i]);
+        ((unsigned char *)PyBytes_AS_STRING(kinds[g]))[k] = kind[i];
+    }
+    if (!(out = PyList_New(ngroups)))
+        goto done;
+    for (Py_ssize_t g = 0; g < ngroups; g++) {
+        PyObject *owner = gspan[g] ? PyList_GET_ITEM(fns, gspan[g] - 1) : Py_None;
+        PyObject *t = PyTuple_Pack(3, owner, data[g], kinds[g]);
+        if (!t) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, g, t);
+    }
+done:
+    if (data && kinds)
+        for (Py_ssize_t g = 0; g < ngroups; g++) {
+            Py_XDECREF(data[g]);
+            Py_XDECREF(kinds[g]);
+        }
+    Py_XDECREF(s_src);
+    Py_XDECREF(s_dst);
+    Py_XDECREF(s_kind);
+    PyMem_Free(st);
+    PyMem_Free(en);
+    PyMem_Free(src);
+    PyMem_Free(dst);
+    PyMem_Free(kind);
+    PyMem_Free(grp);
+    PyMem_Free(fid);
+    Py_XDECREF(first);
+    PyMem_Free(gid);
+    PyMem_Free(gspan);
+    PyMem_Free(gcount);
+    PyMem_Free(gfill);
+    PyMem_Free(data);
+    PyMem_Free(kinds);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "Set the engine's terminator codes: configure(T_FALL, T_JUMP, T_COND, T_CALL, T_ICALL, T_IJUMP)."},
     {"traverse", traverse, METH_VARARGS, "Explorer.traverse's walk (see the module source)."},
     {"merge", merge, METH_VARARGS, "functions._blocks's merge of chunks into blocks (see the module source)."},
+    {"pack_by_owner", pack_by_owner, METH_VARARGS,
+     "store.analysis._xref_packs's grouping and packing of references (see the module source)."},
     {NULL, NULL, 0, NULL},
 };
 

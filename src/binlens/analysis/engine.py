@@ -30,6 +30,7 @@ from binlens.analysis.model import (
     XREF_KINDS,
     Function,
     ProgramAnalysis,
+    StringItem,
     Xref,
 )
 from binlens.analysis.noreturn import noret_callers, returning_functions
@@ -131,15 +132,88 @@ def analyze(
     `progress(done, total, message)` is called along the way and may raise to cancel.
     """
     with gc_paused():
-        return _analyze(image, progress, extra_starts, excluded_starts)
+        explored = explore(image, progress, extra_starts, excluded_starts)
+        strings, xrefs = explored.references()
+        return explored.result(explored.functions(), xrefs, strings)
 
 
-def _analyze(
+@dataclasses.dataclass
+class Explored:
+    """The engine after discovery and heuristics: every function's code is found. What remains are
+    two independent parts, the references (with strings) and the functions' blocks; the analysis
+    process runs them in two processes at once (`analysis_worker`), `analyze` one after the other."""
+
+    image: Image
+    codemap: CodeMap
+    backend: object
+    explorer: Explorer
+    bodies: dict[int, Body]
+    starts: dict[int, set[str]]
+    extents: dict[int, int]
+    thunks: dict[int, str]
+    noret: set[int]
+    jt_tables: dict[int, int]
+    covered: int
+    rounds: int
+    report: Progress
+    t0: float
+    chunk_count: int = 0
+
+    def references(self) -> tuple[list[StringItem], list[Xref]]:
+        """(strings, references): what `ProgramAnalysis` holds of them."""
+        self.report(0.85, 1.0, f"{len(self.bodies)} functions; references and strings")
+        strings = find_strings(self.image)
+        xrefs = collect_xrefs(
+            self.image, self.codemap, self.backend, self.explorer, self.bodies, strings, self.jt_tables
+        )
+        return strings, xrefs
+
+    def functions(self, part: tuple[int, int] | None = None) -> list[Function]:
+        """Every function with its blocks and edges (`part`: only those of the bodies at places lo..hi
+        in address order). Consumes the bodies and chunks: call it after `references`, and once for
+        each body (references first also keeps their transient sets from coexisting with the blocks:
+        a lower peak of memory)."""
+        return build_functions(
+            self.image,
+            self.codemap,
+            self.explorer,
+            self.bodies,
+            self.starts,
+            self.extents,
+            self.thunks,
+            self.noret,
+            consume=True,
+            part=part,
+        )
+
+    def result(self, functions: list[Function], xrefs: list[Xref], strings: list[StringItem]) -> ProgramAnalysis:
+        """The finished analysis."""
+        stats = {
+            "seconds": time.perf_counter() - self.t0,
+            "chunks": float(self.chunk_count),
+            "heuristic_rounds": float(self.rounds),
+        }
+        self.report(1.0, 1.0, f"{len(functions)} functions")
+        return ProgramAnalysis(
+            engine_version=ENGINE_VERSION,
+            arch=self.image.identity.arch,
+            functions=functions,
+            xrefs=xrefs,
+            strings=strings,
+            code_bytes=self.codemap.total_bytes,
+            covered_bytes=self.covered,
+            stats=stats,
+        )
+
+
+def explore(
     image: Image,
-    progress: Progress | None,
-    extra_starts: list[int] | tuple[int, ...],
-    excluded_starts: list[int] | tuple[int, ...],
-) -> ProgramAnalysis:
+    progress: Progress | None = None,
+    extra_starts: list[int] | tuple[int, ...] = (),
+    excluded_starts: list[int] | tuple[int, ...] = (),
+) -> Explored:
+    """The engine up to the point where every function's code is found (see `Explored`); call it
+    with the garbage collector paused (`gc_paused`), as `analyze` does."""
     t0 = time.perf_counter()
     report = progress or (lambda done, total, msg: None)
     image = _text_names(image)
@@ -242,23 +316,22 @@ def _analyze(
     del gaps  # its coverage map and counts are of no further use
     explorer.finish()
     covered = _covered(codemap, explorer, bodies)  # here, its set reuses the memory just freed
-    report(0.85, 1.0, f"{len(bodies)} functions; references and strings")
-    # references first: their transient sets then do not coexist with the functions' blocks (lower peak memory)
-    strings = find_strings(image)
-    xrefs = collect_xrefs(image, codemap, backend, explorer, bodies, strings, jt_tables)
-    nchunks = len(explorer.chunks)
-    functions = build_functions(image, codemap, explorer, bodies, starts, extents, thunks, noret, consume=True)
-    stats = {"seconds": time.perf_counter() - t0, "chunks": float(nchunks), "heuristic_rounds": float(rounds)}
-    report(1.0, 1.0, f"{len(functions)} functions")
-    return ProgramAnalysis(
-        engine_version=ENGINE_VERSION,
-        arch=image.identity.arch,
-        functions=functions,
-        xrefs=xrefs,
-        strings=strings,
-        code_bytes=codemap.total_bytes,
-        covered_bytes=covered,
-        stats=stats,
+    return Explored(
+        image,
+        codemap,
+        backend,
+        explorer,
+        bodies,
+        starts,
+        extents,
+        thunks,
+        noret,
+        jt_tables,
+        covered,
+        rounds,
+        report,
+        t0,
+        chunk_count=len(explorer.chunks),
     )
 
 
@@ -563,4 +636,4 @@ def _covered(codemap: CodeMap, explorer: Explorer, bodies: dict[int, Body]) -> i
     return total
 
 
-__all__ = ["ENGINE_VERSION", "SOURCES", "analyze", "analyze_functions"]
+__all__ = ["ENGINE_VERSION", "SOURCES", "Explored", "analyze", "analyze_functions", "explore"]

@@ -39,10 +39,12 @@ def build_functions(
     thunks: dict[int, str],
     noret: set[int],
     consume: bool = False,
+    part: tuple[int, int] | None = None,
 ) -> list[Function]:
     """One Function per body, in address order. With `consume`, each body is removed from
     `bodies` once its function is built, and so are its chunks from the explorer unless another
-    body holds them too (their memory then serves the next functions' blocks)."""
+    body holds them too (their memory then serves the next functions' blocks). `part` (lo, hi)
+    builds only the functions of the bodies at those places in address order."""
     names = symbol_names(image)
     literals: set[int] = getattr(explorer.backend, "literals", set())  # (ARM32 literal pool words)
     in_thumb = _thumb_test(explorer.backend)
@@ -54,7 +56,8 @@ def build_functions(
         held = Counter(chain.from_iterable(b.chunks for b in bodies.values()))
         shared = {a for a, n in held.items() if n > 1}
         del held
-    for f, nxt in zip(order, [*order[1:], 1 << 64], strict=False):  # (not strict: order may be empty)
+    lo, hi = part or (0, len(order))
+    for f, nxt in zip(order[lo:hi], [*order[lo + 1 : hi + 1], 1 << 64], strict=False):  # (order may be empty)
         body = bodies.pop(f) if consume else bodies[f]
         blocks, edges = _blocks(codemap, explorer, f, body)
         if consume:

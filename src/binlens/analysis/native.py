@@ -12,12 +12,14 @@ from types import ModuleType
 
 
 def native(name: str, *terminators: int) -> ModuleType | None:
-    """`binlens.analysis.<name>`, told the engine's terminator codes; None where the Python path runs."""
+    """`binlens.analysis.<name>`, told the engine's terminator codes (when given); None where the
+    Python path runs."""
     if os.environ.get("BINLENS_PURE_PYTHON"):
         return None
     try:
         module = importlib.import_module(f"binlens.analysis.{name}")
     except ImportError:  # pragma: no cover - a build without a C compiler
         return None
-    module.configure(*terminators)
+    if terminators:
+        module.configure(*terminators)
     return module
