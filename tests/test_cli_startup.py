@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from conftest import ROOT, run_cli
 
@@ -83,10 +84,42 @@ def test_console_exit_closes_the_database_and_survives_a_closed_pipe(home, compi
     sample = compile_c("sample.c", "-O2")
     r = run_cli("functions", str(sample), "--json", home=home)
     assert r.returncode == 0 and json.loads(r.stdout)["functions"], r.stderr
+    deadline = time.monotonic() + 10  # the analysis process checkpoints after it reported "done"
+    while len(list((home / "db").iterdir())) > 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
     dbs = list((home / "db").iterdir())
-    assert [p.suffix for p in dbs] == [".sqlite"]  # closed: no -wal/-shm file left behind
+    assert [p.suffix for p in dbs] == [".sqlite"]  # all closed: no -wal/-shm file left behind
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), BINLENS_HOME=str(home))
     for args in ("--json", ""):  # the reader is gone before the listing is written
         cmd = f"{sys.executable} -m binlens functions {sample} {args} | true; echo $" + "{PIPESTATUS[0]}"
         piped = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=env, timeout=120)
         assert piped.stdout == "1\n" and "Traceback" not in piped.stderr and "Error" not in piped.stderr
+
+
+SPAWN_PROBE = r"""
+import json, sys, io
+import binlens.analysis_spawn as sp
+seen = {}
+real = sp.spawn_analysis_process
+def spy():
+    heavy = ("argparse", "logging", "binlens.api", "binlens.analysis_worker")
+    seen["heavy_at_spawn"] = [m for m in heavy if m in sys.modules]
+    return real()
+sp.spawn_analysis_process = spy
+from binlens.cli.main import main
+out, sys.stdout = sys.stdout, io.StringIO()
+code = main(sys.argv[1:])
+sys.stdout = out
+print(json.dumps({"code": code, **seen}))
+"""
+
+
+def test_the_analysis_process_starts_before_the_cli_imports_its_parser(home, compile_c):
+    sample = compile_c("sample.c", "-O2")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), BINLENS_HOME=str(home))
+    proc = subprocess.run(
+        [sys.executable, "-c", SPAWN_PROBE, "functions", str(sample), "--json"],
+        capture_output=True, text=True, env=env, timeout=120, check=True,
+    )  # fmt: skip
+    got = json.loads(proc.stdout.splitlines()[-1])
+    assert got == {"code": 0, "heavy_at_spawn": []}

@@ -105,3 +105,21 @@ def test_name_map_reverse_index_follows_every_change():
             expect = [a for a, n in names.items() if n == probe]
             assert sorted(names.addresses_of(probe)) == sorted(expect)
             assert (names.address_of(probe) is None) == (not expect)
+
+
+def test_close_closes_the_connections_of_every_thread(tmp_path) -> None:  # noqa: ANN001
+    """A program's database opened in several threads (the server's, an analysis thread's) is
+    closed whole: the write-ahead log is folded in and removed, and a later use reopens."""
+    import threading
+
+    db = ProgramDatabase(tmp_path / "p.sqlite")
+    with db.transaction() as conn:
+        conn.execute("CREATE TABLE t (a, b)")
+        conn.execute("INSERT INTO t VALUES (1, 1)")
+    other = threading.Thread(target=lambda: db.connect().execute("SELECT * FROM t").fetchall())
+    other.start()
+    other.join()
+    db.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.sqlite"]
+    assert db.connect().execute("SELECT * FROM t").fetchall() == [(1, 1)]
+    db.close()

@@ -65,21 +65,19 @@ _spare_key: tuple[str, str | None] | None = None  # the file a spare already ana
 
 
 def _spawn() -> subprocess.Popen[bytes]:
-    env = dict(os.environ)
-    src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.Popen(
-        [sys.executable, "-m", "binlens.analysis_worker"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=env,
-        close_fds=True,
-        start_new_session=True,  # one process group: a kill takes the parser child with it
-    )
+    from binlens.analysis_spawn import spawn_analysis_process
+
+    return spawn_analysis_process()
 
 
-def prestart(path: str | None = None, slice_name: str | None = None, home: str | None = None) -> None:
-    """Start a spare analysis process now, so its start-up overlaps the caller's imports.
+def prestart(
+    path: str | None = None,
+    slice_name: str | None = None,
+    home: str | None = None,
+    process: subprocess.Popen[bytes] | None = None,
+) -> None:
+    """Start a spare analysis process now (or take `process`, started by `analysis_spawn`), so its
+    start-up overlaps the caller's imports.
 
     With `path` and `home` (the one-shot CLI) it also starts analysing that file at once; the
     result is saved only when the caller's analysis takes the process over (`AnalysisProcess`),
@@ -88,8 +86,10 @@ def prestart(path: str | None = None, slice_name: str | None = None, home: str |
     global _spare, _spare_key
     with _spare_lock:
         if _spare is not None and _spare.poll() is None:
+            if process is not None:
+                _kill(process)
             return
-        _spare, _spare_key = _spawn(), None
+        _spare, _spare_key = process or _spawn(), None
         if path is not None and home is not None and _fast_format(path):
             real = os.path.realpath(os.path.expanduser(path))
             try:
@@ -160,6 +160,7 @@ class AnalysisProcess:
                 self._frames.put(read_frame(self.proc.stdout))
         except (EOFError, OSError, pickle.UnpicklingError):
             self._frames.put(None)
+        self.proc.wait()  # reaped here: after "done" the process may still checkpoint the database
 
     def kill(self) -> None:
         """Kill the analysis process and everything it forked."""
@@ -199,8 +200,7 @@ class AnalysisProcess:
                 kind = frame[0]
                 if kind == "progress":
                     progress(frame[1], frame[2], frame[3])
-                elif kind == "done":
-                    self.proc.wait()
+                elif kind == "done":  # (committed; the process checkpoints and ends on its own)
                     return int(frame[1])
                 else:
                     raise BinlensError(frame[1], frame[2])
@@ -418,11 +418,16 @@ def _save(req: AnalysisRequest, rows: _Rows, send: Callable[[Any], None]) -> Non
 
     send(("progress", 1, 1, "saving to the program database"))
     db = ProgramDatabase(Path(req.db_path))
+    # The commit only appends to the write-ahead log; copying it into the database (~30 ms for
+    # libc) happens after "done", while the caller already reads.
+    conn = db.connect()
+    conn.execute("PRAGMA wal_autocheckpoint=0")
     with gc_paused():
         write_analysis(db, rows.figures, rows.functions, rows.references)
-    db.close()
     _retained.append(rows)  # freed by the exit, not object by object as the frames unwind
     send(("done", rows.functions.counts[0]))
+    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+    db.close()
 
 
 def _stored_state(db_path: Path, engine: str) -> tuple[bool, list[int], list[int]]:

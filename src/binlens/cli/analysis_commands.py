@@ -18,12 +18,15 @@ def _fail(message: str, code: int = 1) -> int:
     return code
 
 
-def _open_and_analyse(args: argparse.Namespace) -> tuple[Any, Any]:
-    """Open the file and run (or load) its analysis, with a progress bar on stderr."""
+def _open_and_analyse(args: argparse.Namespace, then: str) -> tuple[Any, Any]:
+    """Open the file and run (or load) its analysis, with a progress bar on stderr; `then` is the
+    method the command calls next (imported while the analysis runs, not after)."""
     from binlens.api import CallContext, invoke
+    from binlens.api.registry import lookup
 
     ws = make_workspace(args)
     prog = ws.open(args.file, getattr(args, "slice", None), check_roots=False)
+    lookup(then)
     status = invoke(ws, "analysis.get", {"program": prog.handle})
     if status["status"] == "done":
         return ws, prog
@@ -130,7 +133,7 @@ def cmd_functions(args: argparse.Namespace) -> int:
 
 
 def _functions(args: argparse.Namespace) -> int:
-    ws, prog = _open_and_analyse(args)
+    ws, prog = _open_and_analyse(args, "function.list")
     params: dict[str, Any] = {"program": prog.handle}
     for key in ("name", "source", "min_size", "max_size"):
         if getattr(args, key) is not None:
@@ -169,7 +172,7 @@ def _selector(text: str) -> dict[str, str]:
 def _disasm(args: argparse.Namespace) -> int:
     from binlens.api import invoke
 
-    ws, prog = _open_and_analyse(args)
+    ws, prog = _open_and_analyse(args, "listing.get")
     data = invoke(
         ws,
         "listing.get",
@@ -204,7 +207,7 @@ def cmd_strings(args: argparse.Namespace) -> int:
 
 
 def _strings(args: argparse.Namespace) -> int:
-    ws, prog = _open_and_analyse(args)
+    ws, prog = _open_and_analyse(args, "string.list")
     params: dict[str, Any] = {"program": prog.handle, "min_length": max(1, args.min_length)}
     for key in ("text", "regex", "encoding", "section"):
         if getattr(args, key) is not None:
@@ -239,7 +242,7 @@ def cmd_xrefs(args: argparse.Namespace) -> int:
 
 
 def _xrefs(args: argparse.Namespace) -> int:
-    ws, prog = _open_and_analyse(args)
+    ws, prog = _open_and_analyse(args, "reference.list")
     params: dict[str, Any] = {
         "program": prog.handle,
         "address": args.address,
@@ -285,7 +288,7 @@ def _cfg(args: argparse.Namespace) -> int:
         )
     if args.format == "png" and not args.output and sys.stdout.isatty():
         return _fail("refusing to write PNG bytes to a terminal; use -o FILE", 2)
-    ws, prog = _open_and_analyse(args)
+    ws, prog = _open_and_analyse(args, "function.cfg")
     fmt = "dot" if args.format in ("svg", "png") else args.format
     data = invoke(
         ws,

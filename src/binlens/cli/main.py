@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import atexit
-import logging
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 from binlens import __version__
+
+TYPE_CHECKING = False  # (`typing` itself costs ~15 ms of start-up before the analysis process starts)
+if TYPE_CHECKING:  # (imported where used: a command that analyses starts its analysis process first)
+    import argparse
+    import subprocess
 
 # Subcommands register here: name -> (configure parser, run). Other layers add theirs.
 COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
@@ -28,6 +30,8 @@ def command(name: str, configure: Callable[[argparse.ArgumentParser], None]):
 
 def add_common(p: argparse.ArgumentParser) -> None:
     """Options every subcommand takes."""
+    from pathlib import Path
+
     p.add_argument(
         "--home", type=Path, default=None, help="program database folder (default: $BINLENS_HOME or the XDG data dir)"
     )
@@ -48,6 +52,8 @@ def make_workspace(args: argparse.Namespace, **kw):  # noqa: ANN201 - avoids imp
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import argparse
+
     from binlens.cli import commands  # noqa: F401 - registers the human and query commands
 
     for mod in ("binlens.cli.serve_command", "binlens.cli.mcp_command", "binlens.cli.analysis_commands"):
@@ -98,22 +104,26 @@ def _early_target(argv: list[str]) -> tuple[str, str | None, str | None] | None:
     return file, slice_name, home
 
 
-def _prestart(file: str, slice_name: str | None, home: str | None) -> None:
-    """Start the parser worker and an analysis process already analysing `file`."""
-    from binlens.analysis_worker import prestart as prestart_analysis
-    from binlens.loader.isolate import prestart
+def _prestart(
+    file: str, slice_name: str | None, home: str | None, process: subprocess.Popen[bytes] | None = None
+) -> None:
+    """Start (or take `process`) an analysis process that analyses `file` at once; it saves only if
+    the command needs it."""
+    from pathlib import Path
+
+    from binlens.analysis_worker import prestart
     from binlens.store import default_home
 
-    prestart()  # the parser worker starts while this process imports the API
-    # The analysis process starts analysing the file now; it saves only if the command needs it.
-    prestart_analysis(file, slice_name, str(Path(home) if home else default_home()))
+    prestart(file, slice_name, str(Path(home) if home else default_home()), process)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `binlens` command (see `console`)."""
     early = _early_target(sys.argv[1:] if argv is None else argv)
-    if early is not None:
-        _prestart(*early)
+    if early is not None:  # the analysis process starts before this process imports anything more
+        from binlens.analysis_spawn import spawn_analysis_process
+
+        _prestart(*early, spawn_analysis_process())
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:
@@ -125,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         prestart()  # the parser worker starts while this process imports the API
         if args.command in NEEDS_ANALYSIS and early is None:
             _prestart(args.file, getattr(args, "slice", None), str(args.home) if args.home else None)
+    import logging
+
     logging.basicConfig(
         level=logging.INFO if args.verbose or os.environ.get("BINLENS_LOG") else logging.WARNING,
         stream=sys.stderr,

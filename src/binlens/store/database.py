@@ -59,6 +59,9 @@ class ProgramDatabase:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
+        self._opened: list[sqlite3.Connection] = []  # every thread's connection, for `close`
+        self._generation = 0  # bumped by `close`: a thread's older connection is not used again
+        self._opened_lock = threading.Lock()  # (not the write lock: a reader must not wait for a writer)
         self.write_lock = threading.RLock()
         with self.write_lock:
             self._migrate()
@@ -66,12 +69,14 @@ class ProgramDatabase:
     def connect(self) -> sqlite3.Connection:
         """This thread's connection (WAL, foreign keys on, 5 s busy timeout)."""
         conn = getattr(self._local, "conn", None)
-        if conn is None:
+        if conn is None or self._local.generation != self._generation:
             conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
-            self._local.conn = conn
+            self._local.conn, self._local.generation = conn, self._generation
+            with self._opened_lock:
+                self._opened.append(conn)
         return conn
 
     @contextmanager
@@ -146,10 +151,13 @@ class ProgramDatabase:
         self.set_meta("binlens_version", __version__)
 
     def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
+        """Close the connections of every thread (the last one closed copies the write-ahead log into
+        the database and removes it)."""
+        with self._opened_lock:
+            opened, self._opened = self._opened, []
+            self._generation += 1
+        for conn in opened:
             conn.close()
-            self._local.conn = None
 
 
 def _split_sql(script: str) -> list[str]:
