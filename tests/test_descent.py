@@ -126,7 +126,7 @@ CORPUS = [
 ]
 
 
-PIECES = [(D, "_c_traverse"), (F, "_c_merge")]
+PIECES = [(D, "_c_traverse"), (D, "_c_body"), (F, "_c_merge")]
 
 
 @pytest.mark.parametrize("module,attr", PIECES)

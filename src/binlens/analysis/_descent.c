@@ -8,19 +8,32 @@
  * reaches ~80k chunks per walk. New chunks come from `fast(va)` (the x86 scanner: a tuple, False
  * when the Python path must decide, None outside the code) and else from `chunk(va)`.
  *
+ * `body` is `Explorer._body`, the walk of one function that the partition runs for every function.
  * `merge` is the chunk merge of `functions._blocks`, and `pack_by_owner` the grouping and packing
  * of references by the function that owns their source (`store.analysis._xref_packs`).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-static long T_FALL, T_JUMP, T_COND, T_CALL, T_ICALL, T_IJUMP;
+static long T_FALL, T_JUMP, T_COND, T_CALL, T_ICALL, T_IJUMP, T_RET = -1, T_BAD = -1;
 static int configured;
+/* the edge kinds `body` writes itself */
+static PyObject *K_TAKEN, *K_CFALL, *K_FALL, *K_CALLRET, *K_JUMP, *ZERO;
 
 static PyObject *configure(PyObject *self, PyObject *args) {
     (void)self;
-    if (!PyArg_ParseTuple(args, "llllll", &T_FALL, &T_JUMP, &T_COND, &T_CALL, &T_ICALL, &T_IJUMP))
+    if (!PyArg_ParseTuple(args, "llllll|ll", &T_FALL, &T_JUMP, &T_COND, &T_CALL, &T_ICALL, &T_IJUMP, &T_RET, &T_BAD))
         return NULL;
+    if (!K_TAKEN) {
+        K_TAKEN = PyUnicode_InternFromString("conditional_taken");
+        K_CFALL = PyUnicode_InternFromString("conditional_fallthrough");
+        K_FALL = PyUnicode_InternFromString("fallthrough");
+        K_CALLRET = PyUnicode_InternFromString("call_return");
+        K_JUMP = PyUnicode_InternFromString("jump");
+        ZERO = PyLong_FromLong(0);
+        if (!K_TAKEN || !K_CFALL || !K_FALL || !K_CALLRET || !K_JUMP || !ZERO)
+            return NULL;
+    }
     configured = 1;
     Py_RETURN_NONE;
 }
@@ -316,6 +329,252 @@ done:
     return out;
 }
 
+/* x in container (a set, or anything with `in`): 1, 0, -1 on error */
+static int contains(PyObject *container, PyObject *x) {
+    return PyAnySet_Check(container) ? PySet_Contains(container, x) : PySequence_Contains(container, x);
+}
+
+/* is s a start other than f: 1, 0, -1 */
+static int other_start(PyObject *s, PyObject *f, PyObject *starts) {
+    if (s == f)
+        return 0;
+    int ne = PyObject_RichCompareBool(s, f, Py_NE);
+    if (ne <= 0)
+        return ne;
+    return contains(starts, s);
+}
+
+static int append_pair(PyObject *list, PyObject *a, PyObject *b) {
+    PyObject *t = PyTuple_Pack(2, a, b);
+    if (!t)
+        return -1;
+    int r = PyList_Append(list, t);
+    Py_DECREF(t);
+    return r;
+}
+
+/* edges.extend((a, s, kind)); then s onto the stack unless seen */
+static int edge_and_push(PyObject *edges, PyObject *a, PyObject *s, PyObject *kind, PyObject *seen, PyObject *stack) {
+    if (PyList_Append(edges, a) < 0 || PyList_Append(edges, s) < 0 || PyList_Append(edges, kind) < 0)
+        return -1;
+    int in = PySet_Contains(seen, s);
+    if (in < 0)
+        return -1;
+    if (!in && (PySet_Add(seen, s) < 0 || PyList_Append(stack, s) < 0))
+        return -1;
+    return 0;
+}
+
+/* body(chunks, f, nxt, ext, starts, fragments, noret, b, indirect, leaves) -> (seen, hits, new)
+ *
+ * `Explorer._body`'s walk of one function from `f`, into the Body `b` (its lists and flags), in
+ * the same order. `indirect` is `Explorer._indirect` (an indirect jump's successors) and `leaves`
+ * the tail-call test of `leaves.py`; both are called as the Python walk calls them. */
+static PyObject *body(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *chunks, *f, *nxt, *ext, *starts, *fragments, *noret, *b, *indirect, *leaves;
+    if (!PyArg_ParseTuple(args, "O!OOOOOOOOO", &PyDict_Type, &chunks, &f, &nxt, &ext, &starts, &fragments, &noret, &b,
+                          &indirect, &leaves))
+        return NULL;
+    if (!configured || T_RET < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "_descent.configure was not given T_RET and T_BAD");
+        return NULL;
+    }
+    PyObject *out = NULL, *seen = NULL, *hits = NULL, *new = NULL, *stack = NULL, *case_hi = NULL;
+    PyObject *b_chunks = NULL, *edges = NULL, *calls = NULL, *tails = NULL, *cond_tails = NULL;
+    int has_ret = 0, open_end = 0, no_ext = !PyObject_IsTrue(ext);
+    if (!(seen = PySet_New(NULL)) || !(hits = PySet_New(NULL)) || !(new = PySet_New(NULL)) ||
+        !(stack = PyList_New(0)) || !(case_hi = Py_NewRef(ZERO)) || PySet_Add(seen, f) < 0 ||
+        PyList_Append(stack, f) < 0 || !(b_chunks = PyObject_GetAttrString(b, "chunks")) ||
+        !(edges = PyObject_GetAttrString(b, "edges")) || !(calls = PyObject_GetAttrString(b, "calls")) ||
+        !(tails = PyObject_GetAttrString(b, "tails")) || !(cond_tails = PyObject_GetAttrString(b, "cond_tails")))
+        goto done;
+    while (PyList_GET_SIZE(stack)) {
+        PyObject *a = pop(stack), *succ = NULL;
+        if (!a)
+            goto done;
+        PyObject *c = PyDict_GetItemWithError(chunks, a);
+        if (!c) {
+            Py_DECREF(a);
+            if (PyErr_Occurred())
+                goto done;
+            open_end = 1;
+            continue;
+        }
+        if (PyList_Append(b_chunks, a) < 0 || !PyTuple_Check(c) || PyTuple_GET_SIZE(c) != 4) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "a chunk is not an (end, terminator, targets, last) tuple");
+            Py_DECREF(a);
+            goto done;
+        }
+        long term = PyLong_AsLong(PyTuple_GET_ITEM(c, 1));
+        PyObject *t = PyTuple_GET_ITEM(c, 2), *last = PyTuple_GET_ITEM(c, 3);
+        Py_INCREF(c); /* (the dict may change in callbacks) */
+        int err = 0;
+        if (term == -1 && PyErr_Occurred())
+            err = 1;
+        else if (!PyTuple_Check(t))
+            err = 1, PyErr_SetString(PyExc_TypeError, "a chunk's targets are not a tuple");
+        else if (term == T_COND || term == T_FALL) {
+            Py_ssize_t n = term == T_COND ? 2 : 1;
+            if (PyTuple_GET_SIZE(t) < n) {
+                PyErr_SetString(PyExc_ValueError, "a chunk has too few targets");
+                err = 1;
+            }
+            for (Py_ssize_t i = 0; i < n && !err; i++) {
+                PyObject *s = PyTuple_GET_ITEM(t, i);
+                int st = other_start(s, f, starts);
+                if (st < 0)
+                    err = 1;
+                else if (st) {
+                    err = PySet_Add(hits, s) < 0 || append_pair(tails, last, s) < 0 ||
+                          (term == T_COND && i == 0 && PyList_Append(cond_tails, s) < 0);
+                } else {
+                    PyObject *kind = term == T_FALL ? K_FALL : i == 0 ? K_TAKEN : K_CFALL;
+                    err = edge_and_push(edges, a, s, kind, seen, stack) < 0;
+                }
+            }
+        } else if (term == T_CALL || term == T_ICALL) {
+            if (PyTuple_GET_SIZE(t) < 2) {
+                PyErr_SetString(PyExc_ValueError, "a call chunk has too few targets");
+                err = 1;
+            } else {
+                PyObject *x = PyTuple_GET_ITEM(t, 0), *s = PyTuple_GET_ITEM(t, 1);
+                int direct = term == T_CALL ? 1 : PyObject_RichCompareBool(x, ZERO, Py_GE);
+                int nr = direct < 0 || (direct && append_pair(calls, last, x) < 0) ? -1 : contains(noret, x);
+                if (nr < 0)
+                    err = 1;
+                else if (!nr) {
+                    int st = other_start(s, f, starts);
+                    if (st < 0)
+                        err = 1;
+                    else if (st)
+                        err = PySet_Add(hits, s) < 0;
+                    else
+                        err = edge_and_push(edges, a, s, K_CALLRET, seen, stack) < 0;
+                }
+            }
+        } else if (term == T_JUMP) {
+            if (PyTuple_GET_SIZE(t) < 1) {
+                PyErr_SetString(PyExc_ValueError, "a jump chunk has no target");
+                err = 1;
+            } else if (!(succ = Py_BuildValue("((OO))", PyTuple_GET_ITEM(t, 0), K_JUMP)))
+                err = 1;
+        } else if (term == T_RET)
+            has_ret = 1;
+        else if (term == T_IJUMP) {
+            PyObject *r = PyObject_CallFunctionObjArgs(indirect, b, f, nxt, ext, starts, fragments, last, t, new, hits,
+                                                       case_hi, NULL);
+            if (!r || !PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 2) {
+                if (r || !PyErr_Occurred())
+                    PyErr_SetString(PyExc_TypeError, "indirect() did not give (successors, case_hi)");
+                Py_XDECREF(r);
+                err = 1;
+            } else {
+                succ = PySequence_Fast(PyTuple_GET_ITEM(r, 0), "indirect() successors are not a sequence");
+                Py_SETREF(case_hi, Py_NewRef(PyTuple_GET_ITEM(r, 1)));
+                Py_DECREF(r);
+                err = succ == NULL;
+            }
+        } else if (term == T_BAD)
+            open_end = 1;
+        /* the general successor loop (a jump's target, an indirect jump's cases) */
+        if (!err && succ) {
+            PyObject *seq = PySequence_Fast(succ, "successors are not a sequence");
+            err = seq == NULL;
+            for (Py_ssize_t i = 0; !err && i < PySequence_Fast_GET_SIZE(seq); i++) {
+                PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+                if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) {
+                    PyErr_SetString(PyExc_TypeError, "a successor is not an (address, kind) pair");
+                    err = 1;
+                    break;
+                }
+                PyObject *s = PyTuple_GET_ITEM(item, 0), *kind = PyTuple_GET_ITEM(item, 1);
+                int st = other_start(s, f, starts);
+                if (st < 0) {
+                    err = 1;
+                    break;
+                }
+                if (st) {
+                    if (PySet_Add(hits, s) < 0) {
+                        err = 1;
+                        break;
+                    }
+                    if (PyUnicode_CompareWithASCIIString(kind, "call_return") &&
+                        PyUnicode_CompareWithASCIIString(kind, "jump_table")) {
+                        if (append_pair(tails, last, s) < 0 ||
+                            (!PyUnicode_CompareWithASCIIString(kind, "conditional_taken") &&
+                             PyList_Append(cond_tails, s) < 0)) {
+                            err = 1;
+                            break;
+                        }
+                    }
+                    continue;
+                }
+                int inside = 0;
+                if (no_ext) {
+                    inside = PyObject_RichCompareBool(f, s, Py_LT);
+                    if (inside > 0)
+                        inside = PyObject_RichCompareBool(s, case_hi, Py_LE);
+                    if (inside < 0) {
+                        err = 1;
+                        break;
+                    }
+                }
+                if (!PyUnicode_CompareWithASCIIString(kind, "jump") && !inside) {
+                    int in = PySet_Contains(seen, s);
+                    if (in < 0) {
+                        err = 1;
+                        break;
+                    }
+                    if (!in) {
+                        PyObject *r = PyObject_CallFunctionObjArgs(leaves, chunks, f, nxt, ext, s, fragments, NULL);
+                        int leave = r ? PyObject_IsTrue(r) : -1;
+                        Py_XDECREF(r);
+                        if (leave < 0) {
+                            err = 1;
+                            break;
+                        }
+                        if (leave) {
+                            if (append_pair(tails, last, s) < 0 || PySet_Add(new, s) < 0) {
+                                err = 1;
+                                break;
+                            }
+                            continue;
+                        }
+                    }
+                }
+                if (edge_and_push(edges, a, s, kind, seen, stack) < 0) {
+                    err = 1;
+                    break;
+                }
+            }
+            Py_XDECREF(seq);
+        }
+        Py_XDECREF(succ);
+        Py_DECREF(c);
+        Py_DECREF(a);
+        if (err)
+            goto done;
+    }
+    if ((has_ret && PyObject_SetAttrString(b, "has_ret", Py_True) < 0) ||
+        (open_end && PyObject_SetAttrString(b, "open_end", Py_True) < 0))
+        goto done;
+    out = PyTuple_Pack(3, seen, hits, new);
+done:
+    Py_XDECREF(seen);
+    Py_XDECREF(hits);
+    Py_XDECREF(new);
+    Py_XDECREF(stack);
+    Py_XDECREF(case_hi);
+    Py_XDECREF(b_chunks);
+    Py_XDECREF(edges);
+    Py_XDECREF(calls);
+    Py_XDECREF(tails);
+    Py_XDECREF(cond_tails);
+    return out;
+}
+
 /* little-endian u64 at p */
 static void put_u64(unsigned char *p, unsigned long long v) {
     for (int i = 0; i < 8; i++)
@@ -469,9 +728,10 @@ done:
 
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
-     "Set the engine's terminator codes: configure(T_FALL, T_JUMP, T_COND, T_CALL, T_ICALL, T_IJUMP)."},
+     "Set the engine's terminator codes: configure(T_FALL, T_JUMP, T_COND, T_CALL, T_ICALL, T_IJUMP[, T_RET, T_BAD])."},
     {"traverse", traverse, METH_VARARGS, "Explorer.traverse's walk (see the module source)."},
     {"merge", merge, METH_VARARGS, "functions._blocks's merge of chunks into blocks (see the module source)."},
+    {"body", body, METH_VARARGS, "Explorer._body's walk of one function (see the module source)."},
     {"pack_by_owner", pack_by_owner, METH_VARARGS,
      "store.analysis._xref_packs's grouping and packing of references (see the module source)."},
     {NULL, NULL, 0, NULL},

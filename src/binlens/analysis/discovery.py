@@ -28,8 +28,9 @@ from binlens.analysis.native import native
 from binlens.analysis.partition import Partitioner
 
 # the walk of `Explorer.traverse` in C (`_descent.c`); without it the Python loop below runs
-_descent = native("_descent", T_FALL, T_JUMP, T_COND, T_CALL, T_ICALL, T_IJUMP)
+_descent = native("_descent", T_FALL, T_JUMP, T_COND, T_CALL, T_ICALL, T_IJUMP, T_RET, T_BAD)
 _c_traverse = _descent.traverse if _descent is not None else None
+_c_body = _descent.body if _descent is not None else None
 
 Progress = Callable[[float, float | None, str | None], None]
 
@@ -434,6 +435,10 @@ class Explorer:
         noret: set[int],
     ) -> tuple[Body, set[int], set[int], set[int]]:
         """Walk one function: (body, chunks seen, other starts it ran into, new tail-call starts)."""
+        if _c_body is not None:  # the same walk in C (`_descent.c`)
+            b = Body()
+            seen, hits, new = _c_body(self.chunks, f, nxt, ext, starts, fragments, noret, b, self._indirect, leaves)
+            return b, seen, hits, new
         get = self.chunks.get
         new: set[int] = set()
         hits: set[int] = set()
@@ -507,36 +512,9 @@ class Explorer:
                 b.has_ret = True
                 continue
             elif term == T_IJUMP:
-                cases = self.jt.get(last)
-                # a conditional indirect jump (ARM `addls pc, ...`) also falls through
-                fall = ((t[1], "conditional_fallthrough"),) if len(t) > 1 else ()
-                if cases:
-                    # a table of function entries is a dispatch through pointers: tail calls;
-                    # so are entries of an unguarded table that lie below the function
-                    if last in self.unguarded and ext:
-                        # an unguarded table may be read past its end: keep entries inside the function
-                        cases = [x for x in cases if f <= x < f + ext or fragments(x) or x in starts]
-                    elif last in self.unguarded:
-                        cases = [x for x in cases if x < nxt or x in starts]
-                    if last in self.unguarded:
-                        below = [x for x in cases if x < f and x not in starts and not fragments(x)]
-                        new.update(below)
-                        b.tails.extend((last, x) for x in below)
-                        cases = [x for x in cases if x >= f or x in starts]
-                    entries = [x for x in cases if x in starts and x != f]
-                    if self.case_extent and last not in self.unguarded:
-                        case_hi = max([case_hi, *(x for x in cases if x not in starts)])
-                    hits.update(entries)
-                    b.tails.extend((last, x) for x in entries)
-                    succ = tuple((x, "jump_table") for x in cases if x not in starts or x == f) + fall
-                else:
-                    if t[0] >= 0:
-                        b.tails.append((last, t[0]))
-                    else:
-                        b.open_end = True
-                    if not fall:
-                        continue
-                    succ = fall
+                succ, case_hi = self._indirect(b, f, nxt, ext, starts, fragments, last, t, new, hits, case_hi)
+                if not succ:
+                    continue
             else:
                 if term == T_BAD:
                     b.open_end = True
@@ -559,6 +537,50 @@ class Explorer:
                     seen.add(s)
                     stack.append(s)
         return b, seen, hits, new
+
+    def _indirect(
+        self,
+        b: Body,
+        f: int,
+        nxt: int,
+        ext: int | None,
+        starts: set[int],
+        fragments: Callable[[int], bool],
+        last: int,
+        t: tuple[int, ...],
+        new: set[int],
+        hits: set[int],
+        case_hi: int,
+    ) -> tuple[tuple[tuple[int, str], ...], int]:
+        """`_body` at an indirect jump (`last`, targets `t`): the successors to follow and the highest
+        case label so far; tail calls and starts it meets go into `b`, `new` and `hits`."""
+        cases = self.jt.get(last)
+        # a conditional indirect jump (ARM `addls pc, ...`) also falls through
+        fall = ((t[1], "conditional_fallthrough"),) if len(t) > 1 else ()
+        if not cases:
+            if t[0] >= 0:
+                b.tails.append((last, t[0]))
+            else:
+                b.open_end = True
+            return fall, case_hi
+        # a table of function entries is a dispatch through pointers: tail calls;
+        # so are entries of an unguarded table that lie below the function
+        if last in self.unguarded and ext:
+            # an unguarded table may be read past its end: keep entries inside the function
+            cases = [x for x in cases if f <= x < f + ext or fragments(x) or x in starts]
+        elif last in self.unguarded:
+            cases = [x for x in cases if x < nxt or x in starts]
+        if last in self.unguarded:
+            below = [x for x in cases if x < f and x not in starts and not fragments(x)]
+            new.update(below)
+            b.tails.extend((last, x) for x in below)
+            cases = [x for x in cases if x >= f or x in starts]
+        entries = [x for x in cases if x in starts and x != f]
+        if self.case_extent and last not in self.unguarded:
+            case_hi = max([case_hi, *(x for x in cases if x not in starts)])
+        hits.update(entries)
+        b.tails.extend((last, x) for x in entries)
+        return tuple((x, "jump_table") for x in cases if x not in starts or x == f) + fall, case_hi
 
 
 class FragmentIndex:
