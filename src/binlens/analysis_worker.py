@@ -340,7 +340,9 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
             result = explored.result(explored.functions(), xrefs, strings)
             _retained.append(result)
             frows = function_rows(result.functions)
-            return _Rows(run_figures(result), frows, reference_rows(xrefs, strings, frows.spans))
+            rrows = reference_rows(xrefs, strings, frows.spans)
+            frows.spans = ([], [], [])  # (~8 MiB of ints for libc, of no further use)
+            return _Rows(run_figures(result), frows, rrows)
         bodies = explored.bodies
         split = _split(bodies)
         read_fd, write_fd = os.pipe()
@@ -378,6 +380,7 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
         rrows = reference_rows(xrefs, strings, frows.spans)
+        frows.spans = ([], [], [])
         progress(1.0, 1.0, f"{frows.counts[0]} functions")
         figures = (ENGINE_VERSION, explored.codemap.total_bytes, explored.covered, time.perf_counter() - explored.t0)
         return _Rows(figures, frows, rrows)
