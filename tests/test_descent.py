@@ -13,7 +13,9 @@ import random
 import pytest
 
 from binlens.analysis import discovery as D
+from binlens.analysis import engine as E
 from binlens.analysis import functions as F
+from binlens.analysis import gapmap as G
 from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET, T_STOP
 from conftest import assert_same_analysis_without, corpus_dir
 
@@ -126,7 +128,7 @@ CORPUS = [
 ]
 
 
-PIECES = [(D, "_c_traverse"), (D, "_c_body"), (F, "_c_merge")]
+PIECES = [(D, "_c_traverse"), (D, "_c_body"), (F, "_c_merge"), (G, "_descent"), (E, "_descent")]
 
 
 @pytest.mark.parametrize("module,attr", PIECES)

@@ -9,6 +9,8 @@
  * when the Python path must decide, None outside the code) and else from `chunk(va)`.
  *
  * `body` is `Explorer._body`, the walk of one function that the partition runs for every function.
+ * `cover` and `body_spans` are the gap heuristic's coverage map and entry runs (`gapmap.py`),
+ * `covered` the engine's count of covered bytes.
  * `merge` is the chunk merge of `functions._blocks`, and `pack_by_owner` the grouping and packing
  * of references by the function that owns their source (`store.analysis._xref_packs`).
  */
@@ -575,6 +577,227 @@ done:
     return out;
 }
 
+/* cover(chunks, addrs, starts, ends, maps, fill): gapmap.cover's marking of each chunk's bytes.
+ *
+ * For each address in `addrs` (any iterable) with a chunk in `chunks`, the bytes from it to the
+ * chunk's end (cut at its region's end) are set to `fill` in the bytearray `maps[i]` of the region
+ * i ([starts[i], ends[i]), sorted) that holds the address; addresses outside every region, or
+ * without a chunk, are skipped. */
+static PyObject *cover(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *chunks, *addrs, *starts, *ends, *maps;
+    int fill;
+    if (!PyArg_ParseTuple(args, "O!OO!O!O!i", &PyDict_Type, &chunks, &addrs, &PyList_Type, &starts, &PyList_Type,
+                          &ends, &PyList_Type, &maps, &fill))
+        return NULL;
+    Py_ssize_t nr = PyList_GET_SIZE(starts);
+    if (PyList_GET_SIZE(ends) != nr || PyList_GET_SIZE(maps) != nr) {
+        PyErr_SetString(PyExc_ValueError, "starts, ends and maps differ in length");
+        return NULL;
+    }
+    unsigned long long *st = PyMem_Malloc(sizeof(*st) * (nr + 1)), *en = PyMem_Malloc(sizeof(*en) * (nr + 1));
+    PyObject *it = NULL, *a = NULL, *out = NULL;
+    if (!st || !en) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < nr; i++) {
+        PyObject *m = PyList_GET_ITEM(maps, i);
+        st[i] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(starts, i));
+        en[i] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(ends, i));
+        if (PyErr_Occurred())
+            goto done;
+        if (!PyByteArray_Check(m) || (unsigned long long)PyByteArray_GET_SIZE(m) != en[i] - st[i]) {
+            PyErr_SetString(PyExc_ValueError, "a map is not a bytearray of its region's size");
+            goto done;
+        }
+    }
+    if (!(it = PyObject_GetIter(addrs)))
+        goto done;
+    Py_ssize_t last = -1;
+    while ((a = PyIter_Next(it))) {
+        PyObject *c = PyDict_GetItemWithError(chunks, a);
+        if (!c) {
+            if (PyErr_Occurred())
+                goto done;
+            Py_CLEAR(a);
+            continue;
+        }
+        if (!PyTuple_Check(c) || PyTuple_GET_SIZE(c) < 1) {
+            PyErr_SetString(PyExc_TypeError, "a chunk is not a tuple");
+            goto done;
+        }
+        unsigned long long va = PyLong_AsUnsignedLongLong(a), end = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c, 0));
+        if (PyErr_Occurred())
+            goto done;
+        Py_CLEAR(a);
+        if (last < 0 || va < st[last] || va >= en[last]) {
+            Py_ssize_t lo = 0, hi = nr;
+            while (lo < hi) {
+                Py_ssize_t mid = (lo + hi) / 2;
+                if (va < st[mid])
+                    hi = mid;
+                else
+                    lo = mid + 1;
+            }
+            if (lo == 0 || va >= en[lo - 1])
+                continue;
+            last = lo - 1;
+        }
+        if (end > en[last])
+            end = en[last];
+        if (end > va)
+            memset(PyByteArray_AS_STRING(PyList_GET_ITEM(maps, last)) + (va - st[last]), fill, end - va);
+    }
+    if (!PyErr_Occurred())
+        out = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(a);
+    Py_XDECREF(it);
+    PyMem_Free(st);
+    PyMem_Free(en);
+    return out;
+}
+
+static int cmp_u64(const void *x, const void *y) {
+    unsigned long long a = *(const unsigned long long *)x, b = *(const unsigned long long *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* body_spans(chunks, bodies) -> [(entry, size)]: gapmap.body_spans, the contiguous run of chunks
+ * (gaps of at most 16 bytes) from each body's entry, for the bodies of the dict `bodies`. */
+static PyObject *body_spans(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *chunks, *bodies;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyDict_Type, &chunks, &PyDict_Type, &bodies))
+        return NULL;
+    PyObject *out = PyList_New(0), *f, *b, *list = NULL;
+    unsigned long long *buf = NULL;
+    Py_ssize_t cap = 0, pos = 0;
+    if (!out)
+        return NULL;
+    while (PyDict_Next(bodies, &pos, &f, &b)) {
+        unsigned long long fv = PyLong_AsUnsignedLongLong(f);
+        if (PyErr_Occurred() || !(list = PyObject_GetAttrString(b, "chunks")))
+            goto fail;
+        if (!PyList_Check(list)) {
+            PyErr_SetString(PyExc_TypeError, "a body's chunks are not a list");
+            goto fail;
+        }
+        Py_ssize_t n = PyList_GET_SIZE(list), k = 0;
+        if (n > cap) {
+            unsigned long long *nb = PyMem_Realloc(buf, sizeof(*buf) * n);
+            if (!nb) {
+                PyErr_NoMemory();
+                goto fail;
+            }
+            buf = nb, cap = n;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *a = PyList_GET_ITEM(list, i);
+            unsigned long long av = PyLong_AsUnsignedLongLong(a);
+            if (PyErr_Occurred())
+                goto fail;
+            if (av < fv)
+                continue;
+            int in = PyDict_Contains(chunks, a);
+            if (in < 0)
+                goto fail;
+            if (in)
+                buf[k++] = av;
+        }
+        Py_CLEAR(list);
+        qsort(buf, k, sizeof(*buf), cmp_u64);
+        unsigned long long end = fv;
+        for (Py_ssize_t i = 0; i < k; i++) {
+            if (buf[i] > end + 16)
+                break;
+            PyObject *key = PyLong_FromUnsignedLongLong(buf[i]), *c;
+            if (!key)
+                goto fail;
+            c = PyDict_GetItemWithError(chunks, key);
+            Py_DECREF(key);
+            if (!c || !PyTuple_Check(c) || PyTuple_GET_SIZE(c) < 1) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_TypeError, "a chunk is not a tuple");
+                goto fail;
+            }
+            unsigned long long e = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c, 0));
+            if (PyErr_Occurred())
+                goto fail;
+            if (e > end)
+                end = e;
+        }
+        if (end > fv) {
+            PyObject *t = Py_BuildValue("(OK)", f, end - fv);
+            if (!t || PyList_Append(out, t) < 0) {
+                Py_XDECREF(t);
+                goto fail;
+            }
+            Py_DECREF(t);
+        }
+    }
+    PyMem_Free(buf);
+    return out;
+fail:
+    Py_XDECREF(list);
+    PyMem_Free(buf);
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* covered(chunks, bodies) -> int: engine._covered, the bytes in the chunks of all the bodies of
+ * the dict `bodies`, each chunk once (chunks no longer in `chunks` count nothing). */
+static PyObject *covered(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *chunks, *bodies, *f, *b, *list = NULL;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyDict_Type, &chunks, &PyDict_Type, &bodies))
+        return NULL;
+    PyObject *seen = PySet_New(NULL);
+    unsigned long long total = 0;
+    Py_ssize_t pos = 0;
+    if (!seen)
+        return NULL;
+    while (PyDict_Next(bodies, &pos, &f, &b)) {
+        if (!(list = PyObject_GetAttrString(b, "chunks")))
+            goto fail;
+        if (!PyList_Check(list)) {
+            PyErr_SetString(PyExc_TypeError, "a body's chunks are not a list");
+            goto fail;
+        }
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
+            PyObject *a = PyList_GET_ITEM(list, i);
+            Py_ssize_t before = PySet_GET_SIZE(seen);
+            if (PySet_Add(seen, a) < 0)
+                goto fail;
+            if (PySet_GET_SIZE(seen) == before)
+                continue;
+            PyObject *c = PyDict_GetItemWithError(chunks, a);
+            if (!c) {
+                if (PyErr_Occurred())
+                    goto fail;
+                continue;
+            }
+            if (!PyTuple_Check(c) || PyTuple_GET_SIZE(c) < 1) {
+                PyErr_SetString(PyExc_TypeError, "a chunk is not a tuple");
+                goto fail;
+            }
+            unsigned long long end = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c, 0)),
+                               va = PyLong_AsUnsignedLongLong(a);
+            if (PyErr_Occurred())
+                goto fail;
+            total += end - va;
+        }
+        Py_CLEAR(list);
+    }
+    Py_DECREF(seen);
+    return PyLong_FromUnsignedLongLong(total);
+fail:
+    Py_XDECREF(list);
+    Py_DECREF(seen);
+    return NULL;
+}
+
 /* little-endian u64 at p */
 static void put_u64(unsigned char *p, unsigned long long v) {
     for (int i = 0; i < 8; i++)
@@ -732,6 +955,9 @@ static PyMethodDef methods[] = {
     {"traverse", traverse, METH_VARARGS, "Explorer.traverse's walk (see the module source)."},
     {"merge", merge, METH_VARARGS, "functions._blocks's merge of chunks into blocks (see the module source)."},
     {"body", body, METH_VARARGS, "Explorer._body's walk of one function (see the module source)."},
+    {"cover", cover, METH_VARARGS, "gapmap.cover's marking of chunk bytes (see the module source)."},
+    {"body_spans", body_spans, METH_VARARGS, "gapmap.body_spans (see the module source)."},
+    {"covered", covered, METH_VARARGS, "engine._covered (see the module source)."},
     {"pack_by_owner", pack_by_owner, METH_VARARGS,
      "store.analysis._xref_packs's grouping and packing of references (see the module source)."},
     {NULL, NULL, 0, NULL},

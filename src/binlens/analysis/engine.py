@@ -33,6 +33,7 @@ from binlens.analysis.model import (
     StringItem,
     Xref,
 )
+from binlens.analysis.native import native
 from binlens.analysis.noreturn import noret_callers, returning_functions
 from binlens.analysis.strings import find_strings
 from binlens.analysis.thunks import find_thunks
@@ -52,6 +53,7 @@ ENGINE_VERSION = "8"  # 2: AArch64 jump tables; 3: ARM32, MIPS, PowerPC, RISC-V 
 # functions are `LC_FUNCTION_STARTS` where it covers, no x86 data reference from an instruction
 # without a memory operand (iced keeps imm64's high half and `enter`'s level where a displacement is)
 _K_OFFSET = XREF_KINDS.index("offset")
+_descent = native("_descent")  # `_covered` in C (the same sum), or None
 ROUNDS = 8  # rounds of descent + partition + non-returning fixpoint in one `_discover` at most
 _GAP_ROUNDS = 200  # each round looks at the first address of every remaining gap
 _OFFSET_ROUNDS = 8  # each round looks at the addresses taken by code reached so far
@@ -623,6 +625,8 @@ def _cold_parts(bodies: dict[int, Body], starts: dict[int, set[str]], extents: d
 
 def _covered(codemap: CodeMap, explorer: Explorer, bodies: dict[int, Body]) -> int:
     """Bytes in the chunks of all bodies (each chunk once)."""
+    if _descent is not None:  # the same sum in C
+        return _descent.covered(explorer.chunks, bodies)
     seen = set()
     total = 0
     get = explorer.chunks.get

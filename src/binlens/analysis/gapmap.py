@@ -9,9 +9,11 @@ from collections.abc import Iterable
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.discovery import Body, Explorer
 from binlens.analysis.model import XREF_KINDS
+from binlens.analysis.native import native
 from binlens.analysis.prologues import GapPrologues
 
 _K_OFFSET = XREF_KINDS.index("offset")
+_descent = native("_descent")  # `cover` and `body_spans` in C (same results), or None
 
 
 class Gaps:
@@ -147,6 +149,13 @@ def cover(
     codemap: CodeMap, maps: dict[int, bytearray], explorer: Explorer, chunks: Iterable[int], fill: bytes = b"\x01"
 ) -> None:
     """Set the bytes of `chunks` in `maps` to `fill`: chunks in address order, adjacent ones as one run."""
+    if _descent is not None:  # the same marks in C, a chunk at a time
+        regions = codemap.regions
+        _descent.cover(
+            explorer.chunks, chunks, [r.va for r in regions], [r.end for r in regions], [maps[r.va] for r in regions],
+            fill[0],
+        )  # fmt: skip
+        return
     get = explorer.chunks.get
     r = None
     m = bytearray()
@@ -182,6 +191,8 @@ def cover(
 
 def body_spans(explorer: Explorer, bodies: dict[int, Body]) -> list[tuple[int, int]]:
     """(entry, size) of the contiguous run of blocks from each function's entry."""
+    if _descent is not None:  # the same runs in C
+        return _descent.body_spans(explorer.chunks, bodies)
     out = []
     chunks = explorer.chunks
     for f, b in bodies.items():
