@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_YIELD = 5  # the niceness a command that analyses adds to itself once its analysis process runs
+
 # Commands that need the program's analysis (which runs in its own process, see analysis_worker).
 NEEDS_ANALYSIS = {"functions", "disasm", "strings", "xrefs", "cfg"}
 
@@ -124,6 +126,12 @@ def main(argv: list[str] | None = None) -> int:
         from binlens.analysis_spawn import spawn_analysis_process
 
         _prestart(*early, spawn_analysis_process())
+        # This process's own start-up (the API's imports, the parser worker, opening the program)
+        # yields to the analysis on a busy machine: libc's median went 1.54 -> 1.41 s, 12 runs.
+        try:  # noqa: SIM105 - contextlib costs ~10 ms of imports here
+            os.nice(_YIELD)
+        except OSError:
+            pass
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:
