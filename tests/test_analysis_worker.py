@@ -408,3 +408,19 @@ def test_a_dead_function_builder_is_a_clean_error(compile_c, monkeypatch) -> Non
         analysis_worker._analyse(image, lambda *_: None, [], [])
     assert err.value.code == "internal"
     assert err.value.message == "the analysis failed: its function builder stopped (exit status 3)"
+
+
+def test_a_command_can_wait_for_its_analysis_processes_to_end(compile_c, tmp_path) -> None:  # noqa: ANN001
+    """After "done" the process still folds the write-ahead log into the database; a one-shot
+    command waits for it (`wait_for_processes`) so that nothing of it outlives the command."""
+    from binlens import analysis_worker
+    from binlens.loader.parse_lief import parse_path
+
+    path = compile_c("sample.c", "-O2", True, strip=True)
+    sha256 = parse_path(str(path)).identity.sha256
+    request = analysis_worker.AnalysisRequest(str(path), sha256, str(tmp_path / "p.sqlite"))
+    worker = analysis_worker.AnalysisProcess(request)
+    assert worker.run(lambda *_: None, threading.Event(), 300) > 0
+    analysis_worker.wait_for_processes()
+    assert worker.proc.poll() == 0 and not analysis_worker._running
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.sqlite"]  # its log folded in and removed

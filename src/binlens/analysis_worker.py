@@ -140,6 +140,19 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
+_running: set[threading.Thread] = set()  # the reader threads of analysis processes not yet reaped
+
+
+def wait_for_processes(timeout: float = 30.0) -> None:
+    """Wait until every analysis process this process ran has ended (after "done" one still folds
+    its write-ahead log into the database, ~30 ms for libc): a one-shot command calls it before it
+    exits, so nothing of it outlives the command."""
+    deadline = time.monotonic() + timeout
+    for reader in list(_running):
+        if reader.is_alive():
+            reader.join(max(0.0, deadline - time.monotonic()))
+
+
 class AnalysisProcess:
     """One analysis run in its own process; `run` blocks until it ends, relaying progress."""
 
@@ -161,6 +174,7 @@ class AnalysisProcess:
         except (EOFError, OSError, pickle.UnpicklingError):
             self._frames.put(None)
         self.proc.wait()  # reaped here: after "done" the process may still checkpoint the database
+        _running.discard(threading.current_thread())
 
     def kill(self) -> None:
         """Kill the analysis process and everything it forked."""
@@ -181,6 +195,7 @@ class AnalysisProcess:
             write_frame(self.proc.stdin, ("save", request) if self._early else request)
         with contextlib.suppress(OSError):
             self.proc.stdin.close()  # type: ignore[union-attr]
+        _running.add(self._reader)
         self._reader.start()
         deadline = time.monotonic() + budget_s
         try:

@@ -171,6 +171,9 @@ def console() -> None:
     except BrokenPipeError:  # the reader went away (`binlens functions FILE | head`): nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the buffered rest goes nowhere
         code = 1
+    worker = sys.modules.get("binlens.analysis_worker")
+    if worker is not None:  # its analysis processes end (and are reaped) before the command does
+        worker.wait_for_processes()
     for ws in _workspaces:
         for handle in list(ws.programs):
             ws.close(handle)
