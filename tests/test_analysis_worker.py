@@ -424,3 +424,26 @@ def test_a_command_can_wait_for_its_analysis_processes_to_end(compile_c, tmp_pat
     analysis_worker.wait_for_processes()
     assert worker.proc.poll() == 0 and not analysis_worker._running
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.sqlite"]  # its log folded in and removed
+
+
+@pytest.mark.parametrize(
+    "name", ["elf/libarm.so", "elf/mips-mozi", "elf/ip-riscv", "mach0/swift-main", "jmptbl/test_msvc_1900_32.exe"]
+)
+def test_two_process_analysis_of_other_formats_and_architectures(name: str, tmp_path) -> None:  # noqa: ANN001
+    """The forked split stores what the in-process save stores on ARM, MIPS, RISC-V, Mach-O and PE."""
+    from binlens import analysis_worker
+    from binlens.analysis import analyze
+    from binlens.loader.parse_lief import parse_path
+    from binlens.store import ProgramDatabase
+    from binlens.store.analysis import save_analysis
+    from conftest import corpus_dir
+
+    path = corpus_dir() / name
+    image = parse_path(str(path))
+    db = ProgramDatabase(tmp_path / "in-process.sqlite")
+    save_analysis(db, analyze(image))
+    db.close()
+    request = analysis_worker.AnalysisRequest(str(path), image.identity.sha256, str(tmp_path / "worker.sqlite"))
+    assert analysis_worker.AnalysisProcess(request).run(lambda *_: None, threading.Event(), 300) > 0
+    analysis_worker.wait_for_processes()
+    assert _dump(tmp_path / "worker.sqlite") == _dump(tmp_path / "in-process.sqlite")
