@@ -382,7 +382,8 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
         try:
             strings, xrefs = explored.references()
             _retained.append(xrefs)
-            mine = function_rows(explored.functions((split, split + len(bodies))))
+            explored.drop((0, split))  # (the child's functions: their chunks' memory serves the rows)
+            mine = function_rows(explored.functions())
             frows = merge_function_rows(read_frame(child), mine)
         except EOFError:
             child.close()

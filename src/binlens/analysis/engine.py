@@ -188,6 +188,20 @@ class Explored:
             part=part,
         )
 
+    def drop(self, part: tuple[int, int]) -> None:
+        """Forget the bodies at places lo..hi in address order, and the chunks only they hold (another
+        process builds those functions: here they would only take memory)."""
+        order = sorted(self.bodies)
+        lo, hi = part
+        kept: set[int] = set()
+        for f in (*order[:lo], *order[hi:]):
+            kept.update(self.bodies[f].chunks)
+        chunks = self.explorer.chunks
+        for f in order[lo:hi]:
+            for a in self.bodies.pop(f).chunks:
+                if a not in kept:
+                    chunks.pop(a, None)
+
     def result(self, functions: list[Function], xrefs: list[Xref], strings: list[StringItem]) -> ProgramAnalysis:
         """The finished analysis."""
         stats = {
