@@ -362,7 +362,7 @@ def test_two_process_analysis_stores_what_the_in_process_save_stores(compile_c, 
     from binlens.analysis import analyze
     from binlens.loader.parse_lief import parse_path
     from binlens.store import ProgramDatabase
-    from binlens.store.analysis import save_analysis
+    from binlens.store.analysis_save import save_analysis
 
     if not analysis_worker._parallel():
         pytest.skip("one CPU (or no fork): the analysis process never forks here")
@@ -390,7 +390,7 @@ def test_a_dead_function_builder_is_a_clean_error(compile_c, monkeypatch) -> Non
     from binlens import analysis_worker
     from binlens.errors import BinlensError
     from binlens.loader.parse_lief import parse_path
-    from binlens.store import analysis as store
+    from binlens.store import analysis_save as store
 
     if not analysis_worker._parallel():
         pytest.skip("one CPU (or no fork): the analysis process never forks here")
@@ -435,7 +435,7 @@ def test_two_process_analysis_of_other_formats_and_architectures(name: str, tmp_
     from binlens.analysis import analyze
     from binlens.loader.parse_lief import parse_path
     from binlens.store import ProgramDatabase
-    from binlens.store.analysis import save_analysis
+    from binlens.store.analysis_save import save_analysis
     from conftest import corpus_dir
 
     path = corpus_dir() / name

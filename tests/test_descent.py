@@ -148,7 +148,7 @@ def test_corpus_analysis_is_the_same_with_the_python_code(monkeypatch, module, a
 
 # ------------------------------------------------------------------ pack_by_owner (the store's packing)
 def _packs(monkeypatch, spans, xrefs, use_c: bool) -> list:  # noqa: ANN001
-    from binlens.store import analysis as S
+    from binlens.store import analysis_save as S
 
     monkeypatch.setattr(S, "_c_descent", C if use_c else None)
     return S._xref_packs(spans, xrefs, S.s64)
@@ -158,7 +158,7 @@ def _packs(monkeypatch, spans, xrefs, use_c: bool) -> list:  # noqa: ANN001
 def test_c_packing_of_references_is_the_python_packing(compile_c, monkeypatch, name, opt, pie) -> None:  # noqa: ANN001
     from binlens.analysis import analyze
     from binlens.loader.parse_lief import parse_path
-    from binlens.store.analysis import owner_spans
+    from binlens.store.analysis_save import owner_spans
 
     for path in (compile_c(name, opt, pie, strip=True), *_libc()):
         a = analyze(parse_path(str(path)))

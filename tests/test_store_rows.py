@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from binlens.store.analysis import function_rows, merge_function_rows, owner_spans
+from binlens.store.analysis_save import function_rows, merge_function_rows, owner_spans
 
 
 @pytest.mark.parametrize("name,opt,pie", [("sample.c", "-O2", True), ("gaps.c", "-O0", False)])

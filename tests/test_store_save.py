@@ -7,6 +7,7 @@ import sqlite3
 from binlens.analysis import ENGINE_VERSION, analyze
 from binlens.loader.parse_elf import parse_elf
 from binlens.store import analysis as store
+from binlens.store import analysis_save
 from binlens.store.database import CORE_MIGRATIONS, ProgramDatabase
 
 INDEXES = {"call_by_function", "call_by_callee", "xref_pack_by_function"}
@@ -25,7 +26,7 @@ def test_saved_analysis_reads_back_whole(tmp_path, compile_c):
     a = _analysis(compile_c("sample.c", "-O2", strip=True))
     db = ProgramDatabase(tmp_path / "a.sqlite")
     for _ in range(2):  # the second save replaces the first
-        store.save_analysis(db, a)
+        analysis_save.save_analysis(db, a)
         view = store.AnalysisView(db)
         assert [f.address for f in view.functions] == [f.address for f in a.functions]
         for f in a.functions:

@@ -317,7 +317,7 @@ _retained: list[Any] = []  # the engine's state and the rows, kept until the pro
 
 @dataclass
 class _Rows:
-    """An analysis as the rows to store (`binlens.store.analysis`)."""
+    """An analysis as the rows to store (`binlens.store.analysis_save`)."""
 
     figures: tuple[str, int, int, float]
     functions: Any  # FunctionRows
@@ -344,7 +344,7 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
     took ~60 ms.
     """
     from binlens.analysis.engine import ENGINE_VERSION, explore, gc_paused
-    from binlens.store.analysis import function_rows, merge_function_rows, reference_rows, run_figures
+    from binlens.store.analysis_save import function_rows, merge_function_rows, reference_rows, run_figures
 
     _retained.clear()  # (an earlier analysis in this process, whose user starts were not the caller's)
     with gc_paused():  # the rows are acyclic tuples; collections would re-scan the whole analysis
@@ -433,7 +433,7 @@ def _child_death(pid: int) -> str:
 def _save(req: AnalysisRequest, rows: _Rows, send: Callable[[Any], None]) -> None:
     from binlens.analysis.engine import gc_paused
     from binlens.store import ProgramDatabase
-    from binlens.store.analysis import write_analysis
+    from binlens.store.analysis_save import write_analysis
 
     send(("progress", 1, 1, "saving to the program database"))
     db = ProgramDatabase(Path(req.db_path))
@@ -474,7 +474,7 @@ def main() -> None:
     gc.disable()
     import binlens.analysis  # noqa: F401 - import while the caller still prepares the request
     import binlens.loader.parse_elf  # noqa: F401
-    import binlens.store.analysis  # noqa: F401
+    import binlens.store.analysis_save  # noqa: F401
 
     out = sys.stdout.buffer
     try:

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from binlens.analysis import ENGINE_VERSION
-from binlens.analysis.engine import analyze_functions
+from binlens.analysis.local import analyze_functions
 from binlens.analysis_worker import AnalysisProcess, AnalysisRequest
 from binlens.errors import BinlensError
 from binlens.loader.image import encode_image
@@ -30,10 +30,10 @@ from binlens.store.analysis import (
     AnalysisView,
     FunctionRow,
     load_run,
-    replace_functions,
     set_user_function,
     user_functions,
 )
+from binlens.store.analysis_save import replace_functions
 from binlens.workspace import OPEN_HOOKS, Program, Workspace
 
 log = logging.getLogger("binlens.analysis")

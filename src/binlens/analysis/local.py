@@ -1,0 +1,82 @@
+"""Local re-analysis: the functions around a start a user defined or removed, not the program.
+
+`analyze_functions` walks only the given entries, with every other known start as a boundary,
+and returns their functions and the references from their code; the caller
+(`program_analysis`) replaces those rows in the stored analysis (`store.analysis.replace_functions`).
+"""
+
+from __future__ import annotations
+
+from binlens.analysis.codemap import CodeMap
+from binlens.analysis.discovery import NORETURN_NAMES, Explorer, FragmentIndex
+from binlens.analysis.ehframe import parse_eh_frame
+from binlens.analysis.engine import _jump_table_fn, _Seeds, _text_names, gc_paused, make_backend
+from binlens.analysis.functions import build_functions
+from binlens.analysis.model import Function, Xref
+from binlens.analysis.thunks import find_thunks
+from binlens.analysis.xrefs import collect_xrefs
+from binlens.loader.image import Image
+
+
+def analyze_functions(
+    image: Image,
+    entries: list[int],
+    starts: set[int],
+    noreturn: set[int],
+    string_starts: set[int] = frozenset(),  # type: ignore[assignment]
+) -> tuple[list[Function], list[Xref]]:
+    """Local analysis: the bodies of `entries` alone, with `starts` as every other known entry.
+
+    Used when a user defines or undefines a function: only the functions around it change.
+    Returns those functions and the references made from their code (no data pointers).
+    """
+    with gc_paused():
+        return _analyze_functions(image, entries, starts, noreturn, string_starts)
+
+
+def _analyze_functions(
+    image: Image,
+    entries: list[int],
+    starts: set[int],
+    noreturn: set[int],
+    string_starts: set[int],
+) -> tuple[list[Function], list[Xref]]:
+    image = _text_names(image)
+    codemap = CodeMap(image)
+    backend = make_backend(image, codemap)
+    seeds = _Seeds(image, codemap, backend)
+    thunks = {va: name for va, name in find_thunks(image, codemap).items() if codemap.contains(va)}
+    extents: dict[int, int] = {}
+    fragments = []
+    for fde in parse_eh_frame(image):
+        if fde.entry and fde.size:
+            extents[fde.start] = fde.size
+        elif not fde.entry:
+            fragments.append((fde.start, fde.size))
+    for s in image.symbols:
+        if s.kind == "function" and s.size and codemap.contains(s.address):
+            extents.setdefault(s.address, s.size)
+    entries = [va for va in (seeds.add(e, "user") for e in entries) if va is not None]
+    noret = set(noreturn) | {imp.slot for imp in image.imports if imp.name in NORETURN_NAMES}
+    jt_tables: dict[int, int] = {}
+    explorer = Explorer(
+        codemap,
+        backend,
+        _jump_table_fn(image, codemap, backend, jt_tables),
+        cond_preds=image.identity.arch in ("aarch64", "arm", "mips", "ppc", "riscv"),
+        cond_first=image.identity.arch in ("ppc", "riscv"),
+        case_extent=image.identity.arch in ("ppc", "riscv"),
+    )
+    explorer.traverse(entries, noret)
+    for _ in range(4):
+        more = explorer.retry_tables()
+        if not more:
+            break
+        explorer.traverse(entries + more, noret)
+    everything = set(starts) | set(entries)
+    bodies, _new = explorer.partition(everything, extents, FragmentIndex(fragments), noret)
+    explorer.finish()
+    mine = {f: bodies[f] for f in entries if f in bodies}
+    functions = build_functions(image, codemap, explorer, mine, {f: set() for f in mine}, extents, thunks, noret)
+    xrefs = collect_xrefs(image, codemap, backend, explorer, mine, set(string_starts), jt_tables, data=False)
+    return functions, xrefs
