@@ -447,3 +447,14 @@ def test_two_process_analysis_of_other_formats_and_architectures(name: str, tmp_
     assert analysis_worker.AnalysisProcess(request).run(lambda *_: None, threading.Event(), 300) > 0
     analysis_worker.wait_for_processes()
     assert _dump(tmp_path / "worker.sqlite") == _dump(tmp_path / "in-process.sqlite")
+
+
+def test_no_fork_when_the_machine_lacks_memory_for_the_child(tmp_path) -> None:  # noqa: ANN001
+    from binlens import analysis_worker
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       1000 kB\nMemAvailable:       1000 kB\n")  # 1 MB: less than this process
+    assert analysis_worker._memory_allows_fork(str(meminfo)) is False
+    meminfo.write_text("MemTotal:       1 kB\nMemAvailable:   1000000000 kB\n")
+    assert analysis_worker._memory_allows_fork(str(meminfo)) is True
+    assert analysis_worker._memory_allows_fork(str(tmp_path / "absent")) is True  # no /proc: fork
