@@ -264,14 +264,7 @@ def explore(
     named_noret = {va for va, name in thunks.items() if name in NORETURN_NAMES}
     named_noret |= {s.address for s in image.symbols if s.name in NORETURN_NAMES and codemap.contains(s.address)}
     jt_tables: dict[int, int] = {}
-    explorer = Explorer(
-        codemap,
-        backend,
-        _jump_table_fn(image, codemap, backend, jt_tables),
-        cond_preds=image.identity.arch in ("aarch64", "arm", "mips", "ppc", "riscv"),
-        cond_first=image.identity.arch in ("ppc", "riscv"),
-        case_extent=image.identity.arch in ("ppc", "riscv"),
-    )
+    explorer = make_explorer(image, codemap, backend, jt_tables)
     known = extents  # where the heuristics look for no new starts: unwind ranges and sized symbols
     if seeds.arm:  # ARM EHABI unwind index: its starts, each in its state (after what calls decide)
         ranges = seed_exidx_starts(image, backend, explorer, list(seeds.starts), noret_slots | named_noret, seeds.add)
@@ -408,6 +401,20 @@ _JUMP_TABLE_RESOLVERS: dict[str, tuple[str, str]] = {
     "ppc": ("binlens.analysis.jumptable_ppc", "ppc_jump_table_targets"),
     "riscv": ("binlens.analysis.jumptable_riscv", "riscv_jump_table_targets"),
 }
+
+
+def make_explorer(image: Image, codemap: CodeMap, backend: object, jt_tables: dict[int, int]) -> Explorer:
+    """The explorer for `image`, with its architecture's jump-table reader (tables found go into
+    `jt_tables`) and branch conventions."""
+    arch = image.identity.arch
+    return Explorer(
+        codemap,
+        backend,
+        _jump_table_fn(image, codemap, backend, jt_tables),
+        cond_preds=arch in ("aarch64", "arm", "mips", "ppc", "riscv"),
+        cond_first=arch in ("ppc", "riscv"),
+        case_extent=arch in ("ppc", "riscv"),
+    )
 
 
 def _jump_table_fn(image: Image, codemap: CodeMap, backend: object, tables: dict[int, int]) -> Callable | None:

@@ -8,9 +8,9 @@ and returns their functions and the references from their code; the caller
 from __future__ import annotations
 
 from binlens.analysis.codemap import CodeMap
-from binlens.analysis.discovery import NORETURN_NAMES, Explorer, FragmentIndex
+from binlens.analysis.discovery import NORETURN_NAMES, FragmentIndex
 from binlens.analysis.ehframe import parse_eh_frame
-from binlens.analysis.engine import _jump_table_fn, _Seeds, _text_names, gc_paused, make_backend
+from binlens.analysis.engine import _Seeds, _text_names, gc_paused, make_backend, make_explorer
 from binlens.analysis.functions import build_functions
 from binlens.analysis.model import Function, Xref
 from binlens.analysis.thunks import find_thunks
@@ -59,14 +59,7 @@ def _analyze_functions(
     entries = [va for va in (seeds.add(e, "user") for e in entries) if va is not None]
     noret = set(noreturn) | {imp.slot for imp in image.imports if imp.name in NORETURN_NAMES}
     jt_tables: dict[int, int] = {}
-    explorer = Explorer(
-        codemap,
-        backend,
-        _jump_table_fn(image, codemap, backend, jt_tables),
-        cond_preds=image.identity.arch in ("aarch64", "arm", "mips", "ppc", "riscv"),
-        cond_first=image.identity.arch in ("ppc", "riscv"),
-        case_extent=image.identity.arch in ("ppc", "riscv"),
-    )
+    explorer = make_explorer(image, codemap, backend, jt_tables)
     explorer.traverse(entries, noret)
     for _ in range(4):
         more = explorer.retry_tables()
