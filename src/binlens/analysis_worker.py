@@ -372,7 +372,7 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
             _retained.append(result)
             frows = function_rows(result.functions)
             rrows = reference_rows(xrefs, strings, frows.spans)
-            frows.spans = ([], [], [])  # (~8 MiB of ints for libc, of no further use)
+            frows.spans = ([], [], [])  # (three lists of ~70k entries for libc, of no further use)
             return _Rows(run_figures(result), frows, rrows)
         bodies = explored.bodies
         split = _split(bodies)
