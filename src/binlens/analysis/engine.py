@@ -451,12 +451,12 @@ def _discover(
 
     for _round in range(ROUNDS):
         starts = {va: set(src) for va, src in seeds.items()}
-        _reached, calls = explorer.traverse(list(starts), noret)
+        calls = explorer.traverse(list(starts), noret)[1]
         for _ in range(4):
             more = explorer.retry_tables()
             if not more:
                 break
-            _reached, calls = explorer.traverse(list(starts) + more, noret)
+            calls = explorer.traverse(list(starts) + more, noret)[1]
         for c in calls:
             if c in explorer.chunks and c not in excluded:
                 starts.setdefault(c, set()).add("call")
