@@ -458,3 +458,28 @@ def test_no_fork_when_the_machine_lacks_memory_for_the_child(tmp_path) -> None: 
     meminfo.write_text("MemTotal:       1 kB\nMemAvailable:   1000000000 kB\n")
     assert analysis_worker._memory_allows_fork(str(meminfo)) is True
     assert analysis_worker._memory_allows_fork(str(tmp_path / "absent")) is True  # no /proc: fork
+
+
+def test_the_analysis_process_does_not_load_openssl(compile_c, tmp_path) -> None:  # noqa: ANN001
+    """`hashlib` maps OpenSSL's libcrypto (3.8 MiB resident): the analysis process, which only checks
+    its bytes' digest, runs a whole analysis and save without it, and its digest is hashlib's."""
+    import hashlib
+    import subprocess
+    import sys
+
+    from binlens.loader.digest import sha256_hex
+
+    for data in (b"", b"abc", os.urandom(100_003)):
+        assert sha256_hex(data) == hashlib.sha256(data).hexdigest()
+    path = compile_c("sample.c", "-O2", True, strip=True)
+    script = (
+        "import sys\n"
+        "from binlens import analysis_worker as w\n"
+        "sent = []\n"
+        f"req = w.AnalysisRequest({str(path)!r}, '', {str(tmp_path / 'db.sqlite')!r})\n"
+        "w.analyse_and_save(req, sent.append)\n"
+        "assert sent[-1][0] == 'done', sent[-1]\n"
+        "print(sorted(m for m in ('hashlib', '_hashlib') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stderr

@@ -20,7 +20,6 @@ import atexit
 import contextlib
 import dataclasses
 import gc
-import hashlib
 import os
 import pickle
 import queue
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from binlens.errors import BinlensError
+from binlens.loader.digest import sha256_hex
 from binlens.loader.isolate import STATUS_OK, read_frame, write_frame
 
 Progress = Callable[[float, float | None, str | None], None]
@@ -247,7 +247,7 @@ def _load(req: AnalysisRequest) -> Any:
     if req.image is not None:
         # the caller parsed these bytes already (in its own isolated child): reuse its answer, once
         # the bytes are shown to be the same (PE and Mach-O would otherwise import LIEF here again)
-        if hashlib.sha256(data).hexdigest() != req.sha256:
+        if sha256_hex(data) != req.sha256:
             raise BinlensError("conflict", f"{req.path} changed on disk since it was opened")
         return decode_image(req.image, data)
     answer = parse_isolated(data, os.path.basename(req.path), req.slice_name, req.parse_timeout_s)

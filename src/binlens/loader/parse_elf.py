@@ -13,12 +13,12 @@ in the worker's forked child.
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from collections.abc import Callable
 from typing import Any
 
 from binlens.loader.demangle import demangle
+from binlens.loader.digest import sha256_hex
 from binlens.loader.elf_machines import Machine, fast_machine
 from binlens.loader.image import Export, Identity, Image, Import, Relocation, Section, Segment, Symbol
 from binlens.loader.mips_got import global_got_imports
@@ -139,7 +139,7 @@ def parse_elf(data: bytes, file_name: str, sha256: str | None = None) -> Image:
     loads = [p for p in phdrs if p[0] == 1]
     image_base = min(((p[2] - p[1]) & 0xFFFFFFFFFFFFFFFF for p in loads), default=0)  # as LIEF: in uint64
     ident = Identity(
-        sha256=sha256 or hashlib.sha256(data).hexdigest(),
+        sha256=sha256 or sha256_hex(data),
         size=len(data),
         format="ELF",
         arch=machine.arch,
