@@ -1,8 +1,9 @@
 """Builds binlens's two C extensions; everything else is in pyproject.toml.
 
 `binlens.analysis._x86scan` decodes plain x86 code for the analysis engine, `binlens.analysis._descent`
-runs the explorer's walk (see their sources). Both are optional: where no C compiler is at hand,
-binlens runs the same analysis in Python (iced-x86 decoding, the Python walk), only slower.
+runs the explorer's walk and holds its chunk cache (`_chunkmap.h`; see their sources). Both are
+optional: where no C compiler is at hand, binlens runs the same analysis in Python (iced-x86
+decoding, the Python walk), only slower.
 """
 
 from setuptools import Extension, setup
@@ -10,6 +11,11 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension("binlens.analysis._x86scan", ["src/binlens/analysis/_x86scan.c"], optional=True),
-        Extension("binlens.analysis._descent", ["src/binlens/analysis/_descent.c"], optional=True),
+        Extension(
+            "binlens.analysis._descent",
+            ["src/binlens/analysis/_descent.c"],
+            depends=["src/binlens/analysis/_chunkmap.h"],
+            optional=True,
+        ),
     ]
 )

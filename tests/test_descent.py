@@ -60,12 +60,21 @@ def _graph(seed: int, n: int = 400) -> dict[int, tuple[int, int, tuple[int, ...]
     return chunks
 
 
-def _walk(chunks: dict, use_c: bool, noret: set[int], starts: list[int], cond_preds: bool, fresh: bool) -> tuple:
+def _chunk_map(chunks: dict) -> object:
+    m = C.ChunkMap()
+    for a, c in chunks.items():
+        m[a] = c
+    return m
+
+
+def _walk(
+    chunks: dict, use_c: bool, noret: set[int], starts: list[int], cond_preds: bool, fresh: bool, records: bool = False
+) -> tuple:
     saved = D._c_traverse
     D._c_traverse = C.traverse if use_c else None
     try:
         ex = D.Explorer(_NoCode(), _Backend(), None, cond_preds=cond_preds)  # type: ignore[arg-type]
-        ex.chunks = dict(chunks)
+        ex.chunks = _chunk_map(chunks) if records else dict(chunks)  # type: ignore[assignment]
         rnd = random.Random(7)
         ex.case_targets = lambda start, last: [rnd.choice(list(chunks)) for _ in range(rnd.randrange(4))]  # type: ignore[method-assign]
         ticks: list[int] = []
@@ -87,6 +96,8 @@ def test_c_walk_is_the_python_walk(seed: int) -> None:
         for fresh in (False, True):
             want = _walk(chunks, False, noret, starts, cond_preds, fresh)
             assert _walk(chunks, True, noret, starts, cond_preds, fresh) == want
+            assert _walk(chunks, True, noret, starts, cond_preds, fresh, records=True) == want
+            assert _walk(chunks, False, noret, starts, cond_preds, fresh, records=True) == want
     reached, calls, pred, jpred, cpred, _fresh, ticks = want
     assert len(reached) > len(chunks) // 2 and calls and pred and jpred and cpred
     assert ticks or len(reached) < 4096
@@ -128,7 +139,7 @@ CORPUS = [
 ]
 
 
-PIECES = [(D, "_c_traverse"), (D, "_c_body"), (F, "_c_merge"), (G, "_descent"), (E, "_descent")]
+PIECES = [(D, "_c_traverse"), (D, "_c_body"), (F, "_c_merge"), (G, "_descent"), (E, "_descent"), (D, "_ChunkMap")]
 
 
 @pytest.mark.parametrize("module,attr", PIECES)
@@ -191,3 +202,62 @@ def test_c_packing_edges(monkeypatch) -> None:  # noqa: ANN001
         C.pack_by_owner([], [], [], [Xref(1, 2, "no-such-kind")], {"read": 0})
     with pytest.raises(OverflowError):
         C.pack_by_owner([-1], [0], [0], [], {})
+
+
+# ------------------------------------------------------------------ ChunkMap (the chunk cache's records)
+def test_chunk_map_behaves_as_the_dict_it_replaces() -> None:
+    """Random assignments, overwrites, deletions and pops on a ChunkMap and a dict side by side:
+    every read agrees, including values that fit no record (kept as they are), keys past 2**63 and
+    negative targets, and through the table's growth and its deleted slots."""
+    rnd = random.Random(5)
+    m, d = C.ChunkMap(), {}
+    odd = [(3, 1), ("x", 0, (), 1), (5, True, (), 5), (1, 0, (2**64,), 1), (2, 300, (), 2), [1, 2, 3, 4]]
+
+    def value(a: int) -> object:
+        if rnd.random() < 0.03:
+            return rnd.choice(odd)
+        end = a + rnd.randrange(1, 64) if rnd.random() < 0.98 else a - 1  # (an end below the start)
+        targets = tuple(rnd.choice([end, a + 7, -1, 2**63 - 1, 0]) for _ in range(rnd.randrange(4)))
+        return (end, rnd.randrange(9), targets, a + rnd.randrange(0, 16))
+
+    keys = [0x401000 + 16 * i for i in range(3000)] + [2**64 - 16, 0, -5, 1.5]
+    for step in range(30000):
+        a = rnd.choice(keys)
+        r = rnd.random()
+        if r < 0.6:
+            v = value(a) if isinstance(a, int) else (1, 0, (), 1)
+            m[a] = v
+            d[a] = v
+        elif r < 0.75:
+            if a in d:
+                del m[a]
+                del d[a]
+            else:
+                with pytest.raises(KeyError):
+                    del m[a]
+        elif r < 0.85:
+            assert m.pop(a, "none") == d.pop(a, "none")
+        else:
+            assert m.get(a) == d.get(a)
+            assert (a in m) == (a in d)
+        if step % 5000 == 0:
+            assert len(m) == len(d)
+            assert dict(m.items()) == d
+            assert sorted(m, key=repr) == sorted(d, key=repr)
+    assert dict(m.items()) == d and len(m) == len(d)
+    with pytest.raises(KeyError):
+        m[0x999]
+    assert m.nbytes() > 0
+
+
+def test_chunk_map_shares_one_int_per_chunk() -> None:
+    """A target or an end naming a chunk in the map comes back as that chunk's own key object, so the
+    walks' sets and lists hold one int per chunk (the memory the map saves would go to copies)."""
+    m = C.ChunkMap()
+    head, tail = 0x401000 + 0, 0x401000 + 32
+    m[tail] = (tail + 4, T_RET, (), tail)
+    m[head] = (tail, T_COND, (tail, tail), head + 30)
+    c = m[head]
+    assert c == (tail, T_COND, (tail, tail), head + 30)
+    key = next(k for k in m if k == tail)
+    assert c[0] is key and c[2][0] is key and c[2][1] is key

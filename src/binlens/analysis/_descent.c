@@ -17,6 +17,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "_chunkmap.h"
+
 static long T_FALL, T_JUMP, T_COND, T_CALL, T_ICALL, T_IJUMP, T_RET = -1, T_BAD = -1;
 static int configured;
 /* the edge kinds `body` writes itself */
@@ -52,11 +54,19 @@ static PyObject *pop(PyObject *list) {
     return item;
 }
 
+/* `chunks` is a dict or a ChunkMap (else a TypeError) */
+static int chunks_ok(PyObject *chunks) {
+    if (PyDict_Check(chunks) || IS_CM(chunks))
+        return 1;
+    PyErr_SetString(PyExc_TypeError, "chunks: a dict or a ChunkMap");
+    return 0;
+}
+
 /* the chunk at `a` (a new reference), Py_None when there is none, NULL on error */
 static PyObject *get_chunk(PyObject *chunks, PyObject *fast, PyObject *chunk, PyObject *a) {
-    PyObject *c = PyDict_GetItemWithError(chunks, a);
+    PyObject *c = chunk_at(chunks, a);
     if (c != NULL)
-        return Py_NewRef(c);
+        return c;
     if (PyErr_Occurred())
         return NULL;
     if (fast != Py_None) {
@@ -64,7 +74,7 @@ static PyObject *get_chunk(PyObject *chunks, PyObject *fast, PyObject *chunk, Py
         if (c == NULL)
             return NULL;
         if (PyTuple_Check(c)) {
-            if (PyDict_SetItem(chunks, a, c) < 0) {
+            if (chunk_put(chunks, a, c) < 0) {
                 Py_DECREF(c);
                 return NULL;
             }
@@ -95,9 +105,11 @@ static PyObject *traverse(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "_descent.configure() was not called");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "O!O!O!OO!O!O!OOOOOO", &PyList_Type, &stack, &PySet_Type, &reached, &PySet_Type, &calls,
-                          &noret, &PyDict_Type, &chunks, &PyDict_Type, &pred, &PyDict_Type, &jpred, &cpred, &fast,
-                          &chunk, &cases, &fresh, &progress))
+    if (!PyArg_ParseTuple(args, "O!O!O!OOO!O!OOOOOO", &PyList_Type, &stack, &PySet_Type, &reached, &PySet_Type, &calls,
+                          &noret, &chunks, &PyDict_Type, &pred, &PyDict_Type, &jpred, &cpred, &fast, &chunk, &cases,
+                          &fresh, &progress))
+        return NULL;
+    if (!chunks_ok(chunks))
         return NULL;
     if (!PyAnySet_Check(noret) || (cpred != Py_None && !PyDict_Check(cpred)) ||
         (fresh != Py_None && !PyList_Check(fresh))) {
@@ -222,7 +234,7 @@ static long count_of(PyObject *d, PyObject *key) {
 static PyObject *merge(PyObject *self, PyObject *args) {
     PyObject *chunks, *f, *body, *edges;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!OO!O!", &PyDict_Type, &chunks, &f, &PyList_Type, &body, &PyList_Type, &edges))
+    if (!PyArg_ParseTuple(args, "OOO!O!", &chunks, &f, &PyList_Type, &body, &PyList_Type, &edges) || !chunks_ok(chunks))
         return NULL;
     Py_ssize_t ne = PyList_GET_SIZE(edges) / 3;
     PyObject *npred = PyDict_New(), *succ = PyDict_New(), *via = PyDict_New(), *via_kind = PyDict_New();
@@ -239,7 +251,7 @@ static PyObject *merge(PyObject *self, PyObject *args) {
     if (PyList_Sort(order) < 0)
         goto done;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(order); i++) {
-        PyObject *a = PyList_GET_ITEM(order, i), *c = PyDict_GetItemWithError(chunks, a), *blk = a;
+        PyObject *a = PyList_GET_ITEM(order, i), *c = chunk_at(chunks, a), *blk = a;
         if (c == NULL) {
             if (!PyErr_Occurred())
                 PyErr_SetObject(PyExc_KeyError, a);
@@ -247,33 +259,36 @@ static PyObject *merge(PyObject *self, PyObject *args) {
         }
         int is_f = PyObject_RichCompareBool(a, f, Py_EQ);
         if (is_f < 0)
-            goto done;
+            goto done_c;
         if (!is_f && count_of(npred, a) == 1) {
             PyObject *src = PyDict_GetItem(via, a), *kind = PyDict_GetItem(via_kind, a);
-            PyObject *sc = src ? PyDict_GetItemWithError(chunks, src) : NULL;
+            PyObject *sc = src ? chunk_at(chunks, src) : NULL;
             if (src && kind && PyUnicode_Check(kind) &&
                 (!PyUnicode_CompareWithASCIIString(kind, "fallthrough") ||
                  !PyUnicode_CompareWithASCIIString(kind, "call_return")) &&
                 count_of(succ, src) == 1 && sc != NULL) {
                 int ends_here = PyObject_RichCompareBool(PyTuple_GET_ITEM(sc, 0), a, Py_EQ);
                 PyObject *b = ends_here > 0 ? PyDict_GetItem(owner, src) : NULL;
-                if (ends_here < 0)
-                    goto done;
+                if (ends_here < 0) {
+                    Py_DECREF(sc);
+                    goto done_c;
+                }
                 if (b != NULL)
                     blk = b;
             }
+            Py_XDECREF(sc);
             if (PyErr_Occurred())
-                goto done;
+                goto done_c;
         }
         if (PyDict_SetItem(owner, a, blk) < 0)
-            goto done;
+            goto done_c;
         if (blk == a) { /* a new block */
             PyObject *at = PyLong_FromSsize_t(PyList_GET_SIZE(blocks));
             PyObject *row = at ? PyList_New(3) : NULL;
             if (row == NULL || PyDict_SetItem(index, a, at) < 0 || PyList_Append(blocks, row) < 0) {
                 Py_XDECREF(at);
                 Py_XDECREF(row);
-                goto done;
+                goto done_c;
             }
             Py_DECREF(at);
             Py_DECREF(row);
@@ -284,7 +299,12 @@ static PyObject *merge(PyObject *self, PyObject *args) {
         PyObject *row = PyList_GET_ITEM(blocks, PyLong_AsSsize_t(PyDict_GetItem(index, blk)));
         if (PyList_SetItem(row, 1, Py_NewRef(PyTuple_GET_ITEM(c, 0))) < 0 ||
             PyList_SetItem(row, 2, Py_NewRef(PyTuple_GET_ITEM(c, 1))) < 0)
-            goto done;
+            goto done_c;
+        Py_DECREF(c);
+        continue;
+    done_c:
+        Py_DECREF(c);
+        goto done;
     }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(blocks); i++) { /* [start, end, term] -> (start, end, term) */
         PyObject *t = PyList_AsTuple(PyList_GET_ITEM(blocks, i));
@@ -375,8 +395,9 @@ static int edge_and_push(PyObject *edges, PyObject *a, PyObject *s, PyObject *ki
 static PyObject *body(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *chunks, *f, *nxt, *ext, *starts, *fragments, *noret, *b, *indirect, *leaves;
-    if (!PyArg_ParseTuple(args, "O!OOOOOOOOO", &PyDict_Type, &chunks, &f, &nxt, &ext, &starts, &fragments, &noret, &b,
-                          &indirect, &leaves))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOO", &chunks, &f, &nxt, &ext, &starts, &fragments, &noret, &b, &indirect,
+                          &leaves) ||
+        !chunks_ok(chunks))
         return NULL;
     if (!configured || T_RET < 0) {
         PyErr_SetString(PyExc_RuntimeError, "_descent.configure was not given T_RET and T_BAD");
@@ -395,7 +416,7 @@ static PyObject *body(PyObject *self, PyObject *args) {
         PyObject *a = pop(stack), *succ = NULL;
         if (!a)
             goto done;
-        PyObject *c = PyDict_GetItemWithError(chunks, a);
+        PyObject *c = chunk_at(chunks, a); /* (a new reference: the chunks may change in callbacks) */
         if (!c) {
             Py_DECREF(a);
             if (PyErr_Occurred())
@@ -406,12 +427,12 @@ static PyObject *body(PyObject *self, PyObject *args) {
         if (PyList_Append(b_chunks, a) < 0 || !PyTuple_Check(c) || PyTuple_GET_SIZE(c) != 4) {
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_TypeError, "a chunk is not an (end, terminator, targets, last) tuple");
+            Py_DECREF(c);
             Py_DECREF(a);
             goto done;
         }
         long term = PyLong_AsLong(PyTuple_GET_ITEM(c, 1));
         PyObject *t = PyTuple_GET_ITEM(c, 2), *last = PyTuple_GET_ITEM(c, 3);
-        Py_INCREF(c); /* (the dict may change in callbacks) */
         int err = 0;
         if (term == -1 && PyErr_Occurred())
             err = 1;
@@ -587,8 +608,9 @@ static PyObject *cover(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *chunks, *addrs, *starts, *ends, *maps;
     int fill;
-    if (!PyArg_ParseTuple(args, "O!OO!O!O!i", &PyDict_Type, &chunks, &addrs, &PyList_Type, &starts, &PyList_Type,
-                          &ends, &PyList_Type, &maps, &fill))
+    if (!PyArg_ParseTuple(args, "OOO!O!O!i", &chunks, &addrs, &PyList_Type, &starts, &PyList_Type, &ends, &PyList_Type,
+                          &maps, &fill) ||
+        !chunks_ok(chunks))
         return NULL;
     Py_ssize_t nr = PyList_GET_SIZE(starts);
     if (PyList_GET_SIZE(ends) != nr || PyList_GET_SIZE(maps) != nr) {
@@ -616,21 +638,15 @@ static PyObject *cover(PyObject *self, PyObject *args) {
         goto done;
     Py_ssize_t last = -1;
     while ((a = PyIter_Next(it))) {
-        PyObject *c = PyDict_GetItemWithError(chunks, a);
-        if (!c) {
-            if (PyErr_Occurred())
-                goto done;
-            Py_CLEAR(a);
-            continue;
-        }
-        if (!PyTuple_Check(c) || PyTuple_GET_SIZE(c) < 1) {
-            PyErr_SetString(PyExc_TypeError, "a chunk is not a tuple");
+        unsigned long long va = PyLong_AsUnsignedLongLong(a), end = 0;
+        if (va == (unsigned long long)-1 && PyErr_Occurred())
             goto done;
-        }
-        unsigned long long va = PyLong_AsUnsignedLongLong(a), end = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c, 0));
-        if (PyErr_Occurred())
-            goto done;
+        int has = chunk_end(chunks, a, va, &end);
         Py_CLEAR(a);
+        if (has < 0)
+            goto done;
+        if (!has)
+            continue;
         if (last < 0 || va < st[last] || va >= en[last]) {
             Py_ssize_t lo = 0, hi = nr;
             while (lo < hi) {
@@ -669,7 +685,7 @@ static int cmp_u64(const void *x, const void *y) {
 static PyObject *body_spans(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *chunks, *bodies;
-    if (!PyArg_ParseTuple(args, "O!O!", &PyDict_Type, &chunks, &PyDict_Type, &bodies))
+    if (!PyArg_ParseTuple(args, "OO!", &chunks, &PyDict_Type, &bodies) || !chunks_ok(chunks))
         return NULL;
     PyObject *out = PyList_New(0), *f, *b, *list = NULL;
     unsigned long long *buf = NULL;
@@ -700,7 +716,8 @@ static PyObject *body_spans(PyObject *self, PyObject *args) {
                 goto fail;
             if (av < fv)
                 continue;
-            int in = PyDict_Contains(chunks, a);
+            unsigned long long e;
+            int in = chunk_end(chunks, a, av, &e);
             if (in < 0)
                 goto fail;
             if (in)
@@ -712,19 +729,15 @@ static PyObject *body_spans(PyObject *self, PyObject *args) {
         for (Py_ssize_t i = 0; i < k; i++) {
             if (buf[i] > end + 16)
                 break;
-            PyObject *key = PyLong_FromUnsignedLongLong(buf[i]), *c;
-            if (!key)
-                goto fail;
-            c = PyDict_GetItemWithError(chunks, key);
-            Py_DECREF(key);
-            if (!c || !PyTuple_Check(c) || PyTuple_GET_SIZE(c) < 1) {
+            PyObject *key = PyLong_FromUnsignedLongLong(buf[i]);
+            unsigned long long e = 0;
+            int in = key ? chunk_end(chunks, key, buf[i], &e) : -1;
+            Py_XDECREF(key);
+            if (in <= 0) {
                 if (!PyErr_Occurred())
-                    PyErr_SetString(PyExc_TypeError, "a chunk is not a tuple");
+                    PyErr_SetString(PyExc_KeyError, "a chunk went while its body was read");
                 goto fail;
             }
-            unsigned long long e = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c, 0));
-            if (PyErr_Occurred())
-                goto fail;
             if (e > end)
                 end = e;
         }
@@ -751,7 +764,7 @@ fail:
 static PyObject *covered(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *chunks, *bodies, *f, *b, *list = NULL;
-    if (!PyArg_ParseTuple(args, "O!O!", &PyDict_Type, &chunks, &PyDict_Type, &bodies))
+    if (!PyArg_ParseTuple(args, "OO!", &chunks, &PyDict_Type, &bodies) || !chunks_ok(chunks))
         return NULL;
     PyObject *seen = PySet_New(NULL);
     unsigned long long total = 0;
@@ -772,21 +785,14 @@ static PyObject *covered(PyObject *self, PyObject *args) {
                 goto fail;
             if (PySet_GET_SIZE(seen) == before)
                 continue;
-            PyObject *c = PyDict_GetItemWithError(chunks, a);
-            if (!c) {
-                if (PyErr_Occurred())
-                    goto fail;
-                continue;
-            }
-            if (!PyTuple_Check(c) || PyTuple_GET_SIZE(c) < 1) {
-                PyErr_SetString(PyExc_TypeError, "a chunk is not a tuple");
+            unsigned long long end = 0, va = PyLong_AsUnsignedLongLong(a);
+            if (va == (unsigned long long)-1 && PyErr_Occurred())
                 goto fail;
-            }
-            unsigned long long end = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c, 0)),
-                               va = PyLong_AsUnsignedLongLong(a);
-            if (PyErr_Occurred())
+            int has = chunk_end(chunks, a, va, &end);
+            if (has < 0)
                 goto fail;
-            total += end - va;
+            if (has)
+                total += end - va;
         }
         Py_CLEAR(list);
     }
@@ -968,4 +974,11 @@ static struct PyModuleDef module = {
     NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__descent(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__descent(void) {
+    if (PyType_Ready(&ChunkMapType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddObjectRef(m, "ChunkMap", (PyObject *)&ChunkMapType) < 0)
+        Py_CLEAR(m);
+    return m;
+}
