@@ -261,3 +261,19 @@ def test_chunk_map_shares_one_int_per_chunk() -> None:
     assert c == (tail, T_COND, (tail, tail), head + 30)
     key = next(k for k in m if k == tail)
     assert c[0] is key and c[2][0] is key and c[2][1] is key
+
+
+def test_chunk_map_gives_memory_back_as_chunks_are_consumed() -> None:
+    """Building functions deletes their chunks: the table shrinks with them, and what is left reads
+    back the same."""
+    m = C.ChunkMap()
+    for i in range(100_000):
+        a = 0x400000 + 16 * i
+        m[a] = (a + 16, T_FALL, (a + 16,), a + 12)
+    full = m.nbytes()
+    for i in range(99_000):
+        del m[0x400000 + 16 * i]
+    assert len(m) == 1000 and m.nbytes() < full / 4
+    a = 0x400000 + 16 * 99_500
+    assert m[a] == (a + 16, T_FALL, (a + 16,), a + 12)
+    assert 0x400000 not in m

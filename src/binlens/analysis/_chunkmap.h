@@ -66,8 +66,10 @@ static int cm_key(PyObject *a, unsigned long long *va) {
     return 1;
 }
 
-static int cm_grow(ChunkMap *m) {
-    size_t cap = m->cap ? m->cap : 1024;
+/* a new table for the chunks there are, at most half full: when it is three quarters full, and when
+ * deletions left it less than an eighth full (building functions consumes the chunks) */
+static int cm_resize(ChunkMap *m) {
+    size_t cap = 1024;
     while (m->n * 2 >= cap)
         cap *= 2;
     CMRec *tab = PyMem_Calloc(cap, sizeof(*tab));
@@ -187,7 +189,7 @@ static int cm_del(ChunkMap *m, PyObject *a) {
             r->used = 2;
             Py_CLEAR(r->key);
             m->n--;
-            return 1;
+            return m->cap > 1024 && m->n * 8 < m->cap && cm_resize(m) < 0 ? -1 : 1;
         }
     }
     if (!m->other)
@@ -216,7 +218,7 @@ static int cm_put(ChunkMap *m, PyObject *a, PyObject *c) {
             if ((!was && PyErr_Occurred()) || (was && PyDict_DelItem(m->other, a) < 0))
                 return -1;
         }
-        if ((m->filled + 1) * 4 > m->cap * 3 && cm_grow(m) < 0)
+        if ((m->filled + 1) * 4 > m->cap * 3 && cm_resize(m) < 0)
             return -1;
         size_t i = cm_slot(va, m->cap);
         while (m->tab[i].used == 1)
