@@ -483,3 +483,20 @@ def test_the_analysis_process_does_not_load_openssl(compile_c, tmp_path) -> None
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_a_frame_read_from_the_stream_is_whole_or_an_eof() -> None:
+    """`load_frame` (the child's rows, unpickled from the pipe) gives the object written, and a
+    frame cut short, as a dying writer leaves it, is an EOFError like a missing one."""
+    import io
+
+    from binlens.loader.isolate import load_frame, write_frame
+
+    rows = [(i, i * 16, "x" * (i % 7)) for i in range(50_000)]
+    buf = io.BytesIO()
+    write_frame(buf, rows)
+    whole = buf.getvalue()
+    assert load_frame(io.BufferedReader(io.BytesIO(whole))) == rows
+    for cut in (0, 4, len(whole) // 2, len(whole) - 1):
+        with pytest.raises(EOFError):
+            load_frame(io.BufferedReader(io.BytesIO(whole[:cut])))

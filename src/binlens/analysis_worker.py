@@ -36,7 +36,7 @@ from typing import Any
 
 from binlens.errors import BinlensError
 from binlens.loader.digest import sha256_hex
-from binlens.loader.isolate import STATUS_OK, read_frame, write_frame
+from binlens.loader.isolate import STATUS_OK, load_frame, read_frame, write_frame
 
 Progress = Callable[[float, float | None, str | None], None]
 _PROGRESS_EVERY_S = 0.05
@@ -400,7 +400,7 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
             _retained.append(xrefs)
             explored.drop((0, split))  # (the child's functions: their chunks' memory serves the rows)
             mine = function_rows(explored.functions())
-            frows = merge_function_rows(read_frame(child), mine)
+            frows = merge_function_rows(load_frame(child), mine)
         except EOFError:
             child.close()
             raise BinlensError("internal", f"the analysis failed: {_child_death(pid)}") from None
