@@ -94,17 +94,19 @@ def function_rows(functions: list, spans: tuple[list[int], list[int], list[int]]
 
 def merge_function_rows(first: FunctionRows, second: FunctionRows) -> FunctionRows:
     """The rows of two sets of functions (those of `first` all below those of `second`) as one."""
-    pairs = sorted([*zip(*first.spans, strict=True), *zip(*second.spans, strict=True)])  # two sorted runs
-    starts: list[int] = []
-    ends: list[int] = []
-    fns: list[int] = []
-    last = None
-    for st, en, fn in pairs:  # each start once: its first (the same pick as `owner_spans`)
-        if st != last:
-            last = st
-            starts.append(st)
-            ends.append(en)
-            fns.append(fn)
+    (s1, e1, f1), (s2, e2, f2) = first.spans, second.spans
+    if not s1 or not s2 or s1[-1] < s2[0]:  # two runs one after the other (the usual case): join them
+        starts, ends, fns = s1 + s2, e1 + e2, f1 + f2
+    else:  # runs that interleave (a chunk shared across the split): merge, each start once, its first
+        pairs = sorted([*zip(s1, e1, f1, strict=True), *zip(s2, e2, f2, strict=True)])
+        starts, ends, fns = [], [], []
+        last = None
+        for st, en, fn in pairs:  # (the same pick as `owner_spans`)
+            if st != last:
+                last = st
+                starts.append(st)
+                ends.append(en)
+                fns.append(fn)
     return FunctionRows(
         first.func + second.func,
         first.blocks + second.blocks,
@@ -118,7 +120,8 @@ def reference_rows(xrefs: list, strings: list, spans: tuple[list[int], list[int]
     """Rows for the references (grouped by the function that owns their source: `spans`) and the
     strings (with how many references each has)."""
     sg = _signer(spans[2], map(attrgetter("address"), strings))
-    refs = Counter(map(attrgetter("dst"), xrefs))
+    at = {s.address for s in strings}
+    refs = Counter(x.dst for x in xrefs if x.dst in at)  # (only the strings' counts: a far smaller dict)
     string_rows = [(sg(s.address), s.size, s.encoding, s.text, s.section, refs.get(s.address, 0)) for s in strings]
     return ReferenceRows(_xref_packs(spans, xrefs, sg), string_rows, (len(xrefs), len(strings)))
 
