@@ -239,3 +239,19 @@ def test_arm32_direct_branches_read_from_their_text_are_classified_as_from_their
     assert flow_of("cbz", "r0, #0x1000", 0) == (F_COND, 0x1000)
     assert flow_of("bx", "lr", 0) is None and flow_of("blx", "r3", 0) is None  # (decoded with details)
     assert flow_of("bl", "#0xff895800", 0) is None  # (the operand is negative there)
+
+
+@pytest.mark.parametrize("triple,flags,thumb", TARGETS, ids=[f"{t}{''.join(f)}" for t, f, _ in TARGETS])
+def test_the_chunk_decoders_window_does_not_change_the_analysis(fastcs_build, monkeypatch, triple, flags, thumb):
+    """The chunk decoder asks capstone for a few instructions at a time (`_WINDOW`: fewer decoded and
+    printed for nothing); one at a time (every instruction at a window's edge, a Thumb-2 one cut by
+    it) and the former 24 give the same analysis of the stripped build without unwind tables."""
+    from binlens.analysis import capstone_backend
+    from conftest import analysis_summary
+
+    b = fastcs_build(triple, flags, thumb)
+    want = analysis_summary(b.no_eh)
+    assert want[0], f"no functions in {triple}"
+    for window in (1, 24):
+        monkeypatch.setattr(capstone_backend, "_WINDOW", window)
+        assert analysis_summary(b.no_eh) == want, f"window {window}"

@@ -488,12 +488,18 @@ _TERMS = {
 }
 
 
+# Instructions per `cs_disasm` call of `_stream`. capstone decodes and prints every instruction of the
+# window, used or not, and a chunk is ~5 instructions: on AArch64, windows of 24 cost 6.6 µs per
+# instruction used, windows of 8 3.9 µs (4, 6, 12, 16 and windows that double: no better than 8).
+_WINDOW = 8
+
+
 def _stream(md: cs.Cs, data: bytes, off: int, va: int):  # noqa: ANN201 - a generator of tuples
     """(address, size, mnemonic, operand text) of the instructions from `off` on, decoded in small
-    windows (capstone decodes a whole buffer at once)."""
+    windows (capstone decodes a whole buffer at once; no instruction here is over 4 bytes)."""
     while off < len(data):
         n = 0
-        for t in md.disasm_lite(data[off : off + 256], va, 24):
+        for t in md.disasm_lite(data[off : off + 4 * _WINDOW], va, _WINDOW):
             n += t[1]
             yield t
         if n == 0:
