@@ -742,7 +742,20 @@ typedef struct {
     PyObject *on_ref; /* called with the address of each instruction that may reference data */
 } Scanner;
 
+/* The scanner holds `on_ref`, the backend's bound method, and the backend holds the scanner: a
+ * cycle, which the collector frees only if it can see the scanner's reference. */
+static int scanner_traverse(Scanner *s, visitproc visit, void *arg) {
+    Py_VISIT(s->on_ref);
+    return 0;
+}
+
+static int scanner_clear(Scanner *s) {
+    Py_CLEAR(s->on_ref);
+    return 0;
+}
+
 static void scanner_free(Scanner *s) {
+    PyObject_GC_UnTrack(s);
     for (Py_ssize_t i = 0; i < s->nreg; i++) {
         Py_XDECREF(s->data[i]);
         Py_XDECREF(s->state[i]);
@@ -845,6 +858,11 @@ static PyObject *scanner_chunk(Scanner *s, PyObject *arg) {
         Py_RETURN_FALSE;
     }
     if (refs != NULL) { /* before the state is written: a failure leaves the chunk undecoded */
+        if (s->on_ref == NULL) { /* (only after the collector cleared a scanner nothing reaches) */
+            Py_DECREF(refs);
+            PyErr_SetString(PyExc_RuntimeError, "the scanner was cleared");
+            return NULL;
+        }
         for (Py_ssize_t k = 0; k < PyList_GET_SIZE(refs); k++) {
             Py_ssize_t at = PyLong_AsSsize_t(PyList_GET_ITEM(refs, k));
             PyObject *addr = PyLong_FromUnsignedLongLong(s->rva[i] + (uint64_t)at);
@@ -872,7 +890,9 @@ static PyMethodDef scanner_methods[] = {
 static PyTypeObject ScannerType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "binlens.analysis._x86scan.Scanner",
     .tp_basicsize = sizeof(Scanner),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)scanner_traverse,
+    .tp_clear = (inquiry)scanner_clear,
     .tp_doc = "Scanner(regions: [(va, data: bytes, state: bytearray)], bits, lo, hi, min_ref, on_ref)",
     .tp_new = scanner_new,
     .tp_dealloc = (destructor)scanner_free,
