@@ -256,18 +256,27 @@ def test_scanner_answers_none_outside_the_regions_and_false_on_decoded_code(comp
     assert backend.fast_chunk(first.va) is False  # decoded now: the Python path decides (chunk split)
 
 
-def test_an_analysis_leaves_nothing_behind_once_collected(compile_c) -> None:  # noqa: ANN001
+def test_an_analysis_leaves_nothing_behind_once_collected(compile_c, monkeypatch) -> None:  # noqa: ANN001
     """The scanner holds the backend's callback and the backend holds the scanner: a cycle the
     collector must be able to free (it held each analysis's code map, ~2.9 MiB for libc, for the
     life of a server that analyses in-process)."""
     import gc
+    import weakref
 
-    from binlens.analysis import analyze
+    from binlens.analysis import analyze, engine
     from binlens.analysis.codemap import CodeMap
     from binlens.loader.parse_lief import parse_path
 
+    made: list[weakref.ref] = []
+
+    def tracked(image: object) -> CodeMap:
+        codemap = CodeMap(image)  # type: ignore[arg-type]
+        made.append(weakref.ref(codemap))
+        return codemap
+
+    monkeypatch.setattr(engine, "CodeMap", tracked)
     image = parse_path(str(compile_c("sample.c", "-O2", True, strip=True)))
     for _ in range(2):
         analyze(image)
     gc.collect()
-    assert not [o for o in gc.get_objects() if isinstance(o, CodeMap)]
+    assert len(made) == 2 and all(ref() is None for ref in made)

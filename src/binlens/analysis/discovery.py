@@ -31,7 +31,6 @@ from binlens.analysis.partition import Partitioner
 _descent = native("_descent", T_FALL, T_JUMP, T_COND, T_CALL, T_ICALL, T_IJUMP, T_RET, T_BAD)
 _c_traverse = _descent.traverse if _descent is not None else None
 _c_body = _descent.body if _descent is not None else None
-# the chunk cache in flat records (`_chunkmap.h`); without it a dict
 _ChunkMap = _descent.ChunkMap if _descent is not None else None
 
 Progress = Callable[[float, float | None, str | None], None]
@@ -126,8 +125,7 @@ class Explorer:
         self.fast: Callable[[int], tuple[int, int, tuple[int, ...], int] | bool | None] | None = getattr(
             backend, "fast_chunk", None
         )
-        # {va: (end, terminator, targets, last)}; with the C extension a `ChunkMap`, the same mapping in
-        # flat records (~50 bytes a chunk instead of ~250: the analysis's largest structure)
+        # {va: (end, terminator, targets, last)}: a `ChunkMap` (flat records, `_chunkmap.h`) or a dict
         self.chunks: dict[int, tuple[int, int, tuple[int, ...], int]] = _ChunkMap() if _ChunkMap is not None else {}
         self.pred: dict[int, int] = {}
         self.jpred: dict[int, int] = {}  # first chunk seen jumping to a chunk
