@@ -253,9 +253,11 @@ static int chunk_put(PyObject *chunks, PyObject *a, PyObject *c) {
 static int chunk_has(PyObject *chunks, PyObject *a) {
     if (!IS_CM(chunks))
         return PyDict_Contains(chunks, a);
-    PyObject *c = cm_get((ChunkMap *)chunks, a);
-    Py_XDECREF(c);
-    return c ? 1 : PyErr_Occurred() ? -1 : 0;
+    ChunkMap *m = (ChunkMap *)chunks;
+    unsigned long long va;
+    if (cm_key(a, &va) && cm_find(m, va))
+        return 1; /* (no tuple made to answer `in`) */
+    return m->other ? PyDict_Contains(m->other, a) : 0;
 }
 
 /* the end of the chunk at `a` (address `va`): 1 when there is one, 0 when not, -1 on error */
