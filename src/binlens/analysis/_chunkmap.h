@@ -260,7 +260,8 @@ static int chunk_has(PyObject *chunks, PyObject *a) {
     return m->other ? PyDict_Contains(m->other, a) : 0;
 }
 
-/* the end of the chunk at `a` (address `va`): 1 when there is one, 0 when not, -1 on error */
+/* the end of the chunk at address `va` (its int `a`, or NULL: made only if a dict must be asked):
+ * 1 when there is one, 0 when not, -1 on error; no tuple is made for a record */
 static int chunk_end(PyObject *chunks, PyObject *a, unsigned long long va, unsigned long long *end) {
     if (IS_CM(chunks)) {
         CMRec *r = cm_find((ChunkMap *)chunks, va);
@@ -271,7 +272,9 @@ static int chunk_end(PyObject *chunks, PyObject *a, unsigned long long va, unsig
         if (!((ChunkMap *)chunks)->other)
             return 0;
     }
-    PyObject *c = chunk_at(chunks, a);
+    PyObject *key = a ? Py_NewRef(a) : PyLong_FromUnsignedLongLong(va);
+    PyObject *c = key ? chunk_at(chunks, key) : NULL;
+    Py_XDECREF(key);
     if (!c)
         return PyErr_Occurred() ? -1 : 0;
     int ok = PyTuple_Check(c) && PyTuple_GET_SIZE(c) >= 1;

@@ -262,21 +262,18 @@ static PyObject *merge(PyObject *self, PyObject *args) {
             goto done_c;
         if (!is_f && count_of(npred, a) == 1) {
             PyObject *src = PyDict_GetItem(via, a), *kind = PyDict_GetItem(via_kind, a);
-            PyObject *sc = src ? chunk_at(chunks, src) : NULL;
             if (src && kind && PyUnicode_Check(kind) &&
                 (!PyUnicode_CompareWithASCIIString(kind, "fallthrough") ||
                  !PyUnicode_CompareWithASCIIString(kind, "call_return")) &&
-                count_of(succ, src) == 1 && sc != NULL) {
-                int ends_here = PyObject_RichCompareBool(PyTuple_GET_ITEM(sc, 0), a, Py_EQ);
-                PyObject *b = ends_here > 0 ? PyDict_GetItem(owner, src) : NULL;
-                if (ends_here < 0) {
-                    Py_DECREF(sc);
+                count_of(succ, src) == 1) { /* a lone edge in from a chunk that ends here: one block */
+                unsigned long long sv = PyLong_AsUnsignedLongLong(src), av = PyLong_AsUnsignedLongLong(a), se = 0;
+                int has = PyErr_Occurred() ? -1 : chunk_end(chunks, src, sv, &se);
+                PyObject *b = has > 0 && se == av ? PyDict_GetItem(owner, src) : NULL;
+                if (has < 0)
                     goto done_c;
-                }
                 if (b != NULL)
                     blk = b;
             }
-            Py_XDECREF(sc);
             if (PyErr_Occurred())
                 goto done_c;
         }
@@ -729,10 +726,8 @@ static PyObject *body_spans(PyObject *self, PyObject *args) {
         for (Py_ssize_t i = 0; i < k; i++) {
             if (buf[i] > end + 16)
                 break;
-            PyObject *key = PyLong_FromUnsignedLongLong(buf[i]);
             unsigned long long e = 0;
-            int in = key ? chunk_end(chunks, key, buf[i], &e) : -1;
-            Py_XDECREF(key);
+            int in = chunk_end(chunks, NULL, buf[i], &e);
             if (in <= 0) {
                 if (!PyErr_Occurred())
                     PyErr_SetString(PyExc_KeyError, "a chunk went while its body was read");
