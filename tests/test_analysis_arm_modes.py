@@ -242,3 +242,32 @@ def test_main_of_a_pie_is_found_through_its_got_word(tmp_path) -> None:
     functions = {f.address: f for f in analyze(load_image(str(stripped))).functions}
     assert main & ~1 in functions
     assert functions[main & ~1].mode == "thumb"
+
+
+@pytest.mark.parametrize("state", ["-marm", "-mthumb"])
+def test_branches_to_code_at_2_gib_and_above_are_followed(tmp_path: Path, state: str) -> None:
+    """capstone gives ARM's branch targets as signed 32-bit numbers: code linked at 0x80001000 had
+    every call target negative, so functions reached only by calls were never found (and a
+    reference to a negative address failed the save). Stripped, no unwind tables, entry `_start`."""
+    _need_tools()
+    src = SRC.parent / "high_address.c"
+    out = tmp_path / f"high{state}"
+    flags = ["-O2", "-nostdlib", "-static", "-fno-asynchronous-unwind-tables", "-fno-unwind-tables"]
+    subprocess.run(
+        [GCC, state, *flags, "-Wl,-Ttext=0x80001000", "-Wl,--build-id=none", "-o", str(out), str(src)],
+        check=True,
+        capture_output=True,
+    )
+    stripped = out.with_suffix(".stripped")
+    subprocess.run(["arm-linux-gnueabihf-strip", "-o", str(stripped), str(out)], check=True)
+    truth = _functions_truth(out)
+    names = {name: va for va, (name, _thumb) in truth.items()}
+    assert min(names.values()) >= 0x80001000
+    result = analyze(parse_path(str(stripped)))
+    by_start = {f.address: f for f in result.functions}
+    for name in ("leaf", "middle"):
+        assert names[name] in by_start, f"{name} at {names[name]:#x} not found"
+        assert "call" in by_start[names[name]].sources
+    calls = {(x.dst, x.kind) for x in result.xrefs if x.kind == "call"}
+    assert calls == {(names["leaf"], "call"), (names["middle"], "call")}
+    assert all(0 <= x.dst < 1 << 32 and 0 <= x.src < 1 << 32 for x in result.xrefs)

@@ -10,6 +10,8 @@ import pytest
 
 from binlens.analysis import analyze
 from binlens.loader.parse_lief import parse_path
+from binlens.store import ProgramDatabase
+from binlens.store.analysis_save import save_analysis
 from conftest import corpus_dir
 
 ENTRY_SAMPLES = [
@@ -127,3 +129,24 @@ def test_armv7_macho_functions_are_the_linkers_list():
     assert inside == set(listed), (len(inside - set(listed)), len(set(listed) - inside))
     wrong_state = [a for a, thumb in listed.items() if (found[a].mode == "thumb") != thumb]
     assert not wrong_state, [hex(a) for a in wrong_state[:5]]
+
+
+@pytest.mark.parametrize("name", ["libc.so.0", "busybox-phdr-shdr"])
+def test_mips_delay_slots_that_start_chunks_keep_every_block_whole(name, tmp_path):
+    """uClibc's MIPS libc and a busybox: a branch's delay slot is the first instruction of another
+    chunk, which the branch's chunk used to mark as its own, so a later split took the branch's
+    chunk for the one holding the split address: 66 blocks ended at or before their start (which
+    then failed the save) and the branch lost its targets. Every block now has a size, every
+    reference an address, and all of them stored."""
+    path = corpus_dir("elf") / name
+    if not path.exists():
+        pytest.skip(f"{path} is absent")
+    a = analyze(parse_path(str(path)))
+    assert a.functions
+    empty = [(hex(b.start), hex(b.end)) for f in a.functions for b in f.blocks if b.end <= b.start]
+    assert not empty, empty[:5]
+    assert all(0 <= x.src < 1 << 32 and 0 <= x.dst < 1 << 32 for x in a.xrefs)
+    db = ProgramDatabase(tmp_path / "p.sqlite")
+    save_analysis(db, a)
+    assert db.connect().execute("SELECT count(*) FROM func").fetchone()[0] == len(a.functions)
+    db.close()

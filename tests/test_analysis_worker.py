@@ -427,7 +427,15 @@ def test_a_command_can_wait_for_its_analysis_processes_to_end(compile_c, tmp_pat
 
 
 @pytest.mark.parametrize(
-    "name", ["elf/libarm.so", "elf/mips-mozi", "elf/ip-riscv", "mach0/swift-main", "jmptbl/test_msvc_1900_32.exe"]
+    "name",
+    [
+        "elf/libarm.so",
+        "elf/armeb_hello_static",
+        "elf/mips-mozi",
+        "elf/ip-riscv",
+        "mach0/swift-main",
+        "jmptbl/test_msvc_1900_32.exe",
+    ],
 )
 def test_two_process_analysis_of_other_formats_and_architectures(name: str, tmp_path) -> None:  # noqa: ANN001
     """The forked split stores what the in-process save stores on ARM, MIPS, RISC-V, Mach-O and PE."""

@@ -84,6 +84,7 @@ class CapstoneBackend:
         self.codemap = codemap
         self.arch = image.identity.arch
         self.ptr_size = 8 if image.identity.bits == 64 else 4
+        self.addr_mask = (1 << (8 * self.ptr_size)) - 1
         self.import_slots = frozenset(imp.slot for imp in image.imports)
         self._md: dict[bool, cs.Cs] = {}
         self.thumb: set[int] = set()
@@ -132,6 +133,16 @@ class CapstoneBackend:
     # ------------------------------------------------------------------ classification
     def classify(self, ins: cs.CsInsn) -> tuple[int, int]:
         """(flow kind, direct target or -1)."""
+        flow, tgt = self._classify(ins)
+        return flow, self._wrap(tgt)
+
+    def _wrap(self, tgt: int) -> int:
+        """A branch target in the address space: pc-relative arithmetic wraps at the address width
+        (capstone gives ARM's targets as signed 32-bit numbers, so code at 2**31 and above, or a
+        branch below address 0, came out negative; -1 stays: no target)."""
+        return tgt & self.addr_mask if tgt < -1 or tgt > self.addr_mask else tgt
+
+    def _classify(self, ins: cs.CsInsn) -> tuple[int, int]:
         m = ins.mnemonic
         a = self.arch
         tgt = -1
@@ -267,7 +278,8 @@ class CapstoneBackend:
                     self.overlapping.add(va)  # a delay slot another chunk starts with
                 if s == BODY:
                     return cur, T_BAD, (), last
-                state[o] = INSN
+                if s != CHUNK:  # (a delay slot that starts another chunk keeps that chunk's mark)
+                    state[o] = INSN
             first = False
             if state.count(0, o + 1, o + n) != n - 1:  # bytes of other chunks inside the instruction
                 self.overlapping.add(va)
@@ -299,7 +311,7 @@ class CapstoneBackend:
             if thumb and m[:2] == "it" and len(m) <= 5:  # it, itt, ite, ..., itete: 1 to 4 conditional
                 it_at, it_left = o, len(m) - 1
             if known is not None:
-                flow, tgt = known
+                flow, tgt = known[0], self._wrap(known[1])
             elif ins is None:
                 flow, tgt = F_NEXT, -1
                 if arm and (m == "movw" or m == "movt"):

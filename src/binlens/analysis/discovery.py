@@ -180,7 +180,7 @@ class Explorer:
         if s == INSN:
             h = r.state.rfind(CHUNK, 0, off)
             head = self.chunks.get(r.va + h) if h >= 0 else None
-            if head is None:
+            if head is None or head[0] <= va:  # (no chunk holds va: splitting one would corrupt it)
                 return None
             self.chunks[r.va + h] = (va, T_FALL, (va,), va)
             self.splits.append((r.va + h, va))
