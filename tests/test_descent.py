@@ -9,6 +9,7 @@ analyses (blocks, edges, calls, references) on real programs of several architec
 from __future__ import annotations
 
 import random
+from array import array
 
 import pytest
 
@@ -16,6 +17,7 @@ from binlens.analysis import discovery as D
 from binlens.analysis import engine as E
 from binlens.analysis import functions as F
 from binlens.analysis import gapmap as G
+from binlens.analysis import xrefs as X
 from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET, T_STOP
 from conftest import assert_same_analysis_without, corpus_dir
 
@@ -139,7 +141,15 @@ CORPUS = [
 ]
 
 
-PIECES = [(D, "_c_traverse"), (D, "_c_body"), (F, "_c_merge"), (G, "_descent"), (E, "_descent"), (D, "_ChunkMap")]
+PIECES = [
+    (D, "_c_traverse"),
+    (D, "_c_body"),
+    (F, "_c_merge"),
+    (G, "_descent"),
+    (E, "_descent"),
+    (D, "_ChunkMap"),
+    (X, "_descent"),
+]
 
 
 @pytest.mark.parametrize("module,attr", PIECES)
@@ -177,6 +187,17 @@ def test_c_packing_of_references_is_the_python_packing(compile_c, monkeypatch, n
         packs = _packs(monkeypatch, spans, a.xrefs, True)
         assert packs == _packs(monkeypatch, spans, a.xrefs, False)
         assert len(packs) > len(a.functions) // 2  # (most functions make a reference)
+        refs = _packed(a.xrefs)  # the analysis process's packed references give the same rows
+        assert _packs(monkeypatch, spans, refs, True) == packs == _packs(monkeypatch, spans, refs, False)
+
+
+def _packed(xrefs: list) -> object:
+    from binlens.analysis.model import XREF_KINDS, Refs
+
+    code = XREF_KINDS.index
+    return Refs(
+        array("Q", [x.src for x in xrefs]), array("Q", [x.dst for x in xrefs]), bytearray(code(x.kind) for x in xrefs)
+    )
 
 
 def _libc() -> list:
@@ -195,13 +216,55 @@ def test_c_packing_edges(monkeypatch) -> None:  # noqa: ANN001
     assert packs == _packs(monkeypatch, spans, xrefs, False)
     assert [owner for owner, _d, _k in packs] == [None, 0x10, -8]  # signed as SQLite stores it
     assert [len(k) for _o, _d, k in packs] == [5, 4, 2]
+    assert _packs(monkeypatch, spans, _packed(xrefs), True) == packs
     assert _packs(monkeypatch, ([], [], []), [], True) == []
+    assert _packs(monkeypatch, ([], [], []), _packed([]), True) == []
+    with pytest.raises(ValueError, match="one length"):
+        C.pack_by_owner([], [], [], (array("Q", [1]), array("Q"), b"\0"), {})
+    with pytest.raises(TypeError, match="tuple"):
+        C.pack_by_owner([], [], [], (array("Q"), array("Q")), {})
     with pytest.raises(ValueError, match="differ in length"):
         C.pack_by_owner([1], [], [], [], {})
     with pytest.raises(KeyError):
         C.pack_by_owner([], [], [], [Xref(1, 2, "no-such-kind")], {"read": 0})
     with pytest.raises(OverflowError):
         C.pack_by_owner([-1], [0], [0], [], {})
+
+
+# ------------------------------------------------------------------ sort_refs (the references' order)
+@pytest.mark.parametrize("seed", range(6))
+def test_c_order_of_references_is_the_python_order(monkeypatch, seed: int) -> None:  # noqa: ANN001
+    """Random packed references with repeats, every kind, and strings that a read, an offset and a
+    pointer name (a read and an offset from one source: they stay two) name: the same arrays from both paths."""
+    from binlens.analysis.model import XREF_KINDS, Refs
+
+    rnd = random.Random(seed)
+    n = rnd.choice([0, 1, 50, 3000])
+    strings = {rnd.randrange(0, 64) * 8 for _ in range(12)}
+    triples = [(rnd.randrange(0, 40), rnd.randrange(0, 64) * 8, rnd.randrange(len(XREF_KINDS))) for _ in range(n)]
+    triples += triples[: n // 4]  # repeats
+    s = min(strings)
+    kind = XREF_KINDS.index
+    triples += [(1000, s, kind("read")), (1000, s, kind("offset")), ((1 << 64) - 1, s, kind("pointer"))]
+
+    def order(use_c: bool) -> tuple:
+        refs = Refs(
+            array("Q", [t[0] for t in triples]), array("Q", [t[1] for t in triples]), bytearray(t[2] for t in triples)
+        )
+        monkeypatch.setattr(X, "_descent", C if use_c else None)
+        X._order(refs, strings)
+        return list(refs.src), list(refs.dst), bytes(refs.kind)
+
+    got = order(True)
+    assert got == order(False)
+    found = list(zip(got[0], got[1], [XREF_KINDS[k] for k in got[2]], strict=True))
+    assert found == sorted(found)
+    assert found.count((1000, s, "string")) == 2  # the read and the offset of one source: both name a string
+    assert found[-1] == ((1 << 64) - 1, s, "string")
+    with pytest.raises(ValueError, match="256 bytes"):
+        C.sort_refs((array("Q"), array("Q"), bytearray()), b"", b"", b"")
+    with pytest.raises(BufferError):  # (bytes: not writable)
+        C.sort_refs((array("Q"), array("Q"), b""), X._RANK, X._RETAG_TO, b"")
 
 
 # ------------------------------------------------------------------ ChunkMap (the chunk cache's records)

@@ -367,11 +367,11 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
         explored = explore(image, progress, extra, excluded)
         _retained.append(explored)
         if not _parallel():
-            strings, xrefs = explored.references()
-            result = explored.result(explored.functions(), xrefs, strings)
+            strings, refs = explored.references()
+            result = explored.result(explored.functions(), [], strings)  # (the references stay packed)
             _retained.append(result)
             frows = function_rows(result.functions)
-            rrows = reference_rows(xrefs, strings, frows.spans)
+            rrows = reference_rows(refs, strings, frows.spans)
             frows.spans = ([], [], [])  # (three lists of ~70k entries for libc, of no further use)
             return _Rows(run_figures(result), frows, rrows)
         bodies = explored.bodies
@@ -396,8 +396,8 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
         child = open(read_fd, "rb")  # noqa: SIM115 - closed before the child is waited for
         frows = None
         try:
-            strings, xrefs = explored.references()
-            _retained.append(xrefs)
+            strings, refs = explored.references()
+            _retained.append(refs)
             explored.drop((0, split))  # (the child's functions: their chunks' memory serves the rows)
             mine = function_rows(explored.functions())
             frows = merge_function_rows(load_frame(child), mine)
@@ -411,7 +411,7 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
                     os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
-        rrows = reference_rows(xrefs, strings, frows.spans)
+        rrows = reference_rows(refs, strings, frows.spans)
         frows.spans = ([], [], [])
         progress(1.0, 1.0, f"{frows.counts[0]} functions")
         figures = (ENGINE_VERSION, explored.codemap.total_bytes, explored.covered, time.perf_counter() - explored.t0)

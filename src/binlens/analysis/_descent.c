@@ -12,7 +12,8 @@
  * `cover` and `body_spans` are the gap heuristic's coverage map and entry runs (`gapmap.py`),
  * `covered` the engine's count of covered bytes.
  * `merge` is the chunk merge of `functions._blocks`, and `pack_by_owner` the grouping and packing
- * of references by the function that owns their source (`store.analysis._xref_packs`).
+ * of references by the function that owns their source (`store.analysis._xref_packs`);
+ * `sort_refs` sorts, de-duplicates and re-tags packed references (`xrefs.collect_refs`).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -805,28 +806,163 @@ static void put_u64(unsigned char *p, unsigned long long v) {
         p[i] = (unsigned char)(v >> (8 * i));
 }
 
+/* Packed references: the three buffers of a tuple (src, dst, kind), u64, u64 and bytes of one length. */
+static void refs_release(Py_buffer *pb) {
+    for (int i = 0; i < 3; i++)
+        if (pb[i].obj)
+            PyBuffer_Release(&pb[i]);
+}
+
+static int refs_buffers(PyObject *t, Py_buffer *pb, int writable) {
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 3) {
+        PyErr_SetString(PyExc_TypeError, "packed references: a tuple (src, dst, kind) of buffers");
+        return -1;
+    }
+    int flags = writable ? PyBUF_WRITABLE | PyBUF_FORMAT : PyBUF_FORMAT;
+    for (int i = 0; i < 3; i++)
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, i), &pb[i], flags) < 0) {
+            refs_release(pb);
+            return -1;
+        }
+    if (pb[0].itemsize != 8 || pb[1].itemsize != 8 || pb[2].itemsize != 1 || pb[0].len != pb[1].len ||
+        pb[0].len / 8 != pb[2].len) {
+        PyErr_SetString(PyExc_ValueError, "packed references: src and dst of u64, kind of bytes, one length");
+        refs_release(pb);
+        return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    unsigned long long src, dst;
+    unsigned char rank, kind;
+} RefRec;
+
+static int ref_cmp(const void *a, const void *b) {
+    const RefRec *x = a, *y = b;
+    if (x->src != y->src)
+        return x->src < y->src ? -1 : 1;
+    if (x->dst != y->dst)
+        return x->dst < y->dst ? -1 : 1;
+    return (int)x->rank - (int)y->rank;
+}
+
+/* sort_refs((src, dst, kind), rank, retag, strings) -> n
+ *
+ * `xrefs.collect_refs`'s ordering of packed references, in place: sorted by (src, dst, rank[kind])
+ * (`rank`: 256 bytes, a kind code's place among the kinds' names, so that the order is the one of
+ * (src, dst, kind name) tuples), equal references once, then each whose kind has a `retag` byte other
+ * than 255 and whose dst is in `strings` (sorted u64) takes that kind, and the references are sorted
+ * again if one did (without a second de-duplication, as the Python path). The first n entries of
+ * the buffers hold the result; the caller truncates them to n. */
+static PyObject *sort_refs(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *refs;
+    Py_buffer rank, retag, strs, pb[3] = {{0}, {0}, {0}};
+    if (!PyArg_ParseTuple(args, "Oy*y*y*", &refs, &rank, &retag, &strs))
+        return NULL;
+    PyObject *out = NULL;
+    RefRec *rec = NULL;
+    if (rank.len != 256 || retag.len != 256 || strs.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "rank and retag: 256 bytes each; strings: u64 words");
+        goto done;
+    }
+    if (refs_buffers(refs, pb, 1) < 0)
+        goto done;
+    Py_ssize_t n = pb[2].len, ns = strs.len / 8;
+    unsigned long long *src = pb[0].buf, *dst = pb[1].buf, *sv = strs.buf;
+    unsigned char *kind = pb[2].buf, *rk = rank.buf, *rt = retag.buf;
+    if (!(rec = PyMem_Malloc(sizeof(*rec) * (size_t)(n + 1)))) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        rec[i].src = src[i];
+        rec[i].dst = dst[i];
+        rec[i].kind = kind[i];
+        rec[i].rank = rk[kind[i]];
+    }
+    qsort(rec, (size_t)n, sizeof(*rec), ref_cmp);
+    Py_ssize_t m = 0;
+    int retagged = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (m && rec[m - 1].src == rec[i].src && rec[m - 1].dst == rec[i].dst && rec[m - 1].kind == rec[i].kind)
+            continue;
+        rec[m] = rec[i];
+        m++;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        unsigned char to = rt[rec[i].kind];
+        if (to == 255)
+            continue;
+        Py_ssize_t lo = 0, hi = ns; /* is dst a string's start? */
+        while (lo < hi) {
+            Py_ssize_t mid = (lo + hi) / 2;
+            if (sv[mid] < rec[i].dst)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo < ns && sv[lo] == rec[i].dst) {
+            rec[i].kind = to;
+            rec[i].rank = rk[to];
+            retagged = 1;
+        }
+    }
+    if (retagged)
+        qsort(rec, (size_t)m, sizeof(*rec), ref_cmp);
+    for (Py_ssize_t i = 0; i < m; i++) {
+        src[i] = rec[i].src;
+        dst[i] = rec[i].dst;
+        kind[i] = rec[i].kind;
+    }
+    out = PyLong_FromSsize_t(m);
+done:
+    PyMem_Free(rec);
+    refs_release(pb);
+    PyBuffer_Release(&rank);
+    PyBuffer_Release(&retag);
+    PyBuffer_Release(&strs);
+    return out;
+}
+
 /* pack_by_owner(starts, ends, fns, xrefs, codes) -> [(owner | None, data, kinds)]
  *
  * store.analysis._xref_packs in one pass: each reference goes to the function owning its source
  * (`fns` of the last span start at or below it, if the source is below that span's end; None
  * otherwise), groups in the order of their first reference; per group, little-endian u64 (src, dst) pairs and
- * one byte of kind (`codes[kind]`) each. `starts` is sorted; `ends` and `fns` go with it. */
+ * one byte of kind (`codes[kind]`) each. `starts` is sorted; `ends` and `fns` go with it. `xrefs` is a
+ * list of `Xref`, or packed references: a tuple (src, dst, kind) of buffers (u64, u64 and one byte
+ * each, the byte already the kind's code; `model.Refs`). */
 static PyObject *pack_by_owner(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *starts, *ends, *fns, *xrefs, *codes;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O!", &PyList_Type, &starts, &PyList_Type, &ends, &PyList_Type, &fns,
-                          &PyList_Type, &xrefs, &PyDict_Type, &codes))
+    if (!PyArg_ParseTuple(args, "O!O!O!OO!", &PyList_Type, &starts, &PyList_Type, &ends, &PyList_Type, &fns,
+                          &xrefs, &PyDict_Type, &codes))
         return NULL;
-    Py_ssize_t ns = PyList_GET_SIZE(starts), nx = PyList_GET_SIZE(xrefs);
+    Py_buffer pb[3] = {{0}, {0}, {0}};
+    int packed = PyTuple_Check(xrefs);
+    if (!packed && !PyList_Check(xrefs)) {
+        PyErr_SetString(PyExc_TypeError, "xrefs: a list of Xref or a tuple (src, dst, kind) of buffers");
+        return NULL;
+    }
+    Py_ssize_t ns = PyList_GET_SIZE(starts), nx = packed ? 0 : PyList_GET_SIZE(xrefs);
+    if (packed && refs_buffers(xrefs, pb, 0) < 0)
+        return NULL;
+    if (packed)
+        nx = pb[2].len;
     if (PyList_GET_SIZE(ends) != ns || PyList_GET_SIZE(fns) != ns) {
         PyErr_SetString(PyExc_ValueError, "starts, ends and fns differ in length");
+        refs_release(pb);
         return NULL;
     }
     PyObject *out = NULL, *s_src = PyUnicode_InternFromString("src"), *s_dst = PyUnicode_InternFromString("dst"),
              *s_kind = PyUnicode_InternFromString("kind");
     unsigned long long *st = PyMem_Malloc(sizeof(*st) * (ns + 1)), *en = PyMem_Malloc(sizeof(*en) * (ns + 1));
-    unsigned long long *src = PyMem_Malloc(sizeof(*src) * (nx + 1)), *dst = PyMem_Malloc(sizeof(*dst) * (nx + 1));
-    unsigned char *kind = PyMem_Malloc(nx + 1);
+    /* packed: the buffers themselves (read only); else copies of the objects' fields */
+    unsigned long long *src = packed ? pb[0].buf : PyMem_Malloc(sizeof(*src) * (nx + 1));
+    unsigned long long *dst = packed ? pb[1].buf : PyMem_Malloc(sizeof(*dst) * (nx + 1));
+    unsigned char *kind = packed ? pb[2].buf : PyMem_Malloc(nx + 1);
     Py_ssize_t *grp = PyMem_Malloc(sizeof(*grp) * (nx + 1));      /* each reference's group */
     Py_ssize_t *fid = PyMem_Malloc(sizeof(*fid) * (ns + 1));      /* span -> its function's first span + 1 */
     Py_ssize_t *gid = PyMem_Malloc(sizeof(*gid) * (ns + 2));      /* that + 1 (0: no function) -> group */
@@ -836,7 +972,7 @@ static PyObject *pack_by_owner(PyObject *self, PyObject *args) {
     Py_ssize_t *gfill = PyMem_Calloc(ns + 2, sizeof(*gfill));
     PyObject **data = PyMem_Calloc(ns + 2, sizeof(*data)), **kinds = PyMem_Calloc(ns + 2, sizeof(*kinds));
     Py_ssize_t ngroups = 0;
-    if (!s_src || !s_dst || !s_kind || !st || !en || !src || !dst || !kind || !grp || !fid || !gid || !gspan ||
+    if (!s_src || !s_dst || !s_kind || !st || !en || (!packed && (!src || !dst || !kind)) || !grp || !fid || !gid || !gspan ||
         !first || !gcount || !gfill || !data || !kinds) {
         PyErr_NoMemory();
         goto done;
@@ -857,31 +993,33 @@ static PyObject *pack_by_owner(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < ns + 2; i++)
         gid[i] = -1;
     for (Py_ssize_t i = 0; i < nx; i++) {
-        PyObject *x = PyList_GET_ITEM(xrefs, i), *v;
-        if (!(v = PyObject_GetAttr(x, s_src)))
-            goto done;
-        src[i] = PyLong_AsUnsignedLongLong(v);
-        Py_DECREF(v);
-        if (!(v = PyObject_GetAttr(x, s_dst)))
-            goto done;
-        dst[i] = PyLong_AsUnsignedLongLong(v);
-        Py_DECREF(v);
-        if (PyErr_Occurred() || !(v = PyObject_GetAttr(x, s_kind)))
-            goto done;
-        PyObject *code = PyDict_GetItemWithError(codes, v);
-        Py_DECREF(v);
-        if (!code) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_KeyError, "a reference kind without a code");
-            goto done;
+        if (!packed) { /* the fields of an Xref */
+            PyObject *x = PyList_GET_ITEM(xrefs, i), *v;
+            if (!(v = PyObject_GetAttr(x, s_src)))
+                goto done;
+            src[i] = PyLong_AsUnsignedLongLong(v);
+            Py_DECREF(v);
+            if (!(v = PyObject_GetAttr(x, s_dst)))
+                goto done;
+            dst[i] = PyLong_AsUnsignedLongLong(v);
+            Py_DECREF(v);
+            if (PyErr_Occurred() || !(v = PyObject_GetAttr(x, s_kind)))
+                goto done;
+            PyObject *code = PyDict_GetItemWithError(codes, v);
+            Py_DECREF(v);
+            if (!code) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_KeyError, "a reference kind without a code");
+                goto done;
+            }
+            long c = PyLong_AsLong(code);
+            if (c < 0 || c > 255) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "a kind code outside 0..255");
+                goto done;
+            }
+            kind[i] = (unsigned char)c;
         }
-        long c = PyLong_AsLong(code);
-        if (c < 0 || c > 255) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "a kind code outside 0..255");
-            goto done;
-        }
-        kind[i] = (unsigned char)c;
         /* the last start <= src (bisect_right - 1) */
         Py_ssize_t lo = 0, hi = ns;
         while (lo < hi) {
@@ -935,9 +1073,13 @@ done:
     Py_XDECREF(s_kind);
     PyMem_Free(st);
     PyMem_Free(en);
-    PyMem_Free(src);
-    PyMem_Free(dst);
-    PyMem_Free(kind);
+    if (packed)
+        refs_release(pb);
+    else {
+        PyMem_Free(src);
+        PyMem_Free(dst);
+        PyMem_Free(kind);
+    }
     PyMem_Free(grp);
     PyMem_Free(fid);
     Py_XDECREF(first);
@@ -961,6 +1103,7 @@ static PyMethodDef methods[] = {
     {"covered", covered, METH_VARARGS, "engine._covered (see the module source)."},
     {"pack_by_owner", pack_by_owner, METH_VARARGS,
      "store.analysis._xref_packs's grouping and packing of references (see the module source)."},
+    {"sort_refs", sort_refs, METH_VARARGS, "xrefs.collect_refs's sort of packed references (see the module source)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -30,6 +30,7 @@ from binlens.analysis.model import (
     XREF_KINDS,
     Function,
     ProgramAnalysis,
+    Refs,
     StringItem,
     Xref,
 )
@@ -37,7 +38,7 @@ from binlens.analysis.native import native
 from binlens.analysis.noreturn import noret_callers, returning_functions
 from binlens.analysis.strings import find_strings
 from binlens.analysis.thunks import find_thunks
-from binlens.analysis.xrefs import collect_xrefs, pointers_in_data
+from binlens.analysis.xrefs import collect_refs, pointers_in_data
 from binlens.errors import BinlensError
 from binlens.loader.image import Image
 
@@ -135,8 +136,8 @@ def analyze(
     """
     with gc_paused():
         explored = explore(image, progress, extra_starts, excluded_starts)
-        strings, xrefs = explored.references()
-        return explored.result(explored.functions(), xrefs, strings)
+        strings, refs = explored.references()
+        return explored.result(explored.functions(), refs.xrefs(), strings)
 
 
 @dataclasses.dataclass
@@ -161,14 +162,13 @@ class Explored:
     t0: float
     chunk_count: int = 0
 
-    def references(self) -> tuple[list[StringItem], list[Xref]]:
-        """(strings, references): what `ProgramAnalysis` holds of them."""
+    def references(self) -> tuple[list[StringItem], Refs]:
+        """(strings, references packed): what `ProgramAnalysis` holds of them (`Refs.xrefs` gives the
+        references as objects)."""
         self.report(0.85, 1.0, f"{len(self.bodies)} functions; references and strings")
         strings = find_strings(self.image)
-        xrefs = collect_xrefs(
-            self.image, self.codemap, self.backend, self.explorer, self.bodies, strings, self.jt_tables
-        )
-        return strings, xrefs
+        refs = collect_refs(self.image, self.codemap, self.backend, self.explorer, self.bodies, strings, self.jt_tables)
+        return strings, refs
 
     def functions(self, part: tuple[int, int] | None = None) -> list[Function]:
         """Every function with its blocks and edges (`part`: only those of the bodies at places lo..hi

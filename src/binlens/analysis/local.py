@@ -14,7 +14,7 @@ from binlens.analysis.engine import _Seeds, _text_names, gc_paused, make_backend
 from binlens.analysis.functions import build_functions
 from binlens.analysis.model import Function, Xref
 from binlens.analysis.thunks import find_thunks
-from binlens.analysis.xrefs import collect_xrefs
+from binlens.analysis.xrefs import collect_refs
 from binlens.loader.image import Image
 
 
@@ -71,5 +71,5 @@ def _analyze_functions(
     explorer.finish()
     mine = {f: bodies[f] for f in entries if f in bodies}
     functions = build_functions(image, codemap, explorer, mine, {f: set() for f in mine}, extents, thunks, noret)
-    xrefs = collect_xrefs(image, codemap, backend, explorer, mine, set(string_starts), jt_tables, data=False)
+    xrefs = collect_refs(image, codemap, backend, explorer, mine, set(string_starts), jt_tables, data=False).xrefs()
     return functions, xrefs

@@ -4,18 +4,29 @@ from __future__ import annotations
 
 import bisect
 import struct
+from array import array
 from itertools import chain
 
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.discovery import Body, Explorer
-from binlens.analysis.model import XREF_KINDS, StringItem, Xref
+from binlens.analysis.model import XREF_KINDS, Refs, StringItem
+from binlens.analysis.native import native
 from binlens.analysis.strings import is_data_section
 from binlens.loader.image import Image
 
 _RETAG = {"read", "offset", "pointer"}
+_CALL, _JUMP, _JUMP_TABLE, _TAIL_CALL, _READ, _POINTER = map(
+    XREF_KINDS.index, ("call", "jump", "jump_table", "tail_call", "read", "pointer")
+)
+# for `_descent.sort_refs`: each kind code's place among the kinds' names; what a kind becomes when it
+# names a string's start (255: stays)
+_RANK = bytes(sorted(XREF_KINDS).index(k) for k in XREF_KINDS).ljust(256, b"\0")
+_RETAG_TO = bytes(XREF_KINDS.index("string") if k in _RETAG else 255 for k in XREF_KINDS).ljust(256, b"\xff")
+_descent = native("_descent")  # `_order`'s sort in C (`sort_refs`), or None
+_WORDS = 1 << 14  # data words unpacked at a time by `pointers_in_data`
 
 
-def collect_xrefs(
+def collect_refs(
     image: Image,
     codemap: CodeMap,
     backend: object,
@@ -24,45 +35,73 @@ def collect_xrefs(
     strings: list[StringItem] | set[int],
     jt_tables: dict[int, int],
     data: bool = True,
-) -> list[Xref]:
-    """Every reference from reached code (and from data unless `data` is false), sorted by (src, dst)."""
+) -> Refs:
+    """Every reference from reached code (and from data unless `data` is false), sorted by (src, dst),
+    packed (`Refs`: three arrays instead of an object each; `Refs.xrefs()` gives the objects)."""
     chunks = explorer.chunks
     # chunk starts of all bodies, in order (a chunk shared by bodies repeats: bisect still works)
     reached = sorted(chain.from_iterable(body.chunks for body in bodies.values()))
     ends = [chunks[a][0] for a in reached]
-    # a list, not a set: sorted once, repeats then sit together and are dropped (less memory)
-    keys: list[tuple[int, int, str]] = []
-    add = keys.append
+    src: array = array("Q")
+    dst: array = array("Q")
+    kind = bytearray()
+    add_src, add_dst, add_kind = src.append, dst.append, kind.append
     b = backend
-    kinds = XREF_KINDS
     bisect_right = bisect.bisect_right
-    for src, dst, k in zip(b.x_src, b.x_dst, b.x_kind, strict=False):  # type: ignore[attr-defined]
-        i = bisect_right(reached, src) - 1
-        if i >= 0 and src < ends[i]:
-            add((src, dst, kinds[k]))
+    for s, d, k in zip(b.x_src, b.x_dst, b.x_kind, strict=False):  # type: ignore[attr-defined]
+        i = bisect_right(reached, s) - 1
+        if i >= 0 and s < ends[i]:
+            add_src(s)
+            add_dst(d)
+            add_kind(k)
     for body in bodies.values():
         for site, callee in body.calls:
-            add((site, callee, "call"))
+            add_src(site)
+            add_dst(callee)
+            add_kind(_CALL)
         for site, callee in body.tails:
-            add((site, callee, "tail_call"))
+            add_src(site)
+            add_dst(callee)
+            add_kind(_TAIL_CALL)
         it = iter(body.edges)
-        for s, d, kind in zip(it, it, it, strict=True):
-            if kind == "jump" or kind == "conditional_taken":
-                add((chunks[s][3], d, "jump"))
-            elif kind == "jump_table":
-                add((chunks[s][3], d, "jump_table"))
+        for s, d, edge in zip(it, it, it, strict=True):
+            if edge == "jump" or edge == "conditional_taken":
+                add_src(chunks[s][3])
+                add_dst(d)
+                add_kind(_JUMP)
+            elif edge == "jump_table":
+                add_src(chunks[s][3])
+                add_dst(d)
+                add_kind(_JUMP_TABLE)
     for jump, table in jt_tables.items():
         i = bisect_right(reached, jump) - 1
         if i >= 0 and jump < ends[i]:
-            add((jump, table, "read"))
+            add_src(jump)
+            add_dst(table)
+            add_kind(_READ)
+    del reached, ends
     str_starts = strings if isinstance(strings, set) else {s.address for s in strings}
     if data:
         thumb_bit = 1 if image.identity.arch == "arm" else 0
-        for src, dst in pointers_in_data(image, codemap, str_starts):
-            if dst & thumb_bit and codemap.contains(dst):
-                dst &= ~1  # a pointer to Thumb code names the instruction (the function's start) at the even address
-            add((src, dst, "pointer"))
-    keys.sort()
+        for at, d in pointers_in_data(image, codemap, str_starts):
+            if d & thumb_bit and codemap.contains(d):
+                d &= ~1  # a pointer to Thumb code names the instruction (the function's start) at the even address
+            add_src(at)
+            add_dst(d)
+            add_kind(_POINTER)
+    refs = Refs(src, dst, kind)
+    _order(refs, str_starts)
+    return refs
+
+
+def _order(refs: Refs, str_starts: set[int]) -> None:
+    """Sort `refs` as (src, dst, kind name) tuples sort, drop repeats, and make a read, offset or
+    pointer reference to the start of a string a "string" reference (then sort again)."""
+    if _descent is not None:  # the same in C, on the arrays in place
+        n = _descent.sort_refs((refs.src, refs.dst, refs.kind), _RANK, _RETAG_TO, array("Q", sorted(str_starts)))
+        del refs.src[n:], refs.dst[n:], refs.kind[n:]
+        return
+    keys = sorted(zip(refs.src, refs.dst, map(XREF_KINDS.__getitem__, refs.kind), strict=True))
     n = 0
     prev = None
     retag = False
@@ -77,9 +116,10 @@ def collect_xrefs(
     del keys[n:]
     if retag:
         keys.sort()  # nearly sorted already
-    for i, (src, dst, kind) in enumerate(keys):  # in place: each tuple is freed as its Xref replaces it
-        keys[i] = Xref(src, dst, kind)  # type: ignore[call-overload]
-    return keys  # type: ignore[return-value]
+    code = XREF_KINDS.index
+    refs.src = array("Q", [t[0] for t in keys])
+    refs.dst = array("Q", [t[1] for t in keys])
+    refs.kind = bytearray(code(t[2]) for t in keys)
 
 
 def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int]) -> list[tuple[int, int]]:
@@ -104,20 +144,37 @@ def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int]) -> list[
         for r in image.relocations
     ):
         places = {r.address for r in image.relocations}
+    word = struct.Struct(f"{endian}{code}")
+    view = memoryview(image.data)  # (a view's slices copy nothing)
+    at_places = sorted(places) if places is not None else None
     for s in image.sections:
         if not is_data_section(image, s):
             continue
-        data = bytes(image.data[s.offset : s.offset + min(s.fsize, s.size)])
+        data = view[s.offset : s.offset + min(s.fsize, s.size)]
         pad = (-s.va) % ptr
         n = (len(data) - pad) // ptr
         if n <= 0:
             continue
-        for k, v in enumerate(struct.unpack_from(f"{endian}{n}{code}", data, pad)):
-            if v and (v in targets or (lo <= v < hi and contains(v))):
-                at = s.va + pad + k * ptr
-                if places is None or at in places:
+        base = s.va + pad
+        if at_places is not None:  # only the words at relocations count: read just those
+            i = bisect.bisect_left(at_places, base)
+            j = bisect.bisect_left(at_places, base + n * ptr)
+            for at in at_places[i:j]:
+                k = at - base
+                if k % ptr == 0:
+                    (v,) = word.unpack_from(data, pad + k)
+                    if v and (v in targets or (lo <= v < hi and contains(v))):
+                        out[at] = v
+            continue
+        # a block of words at a time: one tuple of a whole section's words was the largest transient
+        # of the engine on big programs (gcc's cc1: +79 MiB while computed-goto tables were looked for)
+        for k0 in range(0, n, _WORDS):
+            m = min(_WORDS, n - k0)
+            at = base + k0 * ptr
+            for v in struct.unpack_from(f"{endian}{m}{code}", data, pad + k0 * ptr):
+                if v and (v in targets or (lo <= v < hi and contains(v))):
                     out[at] = v
-    word = struct.Struct(f"{endian}{code}")
+                at += ptr
     for r in image.relocations:
         if "RELATIVE" not in r.type:
             continue

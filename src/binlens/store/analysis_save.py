@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from operator import attrgetter
 
-from binlens.analysis.model import ProgramAnalysis
+from binlens.analysis.model import ProgramAnalysis, Refs
 from binlens.analysis.native import native
 from binlens.store.analysis import (
     _FUNC_COLUMNS,
@@ -116,12 +116,13 @@ def merge_function_rows(first: FunctionRows, second: FunctionRows) -> FunctionRo
     )
 
 
-def reference_rows(xrefs: list, strings: list, spans: tuple[list[int], list[int], list[int]]) -> ReferenceRows:
-    """Rows for the references (grouped by the function that owns their source: `spans`) and the
-    strings (with how many references each has)."""
+def reference_rows(xrefs: list | Refs, strings: list, spans: tuple[list[int], list[int], list[int]]) -> ReferenceRows:
+    """Rows for the references (`Xref` objects, or packed: `Refs`; grouped by the function that owns
+    their source: `spans`) and the strings (with how many references each has)."""
     sg = _signer(spans[2], map(attrgetter("address"), strings))
     at = {s.address for s in strings}
-    refs = Counter(x.dst for x in xrefs if x.dst in at)  # (only the strings' counts: a far smaller dict)
+    dsts = xrefs.dst if isinstance(xrefs, Refs) else map(attrgetter("dst"), xrefs)
+    refs = Counter(d for d in dsts if d in at)  # (only the strings' counts: a far smaller dict)
     string_rows = [(sg(s.address), s.size, s.encoding, s.text, s.section, refs.get(s.address, 0)) for s in strings]
     return ReferenceRows(_xref_packs(spans, xrefs, sg), string_rows, (len(xrefs), len(strings)))
 
@@ -195,13 +196,16 @@ def _block_rows(functions: list, sg: Callable[[int], int]) -> Iterable[tuple]:
 
 
 def _xref_packs(
-    spans: tuple[list[int], list[int], list[int]], xrefs: list, sg: Callable[[int], int]
+    spans: tuple[list[int], list[int], list[int]], xrefs: list | Refs, sg: Callable[[int], int]
 ) -> list[tuple[int | None, bytes, bytes]]:
     """One `xref_pack` row per owner: the function whose block holds the source (None: no function)."""
     starts, ends, fns = spans
     if _c_descent is not None:  # the same grouping and packing in C (`_descent.c`)
-        packs = _c_descent.pack_by_owner(starts, ends, fns, xrefs, _KIND_CODE)
+        given = (xrefs.src, xrefs.dst, xrefs.kind) if isinstance(xrefs, Refs) else xrefs
+        packs = _c_descent.pack_by_owner(starts, ends, fns, given, _KIND_CODE)
         return [(None if owner is None else sg(owner), data, kinds) for owner, data, kinds in packs]
+    if isinstance(xrefs, Refs):
+        xrefs = xrefs.xrefs()
     right = bisect.bisect_right
     groups: dict[int | None, list] = {}
     for x in xrefs:
