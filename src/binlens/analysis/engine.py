@@ -36,13 +36,14 @@ from binlens.analysis.model import (
 )
 from binlens.analysis.native import native
 from binlens.analysis.noreturn import noret_callers, returning_functions
+from binlens.analysis.seeds import Seeds, with_source
 from binlens.analysis.strings import find_strings
 from binlens.analysis.thunks import find_thunks
 from binlens.analysis.xrefs import collect_refs, pointers_in_data
 from binlens.errors import BinlensError
 from binlens.loader.image import Image
 
-ENGINE_VERSION = "8"  # 2: AArch64 jump tables; 3: ARM32, MIPS, PowerPC, RISC-V and more x86 jump-table
+ENGINE_VERSION = "9"  # 2: AArch64 jump tables; 3: ARM32, MIPS, PowerPC, RISC-V and more x86 jump-table
 # shapes, ARM Thumb starts and BE8, code offsets looked at again after later stages; 4: gaps on every
 # architecture, `.ARM.exidx`, address pairs, relocated words only in position-independent data;
 # 5: computed-goto tables, ARM32 leaf trials and shrink-wrapped pushes, gaps peeled in one round,
@@ -52,7 +53,9 @@ ENGINE_VERSION = "8"  # 2: AArch64 jump tables; 3: ARM32, MIPS, PowerPC, RISC-V 
 # of non-returning functions found in the same round (no chain cut short by the round limit), a
 # function that calls itself judged without the edges back from those calls; 8: ARM32 Mach-O
 # functions are `LC_FUNCTION_STARTS` where it covers, no x86 data reference from an instruction
-# without a memory operand (iced keeps imm64's high half and `enter`'s level where a displacement is)
+# without a memory operand (iced keeps imm64's high half and `enter`'s level where a displacement is);
+# 9: branch targets wrap at the address width (ARM code at 2**31 and above, branches below 0), a MIPS
+# delay slot that starts another chunk keeps its mark (no chunk split at an address it does not hold)
 _K_OFFSET = XREF_KINDS.index("offset")
 _descent = native("_descent")  # `_covered` in C (the same sum), or None
 ROUNDS = 8  # rounds of descent + partition + non-returning fixpoint in one `_discover` at most
@@ -102,27 +105,6 @@ def make_backend(image: Image, codemap: CodeMap) -> object:
     raise BinlensError("unsupported", f"no disassembler for architecture {arch!r}")
 
 
-class _Seeds:
-    """Function starts with their sources, normalised (Thumb bit) and limited to code."""
-
-    def __init__(self, image: Image, codemap: CodeMap, backend: object) -> None:
-        self.codemap = codemap
-        self.backend = backend
-        self.arm = image.identity.arch == "arm"
-        self.starts: dict[int, set[str]] = {}
-        if self.arm:  # Thumb code the format marks elsewhere than in bit 0 (Mach-O N_ARM_THUMB_DEF symbols)
-            backend.thumb.update(va & ~1 for va in image.function_hints.get("thumb", []))  # type: ignore[attr-defined]
-
-    def add(self, va: int, source: str) -> int | None:
-        if self.arm and va & 1:
-            va &= ~1
-            self.backend.thumb.add(va)  # type: ignore[attr-defined]
-        if not self.codemap.contains(va):
-            return None
-        self.starts.setdefault(va, set()).add(source)
-        return va
-
-
 def analyze(
     image: Image,
     progress: Progress | None = None,
@@ -151,7 +133,7 @@ class Explored:
     backend: object
     explorer: Explorer
     bodies: dict[int, Body]
-    starts: dict[int, set[str]]
+    starts: dict[int, frozenset[str]]
     extents: dict[int, int]
     thunks: dict[int, str]
     noret: set[int]
@@ -236,7 +218,7 @@ def explore(
     codemap = CodeMap(image)
     backend = make_backend(image, codemap)
     report(0, None, "reading metadata")
-    seeds = _Seeds(image, codemap, backend)
+    seeds = Seeds(image, codemap, backend)
     thunks = _metadata_seeds(image, seeds)
     for va in extra_starts:
         seeds.add(va, "user")
@@ -305,7 +287,7 @@ def explore(
             rounds += 1
             exhausted.clear()  # new code: every stage may find more in it
             for va, src in extra.items():
-                seeds.starts.setdefault(va, set()).add(src)
+                seeds.starts[va] = with_source(seeds.starts.get(va), src)
             bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret, noret_slots, refused)
             labels = arm_labels(explorer, backend, bodies, seeds.starts) if seeds.arm else set()
             if labels:  # ARM: gap guesses that code found since runs into
@@ -363,7 +345,7 @@ def _text_names(image: Image) -> Image:
     return dataclasses.replace(image, **fixed) if fixed else image
 
 
-def _metadata_seeds(image: Image, seeds: _Seeds) -> dict[int, str]:
+def _metadata_seeds(image: Image, seeds: Seeds) -> dict[int, str]:
     ident = image.identity
     if ident.entry:
         seeds.add(ident.entry, "entry")
@@ -435,13 +417,13 @@ def _jump_table_fn(image: Image, codemap: CodeMap, backend: object, tables: dict
 
 def _discover(
     explorer: Explorer,
-    seeds: dict[int, set[str]],
+    seeds: dict[int, frozenset[str]],
     extents: dict[int, int],
     frag: FragmentIndex,
     noret: set[int],
     noret_slots: set[int],
     excluded: Container[int],
-) -> tuple[dict[int, Body], dict[int, set[str]], set[int]]:
+) -> tuple[dict[int, Body], dict[int, frozenset[str]], set[int]]:
     """Descent + partition + non-returning fixpoint, repeated until nothing changes."""
     noret = set(noret)
     chunks = explorer.chunks
@@ -450,7 +432,7 @@ def _discover(
         return s in chunks and s not in excluded
 
     for _round in range(ROUNDS):
-        starts = {va: set(src) for va, src in seeds.items()}
+        starts = dict(seeds)  # (the sources are shared frozensets: `with_source`)
         calls = explorer.traverse(list(starts), noret)[1]
         for _ in range(4):
             more = explorer.retry_tables()
@@ -459,10 +441,10 @@ def _discover(
             calls = explorer.traverse(list(starts) + more, noret)[1]
         for c in calls:
             if c in explorer.chunks and c not in excluded:
-                starts.setdefault(c, set()).add("call")
+                starts[c] = with_source(starts.get(c), "call")
         bodies, tails = explorer.partition(set(starts), extents, frag, noret, accept=accept)
         for s in tails:
-            starts[s] = {"tail_call"}
+            starts[s] = with_source(None, "tail_call")
         cold = _cold_parts(bodies, starts, extents)
         if cold:
             # frameless cold parts have entry-state CFI: demote them to fragments and redo the round
@@ -522,7 +504,7 @@ def _table_entry_seeds(
     explorer: Explorer,
     backend: object,
     tables: dict[int, int],
-    seeds: dict[int, set[str]],
+    seeds: dict[int, frozenset[str]],
 ) -> set[int]:
     """Starts guessed from data pointers that turned out to be entries of a switch table.
 
@@ -558,7 +540,7 @@ def _table_entry_seeds(
     return {va for va, ok in in_table.items() if ok and va not in from_code}
 
 
-def _cold_parts(bodies: dict[int, Body], starts: dict[int, set[str]], extents: dict[int, int]) -> set[int]:
+def _cold_parts(bodies: dict[int, Body], starts: dict[int, frozenset[str]], extents: dict[int, int]) -> set[int]:
     """Unwind-only starts that one other function enters only by conditional jumps (gcc `.cold` parts)."""
     refs: dict[int, set[int]] = {}
     for f, b in bodies.items():

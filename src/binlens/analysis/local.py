@@ -10,9 +10,10 @@ from __future__ import annotations
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.discovery import NORETURN_NAMES, FragmentIndex
 from binlens.analysis.ehframe import parse_eh_frame
-from binlens.analysis.engine import _Seeds, _text_names, gc_paused, make_backend, make_explorer
+from binlens.analysis.engine import _text_names, gc_paused, make_backend, make_explorer
 from binlens.analysis.functions import build_functions
 from binlens.analysis.model import Function, Xref
+from binlens.analysis.seeds import Seeds
 from binlens.analysis.thunks import find_thunks
 from binlens.analysis.xrefs import collect_refs
 from binlens.loader.image import Image
@@ -44,7 +45,7 @@ def _analyze_functions(
     image = _text_names(image)
     codemap = CodeMap(image)
     backend = make_backend(image, codemap)
-    seeds = _Seeds(image, codemap, backend)
+    seeds = Seeds(image, codemap, backend)
     thunks = {va: name for va, name in find_thunks(image, codemap).items() if codemap.contains(va)}
     extents: dict[int, int] = {}
     fragments = []
