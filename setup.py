@@ -1,7 +1,8 @@
 """Builds binlens's two C extensions; everything else is in pyproject.toml.
 
 `binlens.analysis._x86scan` decodes plain x86 code for the analysis engine, `binlens.analysis._descent`
-runs the explorer's walk and holds its chunk cache (`_chunkmap.h`; see their sources). Both are
+runs the explorer's walk and holds its chunk cache and reached sets (`_chunkmap.h`, `_addrbits.h`; see
+their sources). Both are
 optional: where no C compiler is at hand, binlens runs the same analysis in Python (iced-x86
 decoding, the Python walk), only slower.
 """
@@ -14,7 +15,7 @@ setup(
         Extension(
             "binlens.analysis._descent",
             ["src/binlens/analysis/_descent.c"],
-            depends=["src/binlens/analysis/_chunkmap.h"],
+            depends=["src/binlens/analysis/_chunkmap.h", "src/binlens/analysis/_addrbits.h"],
             optional=True,
         ),
     ]

@@ -13,6 +13,7 @@ from array import array
 
 import pytest
 
+from binlens.analysis import codemap as M
 from binlens.analysis import discovery as D
 from binlens.analysis import engine as E
 from binlens.analysis import functions as F
@@ -31,6 +32,11 @@ class _NoCode:
 
     def region(self, va: int) -> None:
         return None
+
+    def address_set(self) -> object:
+        """The walks' reached set: bits for where the synthetic chunks lie (0xDEAD.... targets
+        fall outside, into its side set)."""
+        return C.AddrBits([(0x1000, 0x20000)])
 
 
 class _Backend:
@@ -83,7 +89,7 @@ def _walk(
         ex.progress = lambda done, total, msg: ticks.append(done)  # type: ignore[assignment]
         new: list[int] | None = [] if fresh else None
         reached, calls = ex.traverse(starts, noret, new)
-        return reached, calls, list(ex.pred.items()), list(ex.jpred.items()), ex.cpred, new, ticks
+        return set(reached), calls, list(ex.pred.items()), list(ex.jpred.items()), ex.cpred, new, ticks
     finally:
         D._c_traverse = saved
 
@@ -149,6 +155,7 @@ PIECES = [
     (E, "_descent"),
     (D, "_ChunkMap"),
     (X, "_descent"),
+    (M, "_AddrBits"),
 ]
 
 
@@ -265,6 +272,57 @@ def test_c_order_of_references_is_the_python_order(monkeypatch, seed: int) -> No
         C.sort_refs((array("Q"), array("Q"), bytearray()), b"", b"", b"")
     with pytest.raises(BufferError):  # (bytes: not writable)
         C.sort_refs((array("Q"), array("Q"), b""), X._RANK, X._RETAG_TO, b"")
+
+
+# ------------------------------------------------------------------ AddrBits (the walks' reached set)
+def test_addr_bits_behave_as_the_set_they_replace() -> None:
+    """Random adds and look-ups on an AddrBits and a set side by side, in and around three regions
+    (the first and last byte of each, the byte past it) and far outside them, with values that are no
+    address (kept in the side set): every answer agrees; region members iterate in ascending order."""
+    rnd = random.Random(7)
+    regions = [(0x1000, 0x40), (0x1040, 1), (0x7FFF_FFFF_FFFF_0000, 0x10000)]
+    bits, plain = C.AddrBits(regions), set()
+    edges = [a for lo, n in regions for a in (lo, lo + n - 1, lo + n, lo - 1)]
+    odd = [-1, 2**64, 2**64 - 1, 0, "x", 1.5, (1, 2)]
+    for step in range(20000):
+        r = rnd.random()
+        if r < 0.1:
+            a = rnd.choice(odd)
+        elif r < 0.3:
+            a = rnd.choice(edges)
+        else:
+            lo, n = rnd.choice(regions)
+            a = lo + rnd.randrange(n)
+        if rnd.random() < 0.5:
+            bits.add(a)
+            plain.add(a)
+        else:
+            assert (a in bits) == (a in plain), a
+        if step % 4000 == 0:
+            assert len(bits) == len(plain)
+            members = list(bits)
+            assert set(members) == plain and len(members) == len(plain)
+            inside = [a for a in members if isinstance(a, int) and any(lo <= a < lo + n for lo, n in regions)]
+            assert inside == sorted(inside) and inside == members[: len(inside)]
+    assert 0x1040 in bits and bits.nbytes() == (0x40 // 8 + 1) + 1 + (0x10000 // 8 + 1)
+    bits.clear()
+    assert len(bits) == 0 and list(bits) == [] and 0x1000 not in bits
+    with pytest.raises(ValueError, match="ascending"):
+        C.AddrBits([(0x2000, 16), (0x1000, 16)])
+    with pytest.raises(ValueError, match="ascending"):
+        C.AddrBits([(2**64 - 8, 16)])
+    with pytest.raises(TypeError):
+        C.AddrBits([(0x1000,)])
+    assert len(C.AddrBits([])) == 0 and 5 not in C.AddrBits([])
+
+
+def test_the_walk_takes_a_set_or_addr_bits_and_nothing_else() -> None:
+    chunks = {0x10: (0x14, T_RET, (), 0x10)}
+    for reached in (set(), C.AddrBits([(0x10, 4)])):
+        C.traverse([0x10, 0x10], reached, set(), set(), chunks, {}, {}, None, None, print, print, None, None)
+        assert list(reached) == [0x10]
+    with pytest.raises(TypeError, match="AddrBits"):
+        C.traverse([0x10], [], set(), set(), chunks, {}, {}, None, None, print, print, None, None)
 
 
 # ------------------------------------------------------------------ ChunkMap (the chunk cache's records)

@@ -1,7 +1,7 @@
 /* binlens.analysis._descent: the loop of `discovery.Explorer.traverse`, in C.
  *
- * The same walk over the same Python containers (the chunk dict, the predecessor dicts, the
- * reached and call sets), in the same order: every push and pop, every first-seen predecessor and
+ * The same walk over the same Python containers (the chunk dict or ChunkMap, the predecessor dicts,
+ * the reached set or AddrBits, the call set), in the same order: every push and pop, every first-seen predecessor and
  * every callback happens as in the Python loop it replaces, so the results are identical (the
  * explorer decodes chunks lazily, and the order in which they are first reached decides which of
  * two overlapping decodings wins). What it saves is the interpreter's per-chunk work: libc.so.6
@@ -18,6 +18,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "_addrbits.h"
 #include "_chunkmap.h"
 
 static long T_FALL, T_JUMP, T_COND, T_CALL, T_ICALL, T_IJUMP, T_RET = -1, T_BAD = -1;
@@ -106,12 +107,16 @@ static PyObject *traverse(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "_descent.configure() was not called");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "O!O!O!OOO!O!OOOOOO", &PyList_Type, &stack, &PySet_Type, &reached, &PySet_Type, &calls,
+    if (!PyArg_ParseTuple(args, "O!OO!OOO!O!OOOOOO", &PyList_Type, &stack, &reached, &PySet_Type, &calls,
                           &noret, &chunks, &PyDict_Type, &pred, &PyDict_Type, &jpred, &cpred, &fast, &chunk, &cases,
                           &fresh, &progress))
         return NULL;
     if (!chunks_ok(chunks))
         return NULL;
+    if (!PySet_Check(reached) && !IS_AB(reached)) {
+        PyErr_SetString(PyExc_TypeError, "reached: a set or an AddrBits");
+        return NULL;
+    }
     if (!PyAnySet_Check(noret) || (cpred != Py_None && !PyDict_Check(cpred)) ||
         (fresh != Py_None && !PyList_Check(fresh))) {
         PyErr_SetString(PyExc_TypeError, "noret: a set; cpred: a dict or None; fresh: a list or None");
@@ -123,7 +128,7 @@ static PyObject *traverse(PyObject *self, PyObject *args) {
         PyObject *a = pop(stack), *c = NULL;
         if (a == NULL)
             return NULL;
-        int seen = PySet_Contains(reached, a);
+        int seen = reached_has(reached, a);
         if (seen != 0) {
             Py_DECREF(a);
             if (seen < 0)
@@ -142,7 +147,7 @@ static PyObject *traverse(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_TypeError, "a chunk is (end, terminator, targets, last)");
             goto fail;
         }
-        if (PySet_Add(reached, a) < 0 || (fresh != Py_None && PyList_Append(fresh, a) < 0))
+        if (reached_add(reached, a) < 0 || (fresh != Py_None && PyList_Append(fresh, a) < 0))
             goto fail;
         PyObject *end = PyTuple_GET_ITEM(c, 0), *t = PyTuple_GET_ITEM(c, 2), *last = PyTuple_GET_ITEM(c, 3);
         long term = PyLong_AsLong(PyTuple_GET_ITEM(c, 1));
@@ -1113,10 +1118,11 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__descent(void) {
-    if (PyType_Ready(&ChunkMapType) < 0)
+    if (PyType_Ready(&ChunkMapType) < 0 || PyType_Ready(&AddrBitsType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
-    if (m && PyModule_AddObjectRef(m, "ChunkMap", (PyObject *)&ChunkMapType) < 0)
+    if (m && (PyModule_AddObjectRef(m, "ChunkMap", (PyObject *)&ChunkMapType) < 0 ||
+              PyModule_AddObjectRef(m, "AddrBits", (PyObject *)&AddrBitsType) < 0))
         Py_CLEAR(m);
     return m;
 }

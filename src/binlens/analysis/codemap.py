@@ -11,9 +11,12 @@ import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from binlens.analysis.native import native
 from binlens.loader.image import Image
 
 UNEXPLORED, INSN, BODY, CHUNK = 0, 1, 2, 3
+_descent = native("_descent")
+_AddrBits = _descent.AddrBits if _descent is not None else None
 
 
 @dataclass
@@ -75,6 +78,13 @@ class CodeMap:
 
     def contains(self, va: int) -> bool:
         return self.region(va) is not None
+
+    def address_set(self) -> set[int]:
+        """An empty set of addresses for the walks: a bit per code byte (`_descent.AddrBits`) where
+        the C extension is built, else a set (a set of gcc's cc1's 1.33M chunk starts is 64 MiB)."""
+        if _AddrBits is None:
+            return set()
+        return _AddrBits([(r.va, len(r.data)) for r in self.regions])  # type: ignore[no-any-return]
 
     @property
     def total_bytes(self) -> int:

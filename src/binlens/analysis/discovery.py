@@ -336,9 +336,9 @@ class Explorer:
         if self._trav_noret is not None and self._trav_noret == noret:
             reached, calls = self._reached, self._calls
             stack = [s for s in starts if s not in reached]
-        else:  # a full walk: let the last one's sets go first (on gcc's cc1 each reached set is 64 MiB)
+        else:  # a full walk: let the last one's sets go first
             self._reached = self._calls = set()
-            reached, calls = set(), set()
+            reached, calls = self.codemap.address_set(), set()
             stack = list(starts)
         self._trav_noret = set(noret)
         self._reached, self._calls = reached, calls
