@@ -551,3 +551,36 @@ def test_pathological_declarations_are_clear_errors(ws, name):
     err = fails(ws, "invalid_argument", "data_type.create", declaration=text)
     assert words in err.message and err.target == "/params/declaration"
     assert call(ws, "journal.list")["items"] == []
+
+
+def test_a_program_above_2_63_reads_and_lists_and_refuses_annotations_clearly(workspace, compile_c) -> None:  # noqa: ANN001
+    """Code linked as a kernel is (0xffffffff80001000): SQLite keys annotations by signed 64-bit
+    integers, so edits there are refused with a clear error; every read of those addresses (the
+    listing with its comments, memory with its patches, a global, a comment) answers, as it did not
+    (an internal error: the address overflowed SQLite's integer in the query)."""
+    path = compile_c(
+        "high_address.c",
+        "-O2",
+        False,
+        extra=("-mcmodel=kernel", "-nostdlib", "-static", "-Wl,-Ttext=0xffffffff80001000", "-Wl,--build-id=none"),
+    )
+    workspace.open(path, check_roots=False)
+    leaf = call(workspace, "function.get", selector={"name": "leaf"})
+    assert int(leaf["address"], 16) == 0xFFFFFFFF80001000
+    listing = call(workspace, "listing.get", selector={"name": "leaf"})
+    assert listing["function_name"] == "leaf" and listing["end"] == "0xffffffff80001005"
+    assert [line["text"] for line in listing["lines"] if line["kind"] == "instruction"][-1].startswith("ret")
+    data = call(workspace, "memory.read", address="leaf", length=16)
+    offset = data["file_offset"]
+    assert bytes.fromhex(data["data"]) == path.read_bytes()[offset : offset + 16] and not data["patched"]
+    assert call(workspace, "comment.list")["items"] == []
+    err = fails(workspace, "invalid_argument", "comment.create", selector={"name": "leaf"}, kind="eol", text="x")
+    assert err.target == "/params/selector/name" and "0x7fffffffffffffff" in err.message
+    fails(workspace, "invalid_argument", "symbol.patch", selector={"address": "0xffffffff80001000"}, name="f")
+    for method, params in [
+        ("comment.get", {"selector": {"name": "leaf"}, "kind": "eol"}),
+        ("global_variable.get", {"selector": {"name": "leaf"}}),
+    ]:
+        with pytest.raises(BinlensError) as info:
+            invoke(workspace, method, params)
+        assert info.value.code in ("not_found", "invalid_argument"), info.value.to_dict()

@@ -21,7 +21,7 @@ from binlens.api.models import Result
 from binlens.api.registry import CallContext
 from binlens.cdecl import CType, DeclarationError, TypeSystem, abi_for
 from binlens.errors import BinlensError
-from binlens.store.annotations import AnnotationStore, Change
+from binlens.store.annotations import AnnotationStore, Change, keyable_span
 from binlens.workspace import OPEN_HOOKS, Program, Workspace
 
 _NAME_BAD = re.compile(r"[\x00-\x1f\x7f]|^\s|\s$")
@@ -233,15 +233,18 @@ def _on_open(ws: Workspace, prog: Program) -> None:
 
 def comments_at(prog: Program, va: int) -> dict[str, str]:
     """The comments at `va` by kind (eol, pre, plate), for the listing."""
+    if keyable_span(va, va + 1) is None:
+        return {}  # (no annotation can be keyed there)
     rows = prog.db.connect().execute("SELECT kind, text FROM ann_comment WHERE address=?", (va,)).fetchall()
     return dict(rows)
 
 
 def comments_in(prog: Program, start: int, end: int) -> dict[int, dict[str, str]]:
     """Every user comment in [start, end), by address then kind: one query for a whole listing."""
-    rows = prog.db.connect().execute(
-        "SELECT address, kind, text FROM ann_comment WHERE address >= ? AND address < ?", (start, end)
-    )
+    span = keyable_span(start, end)
+    if span is None:
+        return {}
+    rows = prog.db.connect().execute("SELECT address, kind, text FROM ann_comment WHERE address BETWEEN ? AND ?", span)
     out: dict[int, dict[str, str]] = {}
     for va, kind, text in rows:
         out.setdefault(va, {})[kind] = text

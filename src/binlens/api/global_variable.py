@@ -15,7 +15,7 @@ from binlens.api.symbol_edit import selected_address
 from binlens.cdecl import DeclarationError
 from binlens.cdecl.decode import decode
 from binlens.errors import BinlensError
-from binlens.store.annotations import Change
+from binlens.store.annotations import Change, keyable_span
 
 TypeText = Annotated[str, Field(min_length=1, max_length=1024, description="A C type name: 'int', 'char [16]'.")]
 NameText = Annotated[str, Field(min_length=1, max_length=1024)]
@@ -161,9 +161,9 @@ def _no_overlap(prog: Any, conn: sqlite3.Connection, va: int, size: int) -> None
     rows = conn.execute(
         "SELECT address, type FROM ann_global WHERE address < ? ORDER BY address DESC LIMIT 1", (va,)
     ).fetchall()
-    rows += conn.execute(
-        "SELECT address, type FROM ann_global WHERE address > ? AND address < ?", (va, va + size)
-    ).fetchall()
+    inside = keyable_span(va + 1, va + size)
+    if inside:
+        rows += conn.execute("SELECT address, type FROM ann_global WHERE address BETWEEN ? AND ?", inside).fetchall()
     for addr, type_text in rows:
         other = global_at(prog, addr)
         osize = other[1] if other else 1

@@ -25,6 +25,22 @@ from typing import Any
 
 from binlens.store.database import ProgramDatabase, register_migrations
 
+# SQLite integers are signed 64-bit: annotations are keyed by addresses below 2**63 (edits at and
+# above it are refused: `api.symbol_edit.storable`); reads of such addresses find nothing.
+KEYABLE_END = 1 << 63
+
+
+def keyable_span(start: int, end: int) -> tuple[int, int] | None:
+    """[start, end) cut to the addresses annotations can be keyed by, as an inclusive (first, last)
+    for `BETWEEN`; None when none of them can be."""
+    end = min(end, KEYABLE_END)
+    return (start, end - 1) if 0 <= start < end else None
+
+
+def _keyable(key: Key) -> bool:
+    return all(not isinstance(k, int) or -KEYABLE_END <= k < KEYABLE_END for k in key)
+
+
 MIGRATIONS = [
     """
     CREATE TABLE IF NOT EXISTS ann_name (address INTEGER PRIMARY KEY, name TEXT NOT NULL);
@@ -108,11 +124,17 @@ class AnnotationStore:
         """The current value of one row, or None."""
         if kind == "patch":
             start, length = key
-            rows = conn.execute(
-                "SELECT address, value FROM ann_patch WHERE address >= ? AND address < ? ORDER BY address",
-                (start, start + length),
-            ).fetchall()
+            span = keyable_span(start, start + length)
+            rows = (
+                conn.execute(
+                    "SELECT address, value FROM ann_patch WHERE address BETWEEN ? AND ? ORDER BY address", span
+                ).fetchall()
+                if span
+                else []
+            )
             return {"runs": _runs(rows)} if rows else None
+        if not _keyable(key):
+            return None  # (no row can be keyed there)
         t = TABLES[kind]
         where = " AND ".join(f"{k}=?" for k in t.keys)
         row = conn.execute(f"SELECT {', '.join(t.values)} FROM {t.table} WHERE {where}", key).fetchone()
@@ -122,7 +144,9 @@ class AnnotationStore:
         """Set one row to `value` (None deletes it)."""
         if kind == "patch":
             start, length = key
-            conn.execute("DELETE FROM ann_patch WHERE address >= ? AND address < ?", (start, start + length))
+            span = keyable_span(start, start + length)
+            if span:
+                conn.execute("DELETE FROM ann_patch WHERE address BETWEEN ? AND ?", span)
             if value:
                 rows = []
                 for addr, hexbytes in value["runs"]:
@@ -328,12 +352,12 @@ class AnnotationStore:
     # --- byte patches ---------------------------------------------------------------------------
     def patched_bytes(self, start: int, length: int) -> list[tuple[int, int]]:
         """(address, byte) of every patched byte in [start, start+length)."""
+        span = keyable_span(start, start + length)
+        if span is None:
+            return []
         return (
             self.db.connect()
-            .execute(
-                "SELECT address, value FROM ann_patch WHERE address >= ? AND address < ? ORDER BY address",
-                (start, start + length),
-            )
+            .execute("SELECT address, value FROM ann_patch WHERE address BETWEEN ? AND ? ORDER BY address", span)
             .fetchall()
         )
 
