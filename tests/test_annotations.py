@@ -524,7 +524,8 @@ def test_remaining_failure_paths(ws):
     fails(ws, "conflict", "data_type.patch", name="size_t", category="/x")
     fails(ws, "invalid_argument", "global_variable.upsert", selector={"name": "counter"}, type="struct never_defined")
     fails(ws, "invalid_argument", "global_variable.create", selector={"address": "0x7fffffffffff0000"}, type="int")
-    fails(ws, "invalid_argument", "symbol.patch", selector={"address": "0xffffffffffff0000"}, name="high")
+    call(ws, "symbol.patch", selector={"address": "0xffffffffffff0000"}, name="high")  # (above 2**63 too)
+    assert call(ws, "address.resolve", address="high")["address"] == "0xffffffffffff0000"
     fails(ws, "invalid_argument", "memory.write", address="counter", data="00" * 65537)
     fails(ws, "invalid_argument", "function.patch", selector={"name": "fib"})
     err = fails(ws, "invalid_argument", "comment.create", selector={"name": "fib"}, text="x", color="red")
@@ -553,11 +554,11 @@ def test_pathological_declarations_are_clear_errors(ws, name):
     assert call(ws, "journal.list")["items"] == []
 
 
-def test_a_program_above_2_63_reads_and_lists_and_refuses_annotations_clearly(workspace, compile_c) -> None:  # noqa: ANN001
-    """Code linked as a kernel is (0xffffffff80001000): SQLite keys annotations by signed 64-bit
-    integers, so edits there are refused with a clear error; every read of those addresses (the
-    listing with its comments, memory with its patches, a global, a comment) answers, as it did not
-    (an internal error: the address overflowed SQLite's integer in the query)."""
+def test_annotations_at_and_above_2_63(workspace, compile_c, home) -> None:  # noqa: ANN001
+    """Code linked as a kernel is (0xffffffff80001000): names, comments, bookmarks, globals, byte
+    patches and their journal work there as anywhere (SQLite keys them as negative integers:
+    they were refused, and a listing or memory read there was an internal error); an export
+    imports into a fresh database unchanged."""
     path = compile_c(
         "high_address.c",
         "-O2",
@@ -565,22 +566,63 @@ def test_a_program_above_2_63_reads_and_lists_and_refuses_annotations_clearly(wo
         extra=("-mcmodel=kernel", "-nostdlib", "-static", "-Wl,-Ttext=0xffffffff80001000", "-Wl,--build-id=none"),
     )
     workspace.open(path, check_roots=False)
-    leaf = call(workspace, "function.get", selector={"name": "leaf"})
-    assert int(leaf["address"], 16) == 0xFFFFFFFF80001000
-    listing = call(workspace, "listing.get", selector={"name": "leaf"})
-    assert listing["function_name"] == "leaf" and listing["end"] == "0xffffffff80001005"
-    assert [line["text"] for line in listing["lines"] if line["kind"] == "instruction"][-1].startswith("ret")
-    data = call(workspace, "memory.read", address="leaf", length=16)
+    ws = workspace
+    leaf = call(ws, "function.get", selector={"name": "leaf"})
+    assert leaf["address"] == "0xffffffff80001000"
+    data = call(ws, "memory.read", address="leaf", length=16)
     offset = data["file_offset"]
-    assert bytes.fromhex(data["data"]) == path.read_bytes()[offset : offset + 16] and not data["patched"]
-    assert call(workspace, "comment.list")["items"] == []
-    err = fails(workspace, "invalid_argument", "comment.create", selector={"name": "leaf"}, kind="eol", text="x")
-    assert err.target == "/params/selector/name" and "0x7fffffffffffffff" in err.message
-    fails(workspace, "invalid_argument", "symbol.patch", selector={"address": "0xffffffff80001000"}, name="f")
-    for method, params in [
-        ("comment.get", {"selector": {"name": "leaf"}, "kind": "eol"}),
-        ("global_variable.get", {"selector": {"name": "leaf"}}),
-    ]:
-        with pytest.raises(BinlensError) as info:
-            invoke(workspace, method, params)
-        assert info.value.code in ("not_found", "invalid_argument"), info.value.to_dict()
+    original = path.read_bytes()[offset : offset + 16]
+    assert bytes.fromhex(data["data"]) == original and not data["patched"]
+
+    call(ws, "symbol.patch", selector={"name": "leaf"}, name="triple_plus_one")
+    assert call(ws, "function.get", selector={"name": "triple_plus_one"})["address"] == "0xffffffff80001000"
+    err = fails(ws, "conflict", "symbol.patch", selector={"name": "middle"}, name="triple_plus_one")
+    assert err.details == {"address": "0xffffffff80001000"}
+    call(ws, "comment.create", selector={"address": "0xffffffff80001004"}, kind="eol", text="returns 3x+1")
+    call(ws, "comment.create", selector={"address": "0xffffffff80001000"}, kind="pre", text="leaf")
+    listed = call(ws, "comment.list")["items"]
+    assert [c["address"] for c in listed] == ["0xffffffff80001000", "0xffffffff80001004"]
+    lines = call(ws, "listing.get", selector={"name": "triple_plus_one"})["lines"]
+    assert any(line["comment"] == "returns 3x+1" for line in lines), lines
+    call(ws, "bookmark.create", selector={"name": "middle"}, category="todo", note="why xor?")
+    assert [b["address"] for b in call(ws, "bookmark.list")["items"]] == [
+        call(ws, "function.get", selector={"name": "middle"})["address"]
+    ]
+    call(ws, "global_variable.create", selector={"address": "0xffffffff80001008"}, type="int")
+    fails(ws, "conflict", "global_variable.create", selector={"address": "0xffffffff80001006"}, type="int")  # overlap
+    call(ws, "memory.write", address="0xffffffff80001004", data="90")
+    patched = call(ws, "memory.read", address="leaf", length=16)
+    assert patched["patched"] and bytes.fromhex(patched["data"]) == original[:4] + b"\x90" + original[5:]
+    call(ws, "journal.undo")
+    assert bytes.fromhex(call(ws, "memory.read", address="leaf", length=16)["data"]) == original
+    call(ws, "journal.redo")
+    doc = call(ws, "annotations.export")
+    assert doc["names"] and doc["patches"][0]["address"] == "0xffffffff80001004", doc
+
+    other = Workspace(Config(home=home / "other"))
+    other.open(path, check_roots=False)
+    call(other, "annotations.import", document=doc)
+    assert call(other, "annotations.export") == doc
+    assert call(other, "comment.list")["items"] == listed
+
+
+def test_the_annotation_store_orders_addresses_across_2_63(workspace, compile_c) -> None:  # noqa: ANN001
+    """Stored as signed integers, addresses at and above 2**63 sort below the others in SQLite: the
+    store gives rows and ranges in address order (a range across 2**63 is two queries)."""
+    from binlens.store.annotations import db_spans
+
+    prog = workspace.open(compile_c("sample.c", "-O0"), check_roots=False)
+    from binlens.api.edits import store
+
+    st = store(prog)
+    addresses = [0, 0x401000, (1 << 63) - 1, 1 << 63, 0xFFFFFFFF80001000, (1 << 64) - 1]
+    with st.db.transaction() as conn:
+        for va in reversed(addresses):
+            st.put(conn, "comment", (va, "eol"), {"text": hex(va)})
+        st.put(conn, "patch", ((1 << 63) - 2, 4), {"runs": [[(1 << 63) - 2, "01020304"]]})
+    assert [k[0] for k, _v in st.rows("comment")] == addresses
+    assert st.get(st.db.connect(), "comment", (1 << 63, "eol")) == {"text": hex(1 << 63)}
+    assert st.rows("patch") == [(((1 << 63) - 2, 4), {"runs": [[(1 << 63) - 2, "01020304"]]})]
+    assert st.patched_bytes((1 << 63) - 1, 2) == [((1 << 63) - 1, 2), (1 << 63, 3)]
+    assert db_spans(5, 5) == [] and db_spans(0, 1 << 64) == [(0, (1 << 63) - 1), (-(1 << 63), -1)]
+    assert db_spans(1 << 63, (1 << 63) + 2) == [(-(1 << 63), -(1 << 63) + 1)]

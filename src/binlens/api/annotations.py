@@ -173,7 +173,7 @@ def _addr(text: str, target: str) -> int:
         value = int(text, 16)
     except ValueError:
         raise BinlensError("invalid_argument", f"{text!r} is not a hex address", target=target) from None
-    if not 0 <= value < 1 << 63:
+    if not 0 <= value < 1 << 64:
         raise BinlensError("invalid_argument", f"{text} is out of range", target=target)
     return value
 

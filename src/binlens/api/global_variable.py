@@ -15,7 +15,7 @@ from binlens.api.symbol_edit import selected_address
 from binlens.cdecl import DeclarationError
 from binlens.cdecl.decode import decode
 from binlens.errors import BinlensError
-from binlens.store.annotations import Change, keyable_span
+from binlens.store.annotations import Change, in_spans
 
 TypeText = Annotated[str, Field(min_length=1, max_length=1024, description="A C type name: 'int', 'char [16]'.")]
 NameText = Annotated[str, Field(min_length=1, max_length=1024)]
@@ -158,12 +158,8 @@ def _write(ws: Any, p: GlobalRef, ctx: CallContext, method_name: str, must_exist
 
 def _no_overlap(prog: Any, conn: sqlite3.Connection, va: int, size: int) -> None:
     # globals never overlap, so only the closest one below and those inside the new range can collide
-    rows = conn.execute(
-        "SELECT address, type FROM ann_global WHERE address < ? ORDER BY address DESC LIMIT 1", (va,)
-    ).fetchall()
-    inside = keyable_span(va + 1, va + size)
-    if inside:
-        rows += conn.execute("SELECT address, type FROM ann_global WHERE address BETWEEN ? AND ?", inside).fetchall()
+    below = in_spans(conn, "SELECT address, type FROM ann_global WHERE {span} ORDER BY address DESC LIMIT 1", 0, va)
+    rows = below[-1:] + in_spans(conn, "SELECT address, type FROM ann_global WHERE {span}", va + 1, va + size)
     for addr, type_text in rows:
         other = global_at(prog, addr)
         osize = other[1] if other else 1

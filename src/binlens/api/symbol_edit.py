@@ -41,11 +41,10 @@ def selected_address(prog: Any, selector: Selector) -> int:
 
 
 def storable(va: int, target: str) -> int:
-    """`va`, if the database can key annotations by it (SQLite integers are signed 64-bit)."""
-    if not 0 <= va < 1 << 63:
-        raise BinlensError(
-            "invalid_argument", f"{hex(va)} is above 0x7fffffffffffffff and cannot carry annotations", target=target
-        )
+    """`va`, if annotations can be keyed by it: a 64-bit address (the store keeps those at and above
+    2**63 as SQLite's negative integers, `store.database.s64`)."""
+    if not 0 <= va < 1 << 64:
+        raise BinlensError("invalid_argument", f"{hex(va)} is not a 64-bit address", target=target)
     return va
 
 

@@ -17,7 +17,7 @@ from itertools import accumulate, chain
 from operator import attrgetter, itemgetter
 
 from binlens.analysis.model import XREF_KINDS
-from binlens.store.database import ProgramDatabase, register_migrations
+from binlens.store.database import ProgramDatabase, register_migrations, s64, u64
 
 ANALYSIS_MIGRATIONS = [
     """
@@ -146,16 +146,6 @@ def unpack_edges(blob: bytes | None, kinds: str | None) -> list[tuple[int, int, 
     if sys.byteorder == "big":
         flat.byteswap()
     return list(zip(flat[0::2], flat[1::2], kinds.split(","), strict=True))
-
-
-def s64(v: int) -> int:
-    """Unsigned 64-bit address -> SQLite's signed INTEGER."""
-    return v - (1 << 64) if v >= 1 << 63 else v
-
-
-def u64(v: int) -> int:
-    """SQLite's signed INTEGER -> unsigned 64-bit address."""
-    return v + (1 << 64) if v < 0 else v
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,22 +23,39 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from binlens.store.database import ProgramDatabase, register_migrations
+from binlens.store.database import ProgramDatabase, register_migrations, s64, u64
 
-# SQLite integers are signed 64-bit: annotations are keyed by addresses below 2**63 (edits at and
-# above it are refused: `api.symbol_edit.storable`); reads of such addresses find nothing.
-KEYABLE_END = 1 << 63
-
-
-def keyable_span(start: int, end: int) -> tuple[int, int] | None:
-    """[start, end) cut to the addresses annotations can be keyed by, as an inclusive (first, last)
-    for `BETWEEN`; None when none of them can be."""
-    end = min(end, KEYABLE_END)
-    return (start, end - 1) if 0 <= start < end else None
+# SQLite integers are signed 64-bit: an address column holds `s64(address)` (addresses at and above
+# 2**63 as negative numbers; below it the address itself, so no stored row changes). The store
+# converts at its boundary: callers give and get unsigned addresses, rows come in address order.
+_HIGH = 1 << 63
+_ADDRESS_KEYED = frozenset({"name", "comment", "bookmark", "global", "prototype", "function"})
 
 
-def _keyable(key: Key) -> bool:
-    return all(not isinstance(k, int) or -KEYABLE_END <= k < KEYABLE_END for k in key)
+def db_spans(start: int, end: int) -> list[tuple[int, int]]:
+    """The addresses [start, end) as inclusive ranges of stored values for `BETWEEN`, in address order
+    (two when the range crosses 2**63; none when it is empty)."""
+    end = min(end, 1 << 64)
+    out = []
+    if start < min(end, _HIGH):
+        out.append((max(start, 0), min(end, _HIGH) - 1))
+    if max(start, _HIGH) < end:
+        out.append((s64(max(start, _HIGH)), s64(end - 1)))
+    return out
+
+
+def in_spans(conn: sqlite3.Connection, sql: str, start: int, end: int) -> list[tuple[Any, ...]]:
+    """The rows of `sql` (a query whose `{span}` is a condition `address BETWEEN ? AND ?`, whose first
+    column is an address) for the addresses [start, end), that column as the address, in address
+    order."""
+    rows: list[tuple[Any, ...]] = []
+    for lo, hi in db_spans(start, end):
+        rows += [(u64(r[0]), *r[1:]) for r in conn.execute(sql.format(span="address BETWEEN ? AND ?"), (lo, hi))]
+    return rows
+
+
+def _db_key(kind: str, key: Key) -> Key:
+    return (s64(key[0]), *key[1:]) if kind in _ADDRESS_KEYED else key
 
 
 MIGRATIONS = [
@@ -93,6 +110,7 @@ TABLES: dict[str, Table] = {
     "function": Table("ann_function", ("address",), ("state",)),
 }
 KINDS = (*TABLES, "patch")
+_PATCH_BYTES = "SELECT address, value FROM ann_patch WHERE {span} ORDER BY address"
 
 Key = tuple[Any, ...]
 Value = dict[str, Any] | None
@@ -124,37 +142,28 @@ class AnnotationStore:
         """The current value of one row, or None."""
         if kind == "patch":
             start, length = key
-            span = keyable_span(start, start + length)
-            rows = (
-                conn.execute(
-                    "SELECT address, value FROM ann_patch WHERE address BETWEEN ? AND ? ORDER BY address", span
-                ).fetchall()
-                if span
-                else []
-            )
+            rows = in_spans(conn, _PATCH_BYTES, start, start + length)
             return {"runs": _runs(rows)} if rows else None
-        if not _keyable(key):
-            return None  # (no row can be keyed there)
         t = TABLES[kind]
         where = " AND ".join(f"{k}=?" for k in t.keys)
-        row = conn.execute(f"SELECT {', '.join(t.values)} FROM {t.table} WHERE {where}", key).fetchone()
+        row = conn.execute(f"SELECT {', '.join(t.values)} FROM {t.table} WHERE {where}", _db_key(kind, key)).fetchone()
         return dict(zip(t.values, row, strict=True)) if row else None
 
     def put(self, conn: sqlite3.Connection, kind: str, key: Key, value: Value) -> None:
         """Set one row to `value` (None deletes it)."""
         if kind == "patch":
             start, length = key
-            span = keyable_span(start, start + length)
-            if span:
-                conn.execute("DELETE FROM ann_patch WHERE address BETWEEN ? AND ?", span)
+            for lo, hi in db_spans(start, start + length):
+                conn.execute("DELETE FROM ann_patch WHERE address BETWEEN ? AND ?", (lo, hi))
             if value:
                 rows = []
                 for addr, hexbytes in value["runs"]:
-                    rows += [(addr + i, b) for i, b in enumerate(bytes.fromhex(hexbytes))]
+                    rows += [(s64(addr + i), b) for i, b in enumerate(bytes.fromhex(hexbytes))]
                 conn.executemany("INSERT INTO ann_patch(address, value) VALUES(?, ?)", rows)
             return
         t = TABLES[kind]
         where = " AND ".join(f"{k}=?" for k in t.keys)
+        key = _db_key(kind, key)
         if value is None:
             conn.execute(f"DELETE FROM {t.table} WHERE {where}", key)
             return
@@ -170,13 +179,15 @@ class AnnotationStore:
         """Every row of a kind as (key, value), in key order."""
         conn = conn or self.db.connect()
         if kind == "patch":
-            rows = conn.execute("SELECT address, value FROM ann_patch ORDER BY address").fetchall()
+            rows = in_spans(conn, _PATCH_BYTES, 0, 1 << 64)
             return [((addr, len(bytes.fromhex(h))), {"runs": [[addr, h]]}) for addr, h in _runs(rows)]
         t = TABLES[kind]
         cols = (*t.keys, *t.values)
         out = []
         for row in conn.execute(f"SELECT {', '.join(cols)} FROM {t.table} ORDER BY {', '.join(t.keys)}"):
             out.append((tuple(row[: len(t.keys)]), dict(zip(t.values, row[len(t.keys) :], strict=True))))
+        if kind in _ADDRESS_KEYED:  # stored signed: the addresses at and above 2**63 came first
+            out = sorted(((u64(k[0]), *k[1:]), v) for k, v in out)
         return out
 
     # --- transactions --------------------------------------------------------------------------
@@ -352,14 +363,7 @@ class AnnotationStore:
     # --- byte patches ---------------------------------------------------------------------------
     def patched_bytes(self, start: int, length: int) -> list[tuple[int, int]]:
         """(address, byte) of every patched byte in [start, start+length)."""
-        span = keyable_span(start, start + length)
-        if span is None:
-            return []
-        return (
-            self.db.connect()
-            .execute("SELECT address, value FROM ann_patch WHERE address BETWEEN ? AND ? ORDER BY address", span)
-            .fetchall()
-        )
+        return in_spans(self.db.connect(), _PATCH_BYTES, start, start + length)  # type: ignore[return-value]
 
 
 def _runs(rows: list[tuple[int, int]]) -> list[list[Any]]:

@@ -38,6 +38,16 @@ def register_migrations(component: str, migrations: list[Migration]) -> None:
 register_migrations("core", CORE_MIGRATIONS)
 
 
+def s64(v: int) -> int:
+    """Unsigned 64-bit address -> SQLite's signed INTEGER (the addresses at and above 2**63 negative)."""
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def u64(v: int) -> int:
+    """SQLite's signed INTEGER -> unsigned 64-bit address."""
+    return v + (1 << 64) if v < 0 else v
+
+
 def default_home() -> Path:
     """$BINLENS_HOME, else the XDG data dir (~/.local/share/binlens)."""
     env = os.environ.get("BINLENS_HOME")
