@@ -626,3 +626,27 @@ def test_the_annotation_store_orders_addresses_across_2_63(workspace, compile_c)
     assert st.patched_bytes((1 << 63) - 1, 2) == [((1 << 63) - 1, 2), (1 << 63, 3)]
     assert db_spans(5, 5) == [] and db_spans(0, 1 << 64) == [(0, (1 << 63) - 1), (-(1 << 63), -1)]
     assert db_spans(1 << 63, (1 << 63) + 2) == [(-(1 << 63), -(1 << 63) + 1)]
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["alone", "in_an_atomic_batch"])
+def test_function_create_as_the_first_command_on_a_new_database(compile_c, tmp_path, batched: bool) -> None:  # noqa: ANN001
+    """The one-shot CLI starts the analysis while it opens the program; `function.create` waited
+    for it inside its edit's write transaction, so the analysis process could not save ("database
+    is locked") and both failed. The edit now lets the analysis finish first, alone or in a batch."""
+    import json
+
+    from conftest import run_cli
+
+    path = compile_c("sample.c", "-O2", True)
+    blocks = {"method": "function.blocks", "params": {"selector": {"name": "main"}}}
+    probe = run_cli("query", "-b", str(path), json.dumps(blocks), home=tmp_path / "probe")
+    inside = json.loads(probe.stdout)["result"]["items"][1]["start"]  # (a block of main, not a function)
+    call_ = {"method": "function.create", "params": {"selector": {"address": inside}}}
+    if batched:
+        call_ = {"method": "batch.execute", "params": {"mode": "all_or_none", "items": [call_]}}
+    r = run_cli("query", "-b", str(path), json.dumps(call_), home=tmp_path / "fresh")
+    out = json.loads(r.stdout)
+    assert r.returncode == 0 and "error" not in out, out
+    listed = run_cli("functions", str(path), "--json", home=tmp_path / "fresh")
+    starts = {f["address"]: f["sources"] for f in json.loads(listed.stdout)["functions"]}
+    assert starts.get(inside) == ["user"], starts

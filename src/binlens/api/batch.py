@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from binlens.api.edits import database_busy, invalidate, refresh, store
+from binlens.api.edits import database_busy, invalidate, refresh, settle_analysis, store
 from binlens.api.models import Params, ProgramRef, Result
 from binlens.api.registry import LIFECYCLE, MUTATION, CallContext, invoke, lookup, method
 from binlens.errors import BinlensError
@@ -96,6 +96,10 @@ def _params(p: BatchParams, it: BatchItem) -> dict[str, Any]:
     return params
 
 
+# methods whose edits consult the analysis (which must be saved before the batch's transaction opens)
+_CONSULT_ANALYSIS = frozenset({"function.create", "function.delete"})
+
+
 @method("batch.execute", effect=MUTATION)
 def batch_execute(ws: Any, p: BatchParams, ctx: CallContext) -> BatchResult:
     """Run up to 1000 calls: all_or_none rolls everything back on the first error; per_item reports each."""
@@ -108,6 +112,8 @@ def batch_execute(ws: Any, p: BatchParams, ctx: CallContext) -> BatchResult:
     outcomes: list[ItemOutcome] = []
     refresh(prog)
     if p.mode == "all_or_none":
+        if any(it.method in _CONSULT_ANALYSIS for it in p.items):
+            settle_analysis(prog, ctx)  # (before the batch's transaction: see `settle_analysis`)
         try:
             with database_busy(), st.atomic_batch(batch_id):
                 for i, it in enumerate(p.items):

@@ -288,6 +288,22 @@ def engine(prog: Program) -> Any:
     return prog.extensions.get("analysis")
 
 
+def settle_analysis(prog: Any, ctx: Any, timeout_s: float = 600.0) -> None:
+    """Let the program's analysis finish (and be saved) before an edit that consults it opens its
+    write transaction: waiting for it inside one kept the analysis process from saving ("database
+    is locked"), so a `function.create` before the first analysis failed it. Outside an atomic
+    batch only; a failed or unsupported analysis leaves the functions the metadata names. (An engine
+    without a background analysis, `require`, has nothing to settle.)"""
+    require = getattr(engine(prog), "require", None)
+    if require is None or store(prog).in_atomic_batch:
+        return
+    try:
+        require(ctx, timeout_s=timeout_s)
+    except BinlensError as err:
+        if err.code != "unavailable":  # (a cancellation or a timeout is the caller's answer)
+            raise
+
+
 def sync_engine_functions(prog: Program, changes: list[dict[str, Any]], side: str) -> None:
     """After undo/redo, bring the engine's function list to the user's definitions on `side`.
 

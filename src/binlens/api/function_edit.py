@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from binlens.api.edits import EditResult, abi_of, edit, engine, name_change, refresh, store, types
+from binlens.api.edits import EditResult, abi_of, edit, engine, name_change, refresh, settle_analysis, store, types
 from binlens.api.models import HexAddress, Params, ProgramRef, Result, Selector
 from binlens.api.registry import DESTRUCTIVE, MUTATION, READ_ONLY, CallContext, method
 from binlens.api.symbol_edit import selected_address
@@ -378,6 +378,7 @@ def function_create(ws: Any, p: FunctionCreateParams, ctx: CallContext) -> Funct
     prog = ws.program(p.program)
     refresh(prog)
     analysis = _need_engine(prog)
+    settle_analysis(prog, ctx)
     va = selected_address(prog, p.selector)
     if not prog.image.is_mapped(va):
         raise BinlensError("invalid_argument", f"{hex(va)} is not mapped", target="/params/selector")
@@ -401,6 +402,7 @@ def function_delete(ws: Any, p: FunctionRef, ctx: CallContext) -> FunctionEdited
     prog = ws.program(p.program)
     refresh(prog)
     analysis = _need_engine(prog)
+    settle_analysis(prog, ctx)
     va = function_address(prog, p.selector)
     entry = edit(
         prog,
