@@ -310,10 +310,18 @@ def test_addr_bits_behave_as_the_set_they_replace() -> None:
     with pytest.raises(ValueError, match="ascending"):
         C.AddrBits([(0x2000, 16), (0x1000, 16)])
     with pytest.raises(ValueError, match="ascending"):
-        C.AddrBits([(2**64 - 8, 16)])
+        C.AddrBits([(2**64 - 8, 16)])  # (past 2**64)
     with pytest.raises(TypeError):
         C.AddrBits([(0x1000,)])
     assert len(C.AddrBits([])) == 0 and 5 not in C.AddrBits([])
+    top = C.AddrBits([(0, 0), (2**64 - 16, 16)])  # (an empty region; one that ends at 2**64)
+    for a in (2**64 - 1, 2**64 - 16, 0):
+        top.add(a)
+    assert list(top) == [2**64 - 16, 2**64 - 1, 0] and top.nbytes() == 1 + 3
+    with pytest.raises(ValueError, match="within"):
+        C.AddrBits([(2**64 - 8, 9)])
+    with pytest.raises(ValueError, match="overlapping"):
+        C.AddrBits([(0x1000, 16), (0x100F, 1)])
 
 
 def test_the_walk_takes_a_set_or_addr_bits_and_nothing_else() -> None:

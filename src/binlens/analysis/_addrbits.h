@@ -12,7 +12,7 @@
 
 typedef struct {
     PyObject_HEAD Py_ssize_t nreg;
-    unsigned long long *lo, *hi; /* the regions [lo, hi), ascending, not overlapping */
+    unsigned long long *lo, *len; /* the regions [lo, lo + len), ascending, not overlapping (one may end at 2**64) */
     unsigned char **bits;        /* per region, a bit per byte */
     Py_ssize_t n;                /* members in the regions */
     Py_ssize_t last;             /* the region of the last look-up */
@@ -28,8 +28,8 @@ static void ab_free(AddrBits *s) {
             PyMem_Free(s->bits[k]);
     PyMem_Free(s->bits);
     PyMem_Free(s->lo);
-    PyMem_Free(s->hi);
-    s->bits = NULL, s->lo = s->hi = NULL, s->nreg = 0, s->n = 0;
+    PyMem_Free(s->len);
+    s->bits = NULL, s->lo = s->len = NULL, s->nreg = 0, s->n = 0;
 }
 
 static void ab_dealloc(AddrBits *s) {
@@ -53,9 +53,9 @@ static int ab_init(AddrBits *s, PyObject *args, PyObject *kwds) {
         return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     s->lo = PyMem_Calloc(n + 1, sizeof(*s->lo));
-    s->hi = PyMem_Calloc(n + 1, sizeof(*s->hi));
+    s->len = PyMem_Calloc(n + 1, sizeof(*s->len));
     s->bits = PyMem_Calloc(n + 1, sizeof(*s->bits));
-    if (!s->lo || !s->hi || !s->bits) {
+    if (!s->lo || !s->len || !s->bits) {
         PyErr_NoMemory();
         goto fail;
     }
@@ -63,12 +63,13 @@ static int ab_init(AddrBits *s, PyObject *args, PyObject *kwds) {
         unsigned long long start, size;
         if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, k), "KK;a region is (start, size)", &start, &size))
             goto fail;
-        if (start + size < start || (k && start < s->hi[k - 1])) {
-            PyErr_SetString(PyExc_ValueError, "regions: ascending, not overlapping, below 2**64");
+        if ((size && start > ~0ULL - (size - 1)) ||
+            (k && (start < s->lo[k - 1] || start - s->lo[k - 1] < s->len[k - 1]))) {
+            PyErr_SetString(PyExc_ValueError, "regions: ascending, not overlapping, within 2**64");
             goto fail;
         }
         s->nreg = k + 1; /* (so that ab_free frees what is allocated) */
-        s->lo[k] = start, s->hi[k] = start + size;
+        s->lo[k] = start, s->len[k] = size;
         if (!(s->bits[k] = PyMem_Calloc((size_t)(size / 8 + 1), 1))) {
             PyErr_NoMemory();
             goto fail;
@@ -86,7 +87,7 @@ fail:
 /* the region holding `a`, or -1 */
 static Py_ssize_t ab_region(AddrBits *s, unsigned long long a) {
     Py_ssize_t k = s->last;
-    if (k < s->nreg && s->lo[k] <= a && a < s->hi[k])
+    if (k < s->nreg && s->lo[k] <= a && a - s->lo[k] < s->len[k])
         return k;
     Py_ssize_t lo = 0, hi = s->nreg; /* the last region starting at or below a */
     while (lo < hi) {
@@ -97,7 +98,7 @@ static Py_ssize_t ab_region(AddrBits *s, unsigned long long a) {
             hi = mid;
     }
     k = lo - 1;
-    if (k < 0 || a >= s->hi[k])
+    if (k < 0 || a - s->lo[k] >= s->len[k])
         return -1;
     s->last = k;
     return k;
@@ -149,7 +150,7 @@ static PyObject *ab_add(AddrBits *s, PyObject *a) {
 
 static PyObject *ab_clear(AddrBits *s, PyObject *Py_UNUSED(ignored)) {
     for (Py_ssize_t k = 0; k < s->nreg; k++)
-        memset(s->bits[k], 0, (size_t)((s->hi[k] - s->lo[k]) / 8 + 1));
+        memset(s->bits[k], 0, (size_t)(s->len[k] / 8 + 1));
     s->n = 0;
     Py_CLEAR(s->other);
     Py_RETURN_NONE;
@@ -163,7 +164,7 @@ static PyObject *ab_list(AddrBits *s) {
     if (!out)
         return NULL;
     for (Py_ssize_t k = 0; k < s->nreg; k++) {
-        unsigned long long size = s->hi[k] - s->lo[k];
+        unsigned long long size = s->len[k];
         for (unsigned long long i = 0; i < size; i += 8) {
             unsigned char b = s->bits[k][i >> 3];
             for (int j = 0; b; j++, b >>= 1) {
@@ -201,7 +202,7 @@ static PyObject *ab_iter(AddrBits *s) {
 static PyObject *ab_nbytes(AddrBits *s, PyObject *Py_UNUSED(ignored)) {
     size_t n = 0;
     for (Py_ssize_t k = 0; k < s->nreg; k++)
-        n += (size_t)((s->hi[k] - s->lo[k]) / 8 + 1);
+        n += (size_t)(s->len[k] / 8 + 1);
     return PyLong_FromSize_t(n);
 }
 
