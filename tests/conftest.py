@@ -22,7 +22,9 @@ def analysis_summary(path: Path) -> tuple:
     from binlens.loader.parse_lief import parse_path
 
     r = analyze(parse_path(str(path)))
-    functions = [(f.address, f.size, [(b.start, b.end) for b in f.blocks], f.edges, f.calls) for f in r.functions]
+    functions = [
+        (f.address, f.size, [(b.start, b.end) for b in f.blocks], f.edges, f.call_pairs()) for f in r.functions
+    ]
     return functions, sorted((x.src, x.dst, x.kind) for x in r.xrefs)
 
 

@@ -122,7 +122,7 @@ def test_callers_of_known_functions_are_exact(compile_c, opt, pie):
     by_name = {n: a for a, n in names.items()}
     calls = _objdump_calls(_objdump(compile_c("sample.c", opt, pie)))
     a = _analyse(compile_c("sample.c", opt, pie, strip=True))
-    ours = {(f.address, callee) for f in a.functions for _site, callee in f.calls}
+    ours = {(f.address, callee) for f in a.functions for _site, callee in f.call_pairs()}
     for name in ("classify", "fib", "checksum", "die", "add_numbers"):
         callee = by_name[name]
         expected = {caller for caller, c in calls if c == callee}
@@ -173,7 +173,7 @@ def test_bodies_agree_with_the_non_returning_set_when_the_rounds_run_out(compile
 def _edges_after_call(a: ProgramAnalysis, caller: int, callee: int) -> list:
     """The CFG edges out of the block of `caller` that ends with its call to `callee`."""
     f = next(f for f in a.functions if f.address == caller)
-    site = next(s for s, c in f.calls if c == callee)
+    site = next(s for s, c in f.call_pairs() if c == callee)
     block = next(b for b in f.blocks if b.start <= site < b.end)
     assert block.terminator == "call"
     return [e for e in f.edges if e.src == block.start]

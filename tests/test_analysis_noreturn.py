@@ -17,7 +17,7 @@ def _self_caller(with_ret_path: bool) -> tuple[dict[int, Body], dict[int, tuple]
         F + 5: (G, T_FALL, (G,), F + 5),  # nop, then G's first byte
         G: (G + 1, T_RET, (), G),
     }
-    f = Body(chunks=[F, F + 5], edges=[F, F + 5, "call_return"], calls=[(F, F)], tails=[(F + 5, G)])
+    f = Body(chunks=[F, F + 5], edges=[F, F + 5, "call_return"], calls=[F, F], tails=[(F + 5, G)])
     if with_ret_path:
         chunks[F] = (F + 2, T_COND, (F + 8, F + 2), F)
         chunks[F + 2] = (F + 5, T_CALL, (F, F + 5), F + 2)
@@ -25,7 +25,7 @@ def _self_caller(with_ret_path: bool) -> tuple[dict[int, Body], dict[int, tuple]
         f = Body(
             chunks=[F, F + 2, F + 5, F + 8],
             edges=[F, F + 8, "conditional_taken", F, F + 2, "conditional_fallthrough", F + 2, F + 5, "call_return"],
-            calls=[(F + 2, F)],
+            calls=[F + 2, F],
             tails=[(F + 5, G)],
             has_ret=True,
         )
@@ -55,8 +55,8 @@ def test_callers_of_a_new_non_returning_function_join_it_up_the_chain():
     }
     bodies = {
         F: Body(chunks=[F], has_ret=True),
-        G: Body(chunks=[G, G + 5], edges=[G, G + 5, "call_return"], calls=[(G, F)], has_ret=True),
-        H: Body(chunks=[H, H + 5], edges=[H, H + 5, "call_return"], calls=[(H, G)], has_ret=True),
+        G: Body(chunks=[G, G + 5], edges=[G, G + 5, "call_return"], calls=[G, F], has_ret=True),
+        H: Body(chunks=[H, H + 5], edges=[H, H + 5, "call_return"], calls=[H, G], has_ret=True),
     }
     assert noret_callers(bodies, chunks, set(), {F}, set()) == {G, H}
     # an open end (an unresolved indirect jump) keeps the benefit of the doubt

@@ -74,7 +74,7 @@ def test_plt_thunks_carry_their_import_names(plt_build, key):
     image = parse_path(str(exe))
     checked = next(s.address & ~1 for s in image.symbols if s.name == "checked")
     f = functions[checked]
-    calls = [site for site, callee in f.calls if callee == exit_thunk]
+    calls = [site for site, callee in f.call_pairs() if callee == exit_thunk]
     assert calls, "checked does not call exit's thunk"
     (block,) = (b for b in f.blocks if b.start <= calls[0] < b.end)
     assert not [e for e in f.edges if e.src == block.start], "the call to exit falls through"
@@ -115,8 +115,8 @@ def test_mips_imports_stubs_and_calls_through_the_got(plt_build, triple):
     checked = next(s.address for s in parse_path(str(exe)).symbols if s.name == "checked")
     f = functions[checked]
     # the call through exit's GOT entry is a call to exit's thunk (its stub): callers of exit are found
-    calls = [site for site, callee in f.calls if callee == exit_stub]
-    assert calls, f"checked's call through exit's GOT entry is not found: {f.calls}"
+    calls = [site for site, callee in f.call_pairs() if callee == exit_stub]
+    assert calls, f"checked's call through exit's GOT entry is not found: {f.call_pairs()}"
     reads = [x.src for x in result.xrefs if x.dst == slots["exit"] and x.kind == "read"]
     assert [a for a in reads if calls[0] - 16 <= a < calls[0]], "the load of exit's GOT entry is no reference to it"
     (block,) = (b for b in f.blocks if b.start <= calls[0] < b.end)
@@ -168,6 +168,6 @@ def test_powerpc_call_stubs_are_named_after_the_import_they_load(plt_build, trip
     assert functions[exit_stub].size in (12, 16)  # the stub, not the linker's unwind range over all of them
     checked = next(s.address for s in parse_path(str(exe)).symbols if s.name == "checked")
     f = functions[checked]
-    (site,) = [site for site, callee in f.calls if callee == exit_stub]
+    (site,) = [site for site, callee in f.call_pairs() if callee == exit_stub]
     (block,) = (b for b in f.blocks if b.start <= site < b.end)
     assert not [e for e in f.edges if e.src == block.start], "the call to exit falls through"

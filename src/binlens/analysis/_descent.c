@@ -467,7 +467,9 @@ static PyObject *body(PyObject *self, PyObject *args) {
             } else {
                 PyObject *x = PyTuple_GET_ITEM(t, 0), *s = PyTuple_GET_ITEM(t, 1);
                 int direct = term == T_CALL ? 1 : PyObject_RichCompareBool(x, ZERO, Py_GE);
-                int nr = direct < 0 || (direct && append_pair(calls, last, x) < 0) ? -1 : contains(noret, x);
+                int nr = direct < 0 || (direct && (PyList_Append(calls, last) < 0 || PyList_Append(calls, x) < 0))
+                             ? -1
+                             : contains(noret, x);
                 if (nr < 0)
                     err = 1;
                 else if (!nr) {

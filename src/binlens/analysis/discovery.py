@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from binlens.analysis.codemap import CHUNK, INSN, CodeMap
 from binlens.analysis.leaves import leaves
-from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET
+from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET, Body, pack_calls
 from binlens.analysis.native import native
 from binlens.analysis.partition import Partitioner
 
@@ -86,24 +85,6 @@ NORETURN_NAMES = frozenset(
     ]
 )
 NORETURN_NAMES = NORETURN_NAMES | {"_" + n for n in NORETURN_NAMES}
-
-
-@dataclass
-class Body:
-    """What one function's entry reaches: chunk starts, edges, calls, tail calls."""
-
-    chunks: list[int] = field(default_factory=list)
-    # flat (src chunk, dst chunk, kind) triples: three list slots per edge, no tuple each
-    edges: list[int | str] = field(default_factory=list)
-    calls: list[tuple[int, int]] = field(default_factory=list)
-    tails: list[tuple[int, int]] = field(default_factory=list)
-    cond_tails: list[int] = field(default_factory=list)  # function starts reached by a conditional jump
-    has_ret: bool = False
-    open_end: bool = False  # an unresolved indirect jump or undecodable code: assume it returns
-    # `noreturn.returning_functions`' view of a function that calls itself, once per body: None
-    # before it is looked at, () when it does not call itself, else (a way out reached, the tail
-    # calls reached) without the edges back from those calls
-    self_exits: tuple | None = None
 
 
 class Explorer:
@@ -441,6 +422,7 @@ class Explorer:
         if _c_body is not None:  # the same walk in C (`_descent.c`)
             b = Body()
             seen, hits, new = _c_body(self.chunks, f, nxt, ext, starts, fragments, noret, b, self._indirect, leaves)
+            b.calls = pack_calls(b.calls)
             return b, seen, hits, new
         get = self.chunks.get
         new: set[int] = set()
@@ -497,7 +479,7 @@ class Explorer:
             if term in (T_CALL, T_ICALL):
                 x = t[0]
                 if term == T_CALL or x >= 0:
-                    b.calls.append((last, x))
+                    b.calls += (last, x)
                 if x in noret:
                     continue
                 s = t[1]
@@ -539,6 +521,7 @@ class Explorer:
                 if s not in seen:
                     seen.add(s)
                     stack.append(s)
+        b.calls = pack_calls(b.calls)
         return b, seen, hits, new
 
     def _indirect(

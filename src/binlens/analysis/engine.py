@@ -557,7 +557,7 @@ def _cold_parts(bodies: dict[int, Body], starts: dict[int, frozenset[str]], exte
         return set()
     other: set[int] = set()
     for b in bodies.values():
-        other.update(callee for _site, callee in b.calls)
+        other.update(b.calls[1::2])
         other.update(callee for _site, callee in b.tails if callee not in b.cond_tails)
     return {s for s in cands if s not in other}
 

@@ -10,7 +10,7 @@ from operator import itemgetter
 
 from binlens.analysis.codemap import BODY, CodeMap
 from binlens.analysis.discovery import Body, Explorer, _descent
-from binlens.analysis.model import SOURCES, TERM_NAMES, BasicBlock, Edge, Function
+from binlens.analysis.model import SOURCES, TERM_NAMES, BasicBlock, Edge, Function, pack_calls, pairs
 from binlens.loader.image import Image
 
 _ORDER = {s: i for i, s in enumerate(SOURCES)}
@@ -78,7 +78,7 @@ def build_functions(
                 symbol_name=names.get(f),
                 thunk_name=thunks.get(f),
                 noreturn=f in noret,
-                calls=sorted(set(body.calls)),
+                calls=pack_calls([x for call in sorted(set(pairs(body.calls))) for x in call]),
                 mode="thumb" if in_thumb(f) else None,
             )
         )

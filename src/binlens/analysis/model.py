@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 # Flow kinds of one instruction (the issue's instruction model).
@@ -123,6 +124,43 @@ class Refs:
         return [Xref(s, d, names[k]) for s, d, k in zip(self.src, self.dst, self.kind, strict=True)]
 
 
+@dataclass(slots=True)
+class Body:
+    """What one function's entry reaches (discovery's view): chunk starts, edges, calls, tail calls."""
+
+    chunks: list[int] = field(default_factory=list)
+    # flat (src chunk, dst chunk, kind) triples: three list slots per edge, no tuple each
+    edges: list[int | str] = field(default_factory=list)
+    # flat (call site, callee) pairs: a list while the walk fills it, then `pack_calls`'s array
+    calls: array | list[int] = field(default_factory=list)
+    tails: list[tuple[int, int]] = field(default_factory=list)
+    cond_tails: list[int] = field(default_factory=list)  # function starts reached by a conditional jump
+    has_ret: bool = False
+    open_end: bool = False  # an unresolved indirect jump or undecodable code: assume it returns
+    # `noreturn.returning_functions`' view of a function that calls itself, once per body: None
+    # before it is looked at, () when it does not call itself, else (a way out reached, the tail
+    # calls reached) without the edges back from those calls
+    self_exits: tuple | None = None
+
+
+def pack_calls(flat: array | list[int]) -> array | list[int]:
+    """A body's flat (site, callee) pairs as unsigned 64-bit words: 16 bytes a call, against a list
+    slot, a 2-tuple and the site's int (~100 bytes; gcc's cc1 has 357k calls). The list itself where
+    a value does not fit a word."""
+    if isinstance(flat, array):
+        return flat
+    try:
+        return array("Q", flat)
+    except (OverflowError, TypeError):
+        return flat
+
+
+def pairs(flat: array | list[int]) -> Iterator[tuple[int, int]]:
+    """(site, callee) of each call of `Body.calls` or `Function.calls`."""
+    it = iter(flat)
+    return zip(it, it, strict=True)
+
+
 @dataclass(frozen=True, slots=True)
 class StringItem:
     """A string found in the image's data."""
@@ -146,7 +184,8 @@ class Function:
     symbol_name: str | None = None  # a symbol or export exactly at the entry
     thunk_name: str | None = None  # the import a PLT/IAT/stub thunk jumps to
     noreturn: bool = False
-    calls: list[tuple[int, int]] = field(default_factory=list)  # (call site, callee address)
+    # (call site, callee address) pairs, sorted, flat and packed as `Body.calls` (see `call_pairs`)
+    calls: array | list[int] = field(default_factory=list)
     mode: str | None = None  # "thumb" for ARM Thumb code; None otherwise
 
     @property
@@ -156,6 +195,10 @@ class Function:
     def display_name(self) -> str:
         """The engine's own name: symbol, else thunk import name, else sub_<hex>."""
         return self.symbol_name or self.thunk_name or f"sub_{self.address:x}"
+
+    def call_pairs(self) -> list[tuple[int, int]]:
+        """(call site, callee address) of each call, in order."""
+        return list(pairs(self.calls))
 
 
 @dataclass

@@ -31,7 +31,7 @@ def returning_functions(
         tails = b.tails
         if chunks is not None:
             if b.self_exits is None:  # once per body (one is rebuilt when anything it holds changes)
-                calls_itself = any(callee == f for _site, callee in b.calls)
+                calls_itself = f in b.calls[1::2]
                 b.self_exits = _exits(f, b, chunks, {f}) if calls_itself else ()
             if b.self_exits:
                 ok, tails = b.self_exits
@@ -68,7 +68,7 @@ def noret_callers(
     """
     callers: dict[int, set[int]] = {}
     for f, b in bodies.items():
-        for _site, callee in b.calls:
+        for callee in b.calls[1::2]:
             callers.setdefault(callee, set()).add(f)
         for _site, callee in b.tails:
             callers.setdefault(callee, set()).add(f)

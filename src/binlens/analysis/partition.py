@@ -16,6 +16,8 @@ import bisect
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from binlens.analysis.model import pack_calls
+
 if TYPE_CHECKING:
     from binlens.analysis.discovery import Body, Explorer
 
@@ -191,7 +193,7 @@ class Partitioner:
             self._forget(f)
             b, walked, hit_set, found = ex._body(f, nxt, extents.get(f), starts, fragments, noret)
             # kept as tuples: only iterated (or binary-searched) from here on, at far less memory than sets
-            seen, hits, callees = tuple(sorted(walked)), tuple(hit_set), tuple({c for _s, c in b.calls})
+            seen, hits, callees = tuple(sorted(walked)), tuple(hit_set), pack_calls(sorted(set(b.calls[1::2])))
             self.cache[f] = (nxt, b, seen, hits, callees, tuple(found))
             _add(self.seen_by, _pages(seen), f)
             _add(self.hit_by, hits, f)

@@ -9,7 +9,7 @@ from itertools import chain
 
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.discovery import Body, Explorer
-from binlens.analysis.model import XREF_KINDS, Refs, StringItem
+from binlens.analysis.model import XREF_KINDS, Refs, StringItem, pairs
 from binlens.analysis.native import native
 from binlens.analysis.strings import is_data_section
 from binlens.loader.image import Image
@@ -55,7 +55,7 @@ def collect_refs(
             add_dst(d)
             add_kind(k)
     for body in bodies.values():
-        for site, callee in body.calls:
+        for site, callee in pairs(body.calls):
             add_src(site)
             add_dst(callee)
             add_kind(_CALL)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import bisect
 import time
+from array import array
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from operator import attrgetter
 
-from binlens.analysis.model import ProgramAnalysis, Refs
+from binlens.analysis.model import ProgramAnalysis, Refs, pairs
 from binlens.analysis.native import native
 from binlens.store.analysis import (
     _FUNC_COLUMNS,
@@ -60,7 +61,7 @@ class FunctionRows:
 
     func: list[tuple]
     blocks: list[tuple]
-    calls: list[tuple]
+    calls: array  # flat (function, site, callee) words, signed as stored (`calls_rows`)
     counts: tuple[int, int, int]  # functions, blocks, instructions
     spans: tuple[list[int], list[int], list[int]]
 
@@ -77,10 +78,8 @@ class ReferenceRows:
 def function_rows(functions: list, spans: tuple[list[int], list[int], list[int]] | None = None) -> FunctionRows:
     """Rows for `functions` (sorted by address, as the engine gives them); `spans` when the caller
     has them already (`owner_spans(functions)`)."""
-    sites = [site for f in functions for site, _callee in f.calls]
-    callees = [callee for f in functions for _site, callee in f.calls]
-    sg = _signer(map(attrgetter("address"), functions), sites, callees)
-    calls = [(sg(f.address), sg(site), sg(c)) for f in functions for site, c in f.calls]
+    sg = _signer(map(attrgetter("address"), functions), (max(f.calls, default=0) for f in functions))
+    calls = array("q", _call_words(functions, sg))
     n_blocks = sum(len(f.blocks) for f in functions)
     n_insns = sum(b.instruction_count for f in functions for b in f.blocks)
     return FunctionRows(
@@ -90,6 +89,22 @@ def function_rows(functions: list, spans: tuple[list[int], list[int], list[int]]
         (len(functions), n_blocks, n_insns),
         owner_spans(functions) if spans is None else spans,
     )
+
+
+def _call_words(functions: list, sg: Callable[[int], int]) -> Iterator[int]:
+    """(function, site, callee) of each call of `functions`, flat, as the `call` table stores them."""
+    for f in functions:
+        a = sg(f.address)
+        for site, callee in pairs(f.calls):
+            yield a
+            yield sg(site)
+            yield sg(callee)
+
+
+def calls_rows(words: array) -> Iterator[tuple[int, ...]]:
+    """`FunctionRows.calls` as rows of the `call` table."""
+    it = iter(words)
+    return zip(it, it, it, strict=True)
 
 
 def merge_function_rows(first: FunctionRows, second: FunctionRows) -> FunctionRows:
@@ -150,7 +165,7 @@ def write_analysis(
             conn.execute(f"DELETE FROM {t}")  # noqa: S608 - fixed table names
         conn.executemany(_FUNC_INSERT, frows.func)
         conn.executemany(_BLOCKS_INSERT, frows.blocks)
-        conn.executemany("INSERT INTO call VALUES (?,?,?)", frows.calls)
+        conn.executemany("INSERT INTO call VALUES (?,?,?)", calls_rows(frows.calls))
         conn.executemany("INSERT INTO xref_pack VALUES (?,?,?)", rrows.xrefs)
         conn.executemany("INSERT INTO string VALUES (?,?,?,?,?,?)", rrows.strings)
         for name, on in _INDEXES:
@@ -249,7 +264,7 @@ def replace_functions(
         conn.executemany(_BLOCKS_INSERT, _block_rows(functions, s64))
         conn.executemany(
             "INSERT INTO call VALUES (?,?,?)",
-            ((s64(f.address), s64(site), s64(callee)) for f in functions for site, callee in f.calls),
+            ((s64(f.address), s64(site), s64(callee)) for f in functions for site, callee in pairs(f.calls)),
         )
         conn.executemany("INSERT INTO xref_pack VALUES (?,?,?)", _xref_packs(owner_spans(functions), xrefs, s64))
         refs: Counter[int] = Counter()
