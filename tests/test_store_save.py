@@ -89,3 +89,17 @@ def test_an_old_database_is_upgraded_and_its_analysis_runs_again(tmp_path):
     assert cols[-2:] == ["edges", "edge_kinds"]
     tables = {r[0] for r in db.connect().execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"xref_pack", "func_blocks"} <= tables and not {"block", "xref"} & tables
+
+
+def test_rows_made_a_batch_at_a_time_are_the_rows_of_all(compile_c):
+    """`streamed_function_rows` (the analysis process's way: a batch of functions at a time) gives
+    the very rows `function_rows` gives for all the functions at once, whatever the batch size."""
+    a = _analysis(compile_c("sample.c", "-O2", strip=True))
+    whole = analysis_save.function_rows(a.functions)
+    assert len(a.functions) > 8 and len(whole.calls) > 0
+    for batch in (1, 3, 7, len(a.functions), 10_000):
+        rows = analysis_save.streamed_function_rows(iter(a.functions), batch)
+        assert rows.func == whole.func and rows.blocks == whole.blocks and rows.calls == whole.calls
+        assert rows.counts == whole.counts and rows.spans == whole.spans
+    empty = analysis_save.streamed_function_rows(iter([]))
+    assert empty.func == [] and len(empty.calls) == 0 and empty.counts == (0, 0, 0)

@@ -359,8 +359,8 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
     The engine's state is kept to the end (`_retained`): freeing it object by object on return
     took ~60 ms.
     """
-    from binlens.analysis.engine import ENGINE_VERSION, explore, gc_paused
-    from binlens.store.analysis_save import function_rows, merge_function_rows, reference_rows, run_figures
+    from binlens.analysis.engine import explore, gc_paused
+    from binlens.store.analysis_save import merge_function_rows, reference_rows, streamed_function_rows
 
     _retained.clear()  # (an earlier analysis in this process, whose user starts were not the caller's)
     with gc_paused():  # the rows are acyclic tuples; collections would re-scan the whole analysis
@@ -368,12 +368,11 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
         _retained.append(explored)
         if not _parallel():
             strings, refs = explored.references()
-            result = explored.result(explored.functions(), [], strings)  # (the references stay packed)
-            _retained.append(result)
-            frows = function_rows(result.functions)
+            _retained.append(refs)
+            frows = streamed_function_rows(explored.iter_functions())
             rrows = reference_rows(refs, strings, frows.spans)
             frows.spans = ([], [], [])  # (three lists of ~70k entries for libc, of no further use)
-            return _Rows(run_figures(result), frows, rrows)
+            return _Rows(_figures(explored, frows, progress), frows, rrows)
         bodies = explored.bodies
         split = _split(bodies)
         read_fd, write_fd = os.pipe()
@@ -383,7 +382,7 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
             try:
                 os.close(read_fd)
                 with open(write_fd, "wb") as out:
-                    write_frame(out, function_rows(explored.functions((0, split))))
+                    write_frame(out, streamed_function_rows(explored.iter_functions((0, split))))
                 code = 0
             except BaseException:  # noqa: BLE001 - the parent reports it; the trace goes to stderr
                 import traceback
@@ -399,7 +398,7 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
             strings, refs = explored.references()
             _retained.append(refs)
             explored.drop((0, split))  # (the child's functions: their chunks' memory serves the rows)
-            mine = function_rows(explored.functions())
+            mine = streamed_function_rows(explored.iter_functions())
             frows = merge_function_rows(load_frame(child), mine)
         except EOFError:
             child.close()
@@ -413,9 +412,15 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
                 os.waitpid(pid, 0)
         rrows = reference_rows(refs, strings, frows.spans)
         frows.spans = ([], [], [])
-        progress(1.0, 1.0, f"{frows.counts[0]} functions")
-        figures = (ENGINE_VERSION, explored.codemap.total_bytes, explored.covered, time.perf_counter() - explored.t0)
-        return _Rows(figures, frows, rrows)
+        return _Rows(_figures(explored, frows, progress), frows, rrows)
+
+
+def _figures(explored: Any, frows: Any, progress: Progress) -> tuple[str, int, int, float]:
+    """The run's figures (`store.analysis_save.run_figures` of the analysis), once it is done."""
+    from binlens.analysis.engine import ENGINE_VERSION
+
+    progress(1.0, 1.0, f"{frows.counts[0]} functions")
+    return ENGINE_VERSION, explored.codemap.total_bytes, explored.covered, time.perf_counter() - explored.t0
 
 
 # The child's share of the functions (by chunks): on libc the parent's references and strings take

@@ -20,7 +20,7 @@ from binlens.analysis.discovery import (
     FragmentIndex,
 )
 from binlens.analysis.ehframe import parse_eh_frame
-from binlens.analysis.functions import build_functions
+from binlens.analysis.functions import iter_functions
 from binlens.analysis.gapmap import Gaps
 from binlens.analysis.gototables import goto_tables
 from binlens.analysis.heuristics import heuristic_starts
@@ -157,7 +157,12 @@ class Explored:
         in address order). Consumes the bodies and chunks: call it after `references`, and once for
         each body (references first also keeps their transient sets from coexisting with the blocks:
         a lower peak of memory)."""
-        return build_functions(
+        return list(self.iter_functions(part))
+
+    def iter_functions(self, part: tuple[int, int] | None = None) -> Iterator[Function]:
+        """`functions`, each built as it is asked for (the analysis process turns them into rows a
+        batch at a time)."""
+        return iter_functions(
             self.image,
             self.codemap,
             self.explorer,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from itertools import chain
 from operator import itemgetter
 
@@ -41,15 +41,31 @@ def build_functions(
     consume: bool = False,
     part: tuple[int, int] | None = None,
 ) -> list[Function]:
-    """One Function per body, in address order. With `consume`, each body is removed from
-    `bodies` once its function is built, and so are its chunks from the explorer unless another
-    body holds them too (their memory then serves the next functions' blocks). `part` (lo, hi)
-    builds only the functions of the bodies at those places in address order."""
+    """One Function per body, in address order (`iter_functions` as a list)."""
+    return list(iter_functions(image, codemap, explorer, bodies, starts, extents, thunks, noret, consume, part))
+
+
+def iter_functions(
+    image: Image,
+    codemap: CodeMap,
+    explorer: Explorer,
+    bodies: dict[int, Body],
+    starts: dict[int, set[str]],
+    extents: dict[int, int],
+    thunks: dict[int, str],
+    noret: set[int],
+    consume: bool = False,
+    part: tuple[int, int] | None = None,
+) -> Iterator[Function]:
+    """One Function per body, in address order, each built as it is asked for. With `consume`,
+    each body is removed from `bodies` once its function is built, and so are its chunks from the
+    explorer unless another body holds them too (their memory then serves the next functions'
+    blocks). `part` (lo, hi) builds only the functions of the bodies at those places in address
+    order (the places when the first function is asked for)."""
     names = symbol_names(image)
     literals: set[int] = getattr(explorer.backend, "literals", set())  # (ARM32 literal pool words)
     in_thumb = _thumb_test(explorer.backend)
     order = sorted(bodies)
-    out = []
     chunks = explorer.chunks
     shared: set[int] = set()
     if consume:
@@ -68,21 +84,18 @@ def build_functions(
         # linker's FDE over all of PowerPC's call stubs, ends there)
         size = min(ext, nxt - f) if ext else _extent(f, blocks, nxt, codemap, literals)
         srcs = tuple(sorted(starts.get(f, {"call"}), key=lambda s: _ORDER.get(s, 99)))
-        out.append(
-            Function(
-                address=f,
-                size=size,
-                sources=srcs,
-                blocks=blocks,
-                edges=edges,
-                symbol_name=names.get(f),
-                thunk_name=thunks.get(f),
-                noreturn=f in noret,
-                calls=pack_calls([x for call in sorted(set(pairs(body.calls))) for x in call]),
-                mode="thumb" if in_thumb(f) else None,
-            )
+        yield Function(
+            address=f,
+            size=size,
+            sources=srcs,
+            blocks=blocks,
+            edges=edges,
+            symbol_name=names.get(f),
+            thunk_name=thunks.get(f),
+            noreturn=f in noret,
+            calls=pack_calls([x for call in sorted(set(pairs(body.calls))) for x in call]),
+            mode="thumb" if in_thumb(f) else None,
         )
-    return out
 
 
 def _thumb_test(backend: object) -> Callable[[int], bool]:

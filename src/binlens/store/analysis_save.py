@@ -16,6 +16,7 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from operator import attrgetter
 
 from binlens.analysis.model import ProgramAnalysis, Refs, pairs
@@ -107,11 +108,26 @@ def calls_rows(words: array) -> Iterator[tuple[int, ...]]:
     return zip(it, it, it, strict=True)
 
 
+def streamed_function_rows(functions: Iterable, batch: int = 512) -> FunctionRows:
+    """`function_rows` of functions made one at a time (in address order: `iter_functions`), a batch
+    at a time: only a batch of Function objects with their blocks and edges lives at once, not all
+    of them beside their rows."""
+    it = iter(functions)
+    out = function_rows(list(islice(it, batch)))
+    while group := list(islice(it, batch)):
+        merge_function_rows(out, function_rows(group))
+    return out
+
+
 def merge_function_rows(first: FunctionRows, second: FunctionRows) -> FunctionRows:
-    """The rows of two sets of functions (those of `first` all below those of `second`) as one."""
+    """The rows of two sets of functions (those of `first` all below those of `second`) as one:
+    `first`, extended."""
     (s1, e1, f1), (s2, e2, f2) = first.spans, second.spans
     if not s1 or not s2 or s1[-1] < s2[0]:  # two runs one after the other (the usual case): join them
-        starts, ends, fns = s1 + s2, e1 + e2, f1 + f2
+        s1 += s2
+        e1 += e2
+        f1 += f2
+        starts, ends, fns = s1, e1, f1
     else:  # runs that interleave (a chunk shared across the split): merge, each start once, its first
         pairs = sorted([*zip(s1, e1, f1, strict=True), *zip(s2, e2, f2, strict=True)])
         starts, ends, fns = [], [], []
@@ -122,13 +138,12 @@ def merge_function_rows(first: FunctionRows, second: FunctionRows) -> FunctionRo
                 starts.append(st)
                 ends.append(en)
                 fns.append(fn)
-    return FunctionRows(
-        first.func + second.func,
-        first.blocks + second.blocks,
-        first.calls + second.calls,
-        tuple(a + b for a, b in zip(first.counts, second.counts, strict=True)),  # type: ignore[arg-type]
-        (starts, ends, fns),
-    )
+    first.func += second.func
+    first.blocks += second.blocks
+    first.calls += second.calls
+    first.counts = tuple(a + b for a, b in zip(first.counts, second.counts, strict=True))  # type: ignore[assignment]
+    first.spans = (starts, ends, fns)
+    return first
 
 
 def reference_rows(xrefs: list | Refs, strings: list, spans: tuple[list[int], list[int], list[int]]) -> ReferenceRows:
