@@ -40,7 +40,7 @@ class Gaps:
         # the chunks that may share bytes with others (the backend's set, grown by their split parts)
         self.odd: set[int] = getattr(explorer.backend, "overlapping", set())
         self.held_odd: set[int] = set()  # those some body holds
-        self.memo: dict[int, dict[tuple[int, int], tuple[int, bool, int] | None]] = {}
+        self.memo: dict[int, dict[int, tuple[int, bool, int] | None]] = {}
         self._refs: list[tuple[int, int]] = []
         self.after_data = False  # set once the data-pointer stages have run (ARM32 leaf guesses wait for it)
         self._refs_upto = 0

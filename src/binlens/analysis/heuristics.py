@@ -495,7 +495,7 @@ def _gap_candidates(
     codemap: CodeMap,
     arch: str,
     covered: dict[int, bytearray],
-    memo: dict[int, dict[tuple[int, int], tuple[int, bool, int] | None]] | None = None,
+    memo: dict[int, dict[int, tuple[int, bool, int] | None]] | None = None,
     kit: GapPrologues | None = None,
 ) -> list[tuple[int, bool, int]]:
     """First non-padding address of each gap (code no function covers), whether it starts like a
@@ -505,10 +505,12 @@ def _gap_candidates(
     memo = {} if memo is None else memo
     for r in codemap.regions:
         seen = memo.setdefault(r.va, {})
-        for span in zero_runs(covered[r.va]):
-            hit = seen.get(span, _MISS)
+        width = len(r.data) + 1  # a gap's bounds as one int key (a tuple of two ints costs ~130 bytes)
+        for start, end in zero_runs(covered[r.va]):
+            key = start * width + end
+            hit = seen.get(key, _MISS)
             if hit is _MISS:
-                hit = seen[span] = _gap_candidate(r, arch, *span, kit)
+                hit = seen[key] = _gap_candidate(r, arch, start, end, kit)
             if hit is not None:
                 out.append(hit)
     return out

@@ -115,7 +115,7 @@ def arm_gap_candidates(
     codemap: CodeMap,
     backend: object,
     covered: dict[int, bytearray],
-    memo: dict[int, dict[tuple[int, int], tuple[int, bool, int] | None]],
+    memo: dict[int, dict[int, tuple[int, bool, int] | None]],
     within: tuple[int, int] | None = None,
 ) -> list[tuple[int, int]]:
     """ARM32: in each gap (code no function covers), the first `push {..., lr}` in either state, as
@@ -132,13 +132,15 @@ def arm_gap_candidates(
     literals: set[int] = backend.literals  # type: ignore[attr-defined]
     for r, runs in _gap_runs(codemap, covered, within):
         seen = memo.setdefault(r.va, {})
-        for span in runs:
-            hit = seen.get(span, _UNSEEN)
+        width = len(r.data) + 1  # a gap's bounds as one int key, as `_gap_candidates` keeps them
+        for start, end in runs:
+            key = start * width + end
+            hit = seen.get(key, _UNSEEN)
             if hit is _UNSEEN:
-                va = gap_push(r.data, span[0], span[1], r.va)
-                hit = seen[span] = None if va is None else (va, True, r.va + span[1])
+                va = gap_push(r.data, start, end, r.va)
+                hit = seen[key] = None if va is None else (va, True, r.va + end)
             if hit is not None:
-                out.append((_arm_lead_in(r, backend, literals, r.va + span[0], hit[0]), hit[2]))
+                out.append((_arm_lead_in(r, backend, literals, r.va + start, hit[0]), hit[2]))
     return out
 
 
