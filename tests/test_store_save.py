@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from array import array
 
 from binlens.analysis import ENGINE_VERSION, analyze
 from binlens.loader.parse_elf import parse_elf
@@ -103,3 +104,27 @@ def test_rows_made_a_batch_at_a_time_are_the_rows_of_all(compile_c):
         assert rows.counts == whole.counts and rows.spans == whole.spans
     empty = analysis_save.streamed_function_rows(iter([]))
     assert empty.func == [] and len(empty.calls) == 0 and empty.counts == (0, 0, 0)
+
+
+def test_merged_spans_are_those_of_all_the_functions_at_once():
+    """`merge_function_rows` joins two runs of owner spans, merging only where they interleave (a
+    chunk shared across the split): the result is `owner_spans`' pick over both, on random runs."""
+    import random
+
+    from binlens.store.analysis_save import FunctionRows, merge_function_rows
+
+    rng = random.Random(7)
+
+    def run(lo: int, n: int) -> tuple[list[int], list[int], list[int]]:
+        starts = sorted(rng.sample(range(lo, lo + 4 * n), n))
+        return starts, [s + rng.randrange(1, 9) for s in starts], [rng.randrange(lo, lo + 50) for _ in starts]
+
+    for _ in range(300):
+        a, b = run(0, rng.randrange(0, 30)), run(rng.randrange(0, 150), rng.randrange(0, 30))
+        best: dict[int, tuple[int, int]] = {}
+        for st, en, fn in sorted([*zip(*a, strict=True), *zip(*b, strict=True)]):
+            best.setdefault(st, (en, fn))
+        rows = merge_function_rows(
+            FunctionRows([], [], array("q"), (0, 0, 0), a), FunctionRows([], [], array("q"), (0, 0, 0), b)
+        )
+        assert rows.spans == (list(best), [v[0] for v in best.values()], [v[1] for v in best.values()])
