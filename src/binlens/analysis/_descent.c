@@ -378,9 +378,10 @@ static int append_pair(PyObject *list, PyObject *a, PyObject *b) {
     return r;
 }
 
-/* edges.extend((a, s, kind)); then s onto the stack unless seen */
+/* edges.extend((a, s, kind)) (unless edges is None: not recorded); then s onto the stack unless seen */
 static int edge_and_push(PyObject *edges, PyObject *a, PyObject *s, PyObject *kind, PyObject *seen, PyObject *stack) {
-    if (PyList_Append(edges, a) < 0 || PyList_Append(edges, s) < 0 || PyList_Append(edges, kind) < 0)
+    if (edges != Py_None &&
+        (PyList_Append(edges, a) < 0 || PyList_Append(edges, s) < 0 || PyList_Append(edges, kind) < 0))
         return -1;
     int in = PySet_Contains(seen, s);
     if (in < 0)

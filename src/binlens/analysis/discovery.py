@@ -128,6 +128,9 @@ class Explorer:
         self._retried: dict[int, tuple] | None = None if getattr(backend, "arch", "") == "arm" else {}
         self.progress: Progress | None = None
         self.covered = 0
+        # do walks keep each body's edges? `explore` walks without them until discovery ends (gcc's
+        # cc1: 2M edges, 46 MiB of list slots), then has `restore_edges` walk each body once more
+        self.record_edges = True
         self._parts = Partitioner()
         self._dirty: set[int] = set()
         self._trav_noret: set[int] | None = None
@@ -286,6 +289,25 @@ class Explorer:
             p = self.cpred.get(va)
         return p
 
+    def body_edges(self, f: int, b: Body) -> list[int | str]:
+        """The edges of `f`'s body `b` (of the last `partition`): kept in it, or walked again."""
+        if b.edges is not None:
+            return b.edges
+        return self._parts.walk(self, f).edges  # type: ignore[return-value]
+
+    def restore_edges(self, bodies: dict[int, Body]) -> None:
+        """Give the bodies of the last `partition` their edges, and record them from here on. The
+        walk again is the body's own walk; were a body's chunks to differ (code decoded since split
+        one: not seen on the 711 corpus files), the new walk replaces the whole body."""
+        for f, b in bodies.items():
+            if b.edges is None:
+                again = self._parts.walk(self, f)
+                if again.chunks != b.chunks:
+                    bodies[f] = again
+                else:
+                    b.edges = again.edges
+        self.record_edges = True
+
     def finish(self) -> None:
         """Discovery is over: drop what only its passes need (the body cache, the reached set,
         recorded predecessors), so building functions and references runs with less memory."""
@@ -420,16 +442,16 @@ class Explorer:
     ) -> tuple[Body, set[int], set[int], set[int]]:
         """Walk one function: (body, chunks seen, other starts it ran into, new tail-call starts)."""
         if _c_body is not None:  # the same walk in C (`_descent.c`)
-            b = Body()
+            b = Body() if self.record_edges else Body(edges=None)
             seen, hits, new = _c_body(self.chunks, f, nxt, ext, starts, fragments, noret, b, self._indirect, leaves)
             b.calls = pack_calls(b.calls)
             return b, seen, hits, new
         get = self.chunks.get
         new: set[int] = set()
         hits: set[int] = set()
-        b = Body()
+        b = Body() if self.record_edges else Body(edges=None)
         add_chunk = b.chunks.append
-        add_edge = b.edges.extend
+        add_edge = b.edges.extend if b.edges is not None else _no_edge
         add_tail = b.tails.append
         seen = {f}
         stack = [f]
@@ -567,6 +589,10 @@ class Explorer:
         hits.update(entries)
         b.tails.extend((last, x) for x in entries)
         return tuple((x, "jump_table") for x in cases if x not in starts or x == f) + fall, case_hi
+
+
+def _no_edge(_edge: tuple) -> None:
+    """`_body`'s edge recorder while edges are not kept."""
 
 
 class FragmentIndex:

@@ -43,6 +43,10 @@ from binlens.analysis.xrefs import collect_refs, pointers_in_data
 from binlens.errors import BinlensError
 from binlens.loader.image import Image
 
+# Discovery walks each body without its edges (`Explorer.record_edges`; `None`: with them, as the
+# tests compare): they are walked once when it ends, and on demand for the non-returning test.
+_EDGES_LATER: bool | None = True
+
 ENGINE_VERSION = "9"  # 2: AArch64 jump tables; 3: ARM32, MIPS, PowerPC, RISC-V and more x86 jump-table
 # shapes, ARM Thumb starts and BE8, code offsets looked at again after later stages; 4: gaps on every
 # architecture, `.ARM.exidx`, address pairs, relocated words only in position-independent data;
@@ -252,6 +256,7 @@ def explore(
     named_noret |= {s.address for s in image.symbols if s.name in NORETURN_NAMES and codemap.contains(s.address)}
     jt_tables: dict[int, int] = {}
     explorer = make_explorer(image, codemap, backend, jt_tables)
+    explorer.record_edges = _EDGES_LATER is None  # (until discovery ends: `restore_edges`)
     known = extents  # where the heuristics look for no new starts: unwind ranges and sized symbols
     if seeds.arm:  # ARM EHABI unwind index: its starts, each in its state (after what calls decide)
         ranges = seed_exidx_starts(image, backend, explorer, list(seeds.starts), noret_slots | named_noret, seeds.add)
@@ -310,6 +315,7 @@ def explore(
                         explorer, seeds.starts, extents, frag, noret, noret_slots, refused
                     )
     del gaps  # its coverage map and counts are of no further use
+    explorer.restore_edges(bodies)  # (discovery walked without them)
     explorer.finish()
     covered = _covered(codemap, explorer, bodies)  # here, its set reuses the memory just freed
     return Explored(
@@ -457,12 +463,12 @@ def _discover(
                 seeds.pop(va, None)
             frag = FragmentIndex(frag.ranges + [(va, extents.pop(va)) for va in cold])
             continue
-        returns = returning_functions(bodies, noret_slots, explorer.chunks)
+        returns = returning_functions(bodies, noret_slots, explorer.chunks, explorer.body_edges)
         found = {f for f in bodies if f not in returns} - noret
         if not found:
             return bodies, starts, noret
         # the callers that cannot return without them, at once instead of one level a round
-        found |= noret_callers(bodies, explorer.chunks, noret, found, noret_slots)
+        found |= noret_callers(bodies, explorer.chunks, noret, found, noret_slots, explorer.body_edges)
         noret |= found
     # out of rounds: walk the bodies once more with what the last round learnt, so that they agree
     # with `noret` (no edge after a call to a function flagged as not returning) and the fragments

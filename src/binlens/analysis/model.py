@@ -129,8 +129,9 @@ class Body:
     """What one function's entry reaches (discovery's view): chunk starts, edges, calls, tail calls."""
 
     chunks: list[int] = field(default_factory=list)
-    # flat (src chunk, dst chunk, kind) triples: three list slots per edge, no tuple each
-    edges: list[int | str] = field(default_factory=list)
+    # flat (src chunk, dst chunk, kind) triples: three list slots per edge, no tuple each; None while
+    # discovery walks without them (`Explorer.record_edges`: `Explorer.body_edges` walks them again)
+    edges: list[int | str] | None = field(default_factory=list)
     # flat (call site, callee) pairs: a list while the walk fills it, then `pack_calls`'s array
     calls: array | list[int] = field(default_factory=list)
     tails: list[tuple[int, int]] = field(default_factory=list)

@@ -7,12 +7,23 @@ callers is found in one round instead of one level a round.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from binlens.analysis.discovery import Body
 from binlens.analysis.model import T_CALL, T_RET
 
+EdgesOf = Callable[[int, Body], list]  # a body's edges (`Explorer.body_edges`: walked again when not kept)
+
+
+def _kept_edges(_f: int, b: Body) -> list:
+    return b.edges or []
+
 
 def returning_functions(
-    bodies: dict[int, Body], noret_slots: set[int], chunks: dict[int, tuple] | None = None
+    bodies: dict[int, Body],
+    noret_slots: set[int],
+    chunks: dict[int, tuple] | None = None,
+    edges_of: EdgesOf = _kept_edges,
 ) -> set[int]:
     """Least fixpoint: the functions that can return to their caller. A function returns when it
     has a reachable return or an open end (benefit of the doubt), tail-calls something outside the
@@ -32,7 +43,7 @@ def returning_functions(
         if chunks is not None:
             if b.self_exits is None:  # once per body (one is rebuilt when anything it holds changes)
                 calls_itself = f in b.calls[1::2]
-                b.self_exits = _exits(f, b, chunks, {f}) if calls_itself else ()
+                b.self_exits = _exits(f, b, chunks, {f}, edges_of(f, b)) if calls_itself else ()
             if b.self_exits:
                 ok, tails = b.self_exits
         if not ok:
@@ -54,7 +65,12 @@ def returning_functions(
 
 
 def noret_callers(
-    bodies: dict[int, Body], chunks: dict[int, tuple], noret: set[int], found: set[int], noret_slots: set[int]
+    bodies: dict[int, Body],
+    chunks: dict[int, tuple],
+    noret: set[int],
+    found: set[int],
+    noret_slots: set[int],
+    edges_of: EdgesOf = _kept_edges,
 ) -> set[int]:
     """The functions of `bodies` that cannot return once the calls to `found` do not: what the
     next rounds of the fixpoint would find, one level of callers per round (each a full
@@ -77,7 +93,7 @@ def noret_callers(
     work = [g for g in found if g in callers]
     while work:
         for f in callers.get(work.pop(), ()):
-            if f not in dead and not _may_return(f, bodies, chunks, dead, noret_slots):
+            if f not in dead and not _may_return(f, bodies, chunks, dead, noret_slots, edges_of):
                 dead.add(f)
                 out.add(f)
                 work.append(f)
@@ -85,14 +101,14 @@ def noret_callers(
 
 
 def _may_return(
-    f: int, bodies: dict[int, Body], chunks: dict[int, tuple], dead: set[int], noret_slots: set[int]
+    f: int, bodies: dict[int, Body], chunks: dict[int, tuple], dead: set[int], noret_slots: set[int], edges_of: EdgesOf
 ) -> bool:
     """Can `f`'s body reach a return from its entry without a call to a function of `dead`?"""
-    ok, tails = _exits(f, bodies[f], chunks, dead)
+    ok, tails = _exits(f, bodies[f], chunks, dead, edges_of(f, bodies[f]))
     return ok or any((c not in dead) if c in bodies else (c not in noret_slots) for _site, c in tails)
 
 
-def _exits(f: int, b: Body, chunks: dict[int, tuple], cut: set[int]) -> tuple[bool, list[tuple[int, int]]]:
+def _exits(f: int, b: Body, chunks: dict[int, tuple], cut: set[int], edges: list) -> tuple[bool, list[tuple[int, int]]]:
     """From `f`'s entry, without the edges back from calls to `cut`: (a return, an open end or an
     undecoded chunk is reached; the tail calls reached, as `Body.tails` lists them)."""
     if b.open_end:
@@ -101,7 +117,7 @@ def _exits(f: int, b: Body, chunks: dict[int, tuple], cut: set[int]) -> tuple[bo
     for site, callee in b.tails:
         tails.setdefault(site, []).append((site, callee))
     succ: dict[int, list[tuple[int, str]]] = {}
-    it = iter(b.edges)
+    it = iter(edges)
     for src, dst, kind in zip(it, it, it, strict=True):
         succ.setdefault(src, []).append((dst, kind))  # type: ignore[arg-type]
     reached: list[tuple[int, int]] = []

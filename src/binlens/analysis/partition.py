@@ -91,6 +91,8 @@ class Partitioner:
         self.starts: set[int] = set()
         self.noret: set[int] = set()
         self.key: tuple[int, int] = (0, 0)
+        self.extents: dict[int, int] = {}  # the last call's extents and fragment test (for `walk`)
+        self.fragments: Callable[[int], bool] = bool
         self.seen_by: Index = {}
         self.hit_by: Index = {}
         self.called_by: Index = {}
@@ -102,6 +104,16 @@ class Partitioner:
             _remove(self.hit_by, hit[3], f)
             _remove(self.called_by, hit[4], f)
         self.found.pop(f, None)
+
+    def walk(self, ex: Explorer, f: int) -> Body:
+        """`f`'s body walked again with the last call's inputs, its edges recorded: the walk that
+        gave the cached body (one is reused only while what it depends on is unchanged)."""
+        nxt = self.cache[f][0] if f in self.cache else 1 << 64
+        keep, ex.record_edges = ex.record_edges, True
+        try:
+            return ex._body(f, nxt, self.extents.get(f), self.starts, self.fragments, self.noret)[0]
+        finally:
+            ex.record_edges = keep
 
     def run(
         self,
@@ -131,6 +143,7 @@ class Partitioner:
         noret_changed = noret ^ self.noret
         self.starts = set(starts)
         self.noret = set(noret)
+        self.extents, self.fragments = extents, fragments
         self._pass(ex, extents, fragments, dirty, added, removed, noret_changed, stale, force)
         new: set[int] = set()
         for found in self.found.values():
