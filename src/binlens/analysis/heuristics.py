@@ -161,15 +161,21 @@ def heuristic_starts(
         pending = gaps.offset_refs(backend) if gaps is not None else offset_refs_from(backend, codemap, 0)
         if pending:
             reached = sorted(chain.from_iterable(b.chunks for b in bodies.values()))  # repeats are harmless
-            ends = [explorer.chunks[a][0] for a in reached]
+            # whether each reference lies in a chunk some function holds, a byte each, before `accept`
+            # decodes (and may split) code: a list of every chunk's end was the largest transient of
+            # this stage (gcc's cc1: ~25 MiB)
+            chunks = explorer.chunks
+            held = bytearray(
+                (i := bisect.bisect_right(reached, src) - 1) >= 0 and src < chunks[reached[i]][0] for src, _ in pending
+            )
+            del reached
             later = []
             # AArch64, RISC-V, PowerPC, MIPS (`taken`): an address that descent already ran into (the
             # fall-through after a call that does not return, which the callee's analysis missed) is
             # a function of its own when it starts like one (x86 has its own test in `accept`)
             prologue = taken
-            for src, dst in pending:
-                i = bisect.bisect_right(reached, src) - 1
-                if i >= 0 and src < ends[i]:
+            for (src, dst), inside_held in zip(pending, held, strict=True):
+                if inside_held:
                     if (
                         prologue is not None
                         and dst not in starts
