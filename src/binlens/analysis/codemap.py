@@ -8,6 +8,7 @@ Keeping this as a `bytearray` per region lets splits and gap searches run in C (
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -61,7 +62,7 @@ class CodeMap:
         self._last: CodeRegion | None = None
         # `xrefs.pointers_in_data(image, self, set())`, once: the words in data that hold a code
         # address depend only on the image and these regions (several passes ask for them)
-        self.data_pointers: list[tuple[int, int]] | None = None
+        self.data_pointers: array | None = None  # flat (data address, code address) words
 
     def region(self, va: int) -> CodeRegion | None:
         """The region containing `va`, or None (the last hit is tried first: lookups cluster)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import struct
 from array import array
+from collections.abc import Iterable
 from itertools import chain
 
 from binlens.analysis.codemap import CodeMap
@@ -39,9 +40,9 @@ def collect_refs(
     """Every reference from reached code (and from data unless `data` is false), sorted by (src, dst),
     packed (`Refs`: three arrays instead of an object each; `Refs.xrefs()` gives the objects)."""
     chunks = explorer.chunks
-    # chunk starts of all bodies, in order (a chunk shared by bodies repeats: bisect still works)
+    # chunk starts of all bodies, in order (a chunk shared by bodies repeats: bisect still works);
+    # a chunk's end is read where a reference asks (a list of every chunk's end was ~25 MiB on cc1)
     reached = sorted(chain.from_iterable(body.chunks for body in bodies.values()))
-    ends = [chunks[a][0] for a in reached]
     src: array = array("Q")
     dst: array = array("Q")
     kind = bytearray()
@@ -50,7 +51,7 @@ def collect_refs(
     bisect_right = bisect.bisect_right
     for s, d, k in zip(b.x_src, b.x_dst, b.x_kind, strict=False):  # type: ignore[attr-defined]
         i = bisect_right(reached, s) - 1
-        if i >= 0 and s < ends[i]:
+        if i >= 0 and s < chunks[reached[i]][0]:
             add_src(s)
             add_dst(d)
             add_kind(k)
@@ -75,15 +76,15 @@ def collect_refs(
                 add_kind(_JUMP_TABLE)
     for jump, table in jt_tables.items():
         i = bisect_right(reached, jump) - 1
-        if i >= 0 and jump < ends[i]:
+        if i >= 0 and jump < chunks[reached[i]][0]:
             add_src(jump)
             add_dst(table)
             add_kind(_READ)
-    del reached, ends
+    del reached
     str_starts = strings if isinstance(strings, set) else {s.address for s in strings}
     if data:
         thumb_bit = 1 if image.identity.arch == "arm" else 0
-        for at, d in pointers_in_data(image, codemap, str_starts):
+        for at, d in _code_and_string_pointers(image, codemap, str_starts):
             if d & thumb_bit and codemap.contains(d):
                 d &= ~1  # a pointer to Thumb code names the instruction (the function's start) at the even address
             add_src(at)
@@ -92,6 +93,18 @@ def collect_refs(
     refs = Refs(src, dst, kind)
     _order(refs, str_starts)
     return refs
+
+
+def _code_and_string_pointers(image: Image, codemap: CodeMap, str_starts: set[int]) -> Iterable[tuple[int, int]]:
+    """`pointers_in_data(image, codemap, str_starts)`, in no particular order, from the code pointers
+    found once and a scan for the string pointers alone (scanning for both again held a dict and a
+    list of every pointer: ~50 MiB on gcc's cc1). Where both name a place, a relocation named a
+    string there last: the string pointer is the one `pointers_in_data` gives."""
+    if not str_starts:
+        return pointers_in_data(image, codemap, str_starts)
+    to_strings = dict(pointers_in_data(image, codemap, str_starts, code=False))
+    code = ((at, d) for at, d in pairs(data_pointer_words(image, codemap)) if at not in to_strings)
+    return chain(code, to_strings.items())
 
 
 def _order(refs: Refs, str_starts: set[int]) -> None:
@@ -122,18 +135,47 @@ def _order(refs: Refs, str_starts: set[int]) -> None:
     refs.kind = bytearray(code(t[2]) for t in keys)
 
 
-def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int]) -> list[tuple[int, int]]:
-    """(data address, target) for aligned words and relative relocations naming code or a string.
+def data_pointer_words(image: Image, codemap: CodeMap) -> array:
+    """`pointers_in_data(image, codemap, set())` as the flat words it is kept in: (data address,
+    code address) pairs, by address."""
+    if codemap.data_pointers is None:
+        pointers_in_data(image, codemap, set())
+    return codemap.data_pointers  # type: ignore[return-value]
+
+
+def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int], code: bool = True) -> Iterable[tuple[int, int]]:
+    """(data address, target) for aligned words and relative relocations naming code or one of
+    `targets` (without `code`: only `targets`, as the words naming code would then be dropped),
+    in address order.
 
     A position-independent ELF (one with `*_RELATIVE` relocations, or MIPS `R_MIPS_REL32`) holds an address in data only
     where a relocation puts one: there the other words are numbers (`1000000` is not a pointer to
     0xf4240), and only the words at relocations count.
     """
+    if not code:
+        return sorted(_pointers(image, codemap, targets, code).items())
     if not targets and codemap.data_pointers is not None:
-        return codemap.data_pointers  # (the same list each time: callers only read it)
+        return pairs(codemap.data_pointers)  # (computed once: the same words each time)
+    found = _pointers(image, codemap, targets, code)
+    if targets:
+        return sorted(found.items())
+    # kept flat and packed, made without a list of pairs (gcc's cc1: 246k pointers, 29 MiB as a list
+    # of pairs, 3.8 MiB as words)
+    words = array("Q")
+    for at in sorted(found):
+        words.append(at)
+        words.append(found[at])
+    codemap.data_pointers = words
+    return pairs(words)
+
+
+def _pointers(image: Image, codemap: CodeMap, targets: set[int], code: bool) -> dict[int, int]:
+    """`pointers_in_data`'s scan (data address -> value); without `code`, a word naming code is not
+    kept (where a relocation names code, a word it overrides is dropped, as `pointers_in_data`
+    would replace it)."""
     ptr = 8 if image.identity.bits == 64 else 4
     endian = "<" if image.identity.endian == "little" else ">"
-    code = "Q" if ptr == 8 else "I"
+    fmt = "Q" if ptr == 8 else "I"
     out: dict[int, int] = {}
     contains = codemap.contains
     lo = min((r.va for r in codemap.regions), default=0)  # most words lie outside all code: one compare
@@ -144,7 +186,7 @@ def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int]) -> list[
         for r in image.relocations
     ):
         places = {r.address for r in image.relocations}
-    word = struct.Struct(f"{endian}{code}")
+    word = struct.Struct(f"{endian}{fmt}")
     view = memoryview(image.data)  # (a view's slices copy nothing)
     at_places = sorted(places) if places is not None else None
     for s in image.sections:
@@ -163,7 +205,7 @@ def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int]) -> list[
                 k = at - base
                 if k % ptr == 0:
                     (v,) = word.unpack_from(data, pad + k)
-                    if v and (v in targets or (lo <= v < hi and contains(v))):
+                    if v and (v in targets or (code and lo <= v < hi and contains(v))):
                         out[at] = v
             continue
         # a block of words at a time: one tuple of a whole section's words was the largest transient
@@ -171,8 +213,8 @@ def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int]) -> list[
         for k0 in range(0, n, _WORDS):
             m = min(_WORDS, n - k0)
             at = base + k0 * ptr
-            for v in struct.unpack_from(f"{endian}{m}{code}", data, pad + k0 * ptr):
-                if v and (v in targets or (lo <= v < hi and contains(v))):
+            for v in struct.unpack_from(f"{endian}{m}{fmt}", data, pad + k0 * ptr):
+                if v and (v in targets or (code and lo <= v < hi and contains(v))):
                     out[at] = v
                 at += ptr
     for r in image.relocations:
@@ -182,9 +224,8 @@ def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int]) -> list[
         if not v:  # REL relocations (ARM, i386): the addend is the word at the place (a GOT entry, say)
             raw = image.read(r.address, ptr)
             v = word.unpack(raw)[0] if raw is not None and len(raw) == ptr else 0
-        if v and (v in targets or codemap.contains(v)):
+        if v and (v in targets or (code and codemap.contains(v))):
             out[r.address] = v
-    found = sorted(out.items())
-    if not targets:
-        codemap.data_pointers = found
-    return found
+        elif v and codemap.contains(v):
+            out.pop(r.address, None)
+    return out
