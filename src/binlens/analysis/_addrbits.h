@@ -148,6 +148,20 @@ static PyObject *ab_add(AddrBits *s, PyObject *a) {
     Py_RETURN_NONE;
 }
 
+static PyObject *ab_discard(AddrBits *s, PyObject *a) {
+    Py_ssize_t k;
+    unsigned long long off;
+    if (ab_where(s, a, &k, &off)) {
+        unsigned char m = (unsigned char)(1u << (off & 7)), *b = &s->bits[k][off >> 3];
+        if (*b & m)
+            *b &= (unsigned char)~m, s->n--;
+        Py_RETURN_NONE;
+    }
+    if (s->other && PySet_Discard(s->other, a) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *ab_clear(AddrBits *s, PyObject *Py_UNUSED(ignored)) {
     for (Py_ssize_t k = 0; k < s->nreg; k++)
         memset(s->bits[k], 0, (size_t)(s->len[k] / 8 + 1));
@@ -217,6 +231,7 @@ static int reached_add(PyObject *r, PyObject *a) {
 
 static PyMethodDef ab_methods[] = {
     {"add", (PyCFunction)ab_add, METH_O, "Add an address."},
+    {"discard", (PyCFunction)ab_discard, METH_O, "Remove an address if it is there."},
     {"clear", (PyCFunction)ab_clear, METH_NOARGS, "Remove every address."},
     {"nbytes", (PyCFunction)ab_nbytes, METH_NOARGS, "Bytes of the bit maps (not the side set)."},
     {NULL, NULL, 0, NULL},

@@ -3,7 +3,6 @@ up to date between the heuristic's rounds, and the code addresses reached instru
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable
 
 from binlens.analysis.codemap import CodeMap
@@ -34,7 +33,10 @@ class Gaps:
         self.codemap = codemap
         self.explorer = explorer
         self.maps = {r.va: bytearray(len(r.data)) for r in codemap.regions}
-        self.count: dict[int, int] = {}
+        # the chunks some body holds (a bit each with the C extension), and how many hold those that
+        # more than one does: a Counter of every held chunk was 40 MiB on gcc's cc1
+        self.held = codemap.address_set()
+        self.more: dict[int, int] = {}
         self.bodies: dict[int, Body] = {}
         self.nsplits = 0
         # the chunks that may share bytes with others (the backend's set, grown by their split parts)
@@ -67,16 +69,17 @@ class Gaps:
             if h in odd:
                 odd.add(va)  # the part split off a chunk that overlaps another may be where it does
         self.nsplits = len(splits)
+        hold, release, held_now = self._hold, self._release, self.held
         if not self.bodies:  # the first round: every chunk of every body is new
-            counted: Counter[int] = Counter()  # (a dict: kept as the counts, not copied)
             for b in bodies.values():
-                counted.update(b.chunks)
-            self.count = counted
+                for a in b.chunks:
+                    hold(a)
             self.bodies = dict(bodies)
-            self.held_odd = {a for a in odd if a in counted}
-            cover(self.codemap, self.maps, self.explorer, [a for a in counted if a not in odd])
+            self.held_odd = {a for a in odd if a in held_now}
+            cover(
+                self.codemap, self.maps, self.explorer, [a for b in bodies.values() for a in b.chunks if a not in odd]
+            )
             return self._copy()
-        count = self.count
         old = self.bodies
         gone: list[int] = []  # one entry per (changed body, chunk it no longer holds)
         came: list[int] = []
@@ -94,23 +97,37 @@ class Gaps:
             if f not in old:
                 came.extend(b.chunks)
         for a in gone:
-            n = count[a] - 1
-            if n:
-                count[a] = n
-            else:
-                del count[a]
+            if release(a):
                 touched.add(a)
         for a in came:
-            n = count.get(a, 0)
-            count[a] = n + 1
-            if not n:
+            if hold(a):
                 touched.add(a)
         self.bodies = dict(bodies)
-        held = {a for a in touched if a in count}
-        self.held_odd = {a for a in self.held_odd if a in count} | (held & odd)
+        held = {a for a in touched if a in held_now}
+        self.held_odd = {a for a in self.held_odd if a in held_now} | (held & odd)
         cover(self.codemap, self.maps, self.explorer, touched - held - odd, b"\x00")
         cover(self.codemap, self.maps, self.explorer, held - odd)
         return self._copy()
+
+    def _hold(self, a: int) -> bool:
+        """One more body holds chunk `a`: was it held by none?"""
+        if a in self.held:
+            self.more[a] = self.more.get(a, 1) + 1
+            return False
+        self.held.add(a)
+        return True
+
+    def _release(self, a: int) -> bool:
+        """One body less holds chunk `a` (one did): does none hold it now?"""
+        n = self.more.get(a)
+        if n is None:
+            self.held.discard(a)
+            return True
+        if n == 2:
+            del self.more[a]
+        else:
+            self.more[a] = n - 1
+        return False
 
     def _copy(self) -> dict[int, bytearray]:
         """The map, with the held chunks that may overlap others laid over it."""
