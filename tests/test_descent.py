@@ -276,7 +276,7 @@ def test_c_order_of_references_is_the_python_order(monkeypatch, seed: int) -> No
 
 # ------------------------------------------------------------------ AddrBits (the walks' reached set)
 def test_addr_bits_behave_as_the_set_they_replace() -> None:
-    """Random adds and look-ups on an AddrBits and a set side by side, in and around three regions
+    """Random adds, discards and look-ups on an AddrBits and a set side by side, in and around three regions
     (the first and last byte of each, the byte past it) and far outside them, with values that are no
     address (kept in the side set): every answer agrees; region members iterate in ascending order."""
     rnd = random.Random(7)
@@ -293,9 +293,13 @@ def test_addr_bits_behave_as_the_set_they_replace() -> None:
         else:
             lo, n = rnd.choice(regions)
             a = lo + rnd.randrange(n)
-        if rnd.random() < 0.5:
+        op = rnd.random()
+        if op < 0.4:
             bits.add(a)
             plain.add(a)
+        elif op < 0.6:
+            bits.discard(a)
+            plain.discard(a)
         else:
             assert (a in bits) == (a in plain), a
         if step % 4000 == 0:
@@ -304,6 +308,7 @@ def test_addr_bits_behave_as_the_set_they_replace() -> None:
             assert set(members) == plain and len(members) == len(plain)
             inside = [a for a in members if isinstance(a, int) and any(lo <= a < lo + n for lo, n in regions)]
             assert inside == sorted(inside) and inside == members[: len(inside)]
+    bits.add(0x1040)
     assert 0x1040 in bits and bits.nbytes() == (0x40 // 8 + 1) + 1 + (0x10000 // 8 + 1)
     bits.clear()
     assert len(bits) == 0 and list(bits) == [] and 0x1000 not in bits
