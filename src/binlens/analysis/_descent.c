@@ -763,14 +763,19 @@ fail:
     return NULL;
 }
 
-/* covered(chunks, bodies) -> int: engine._covered, the bytes in the chunks of all the bodies of
- * the dict `bodies`, each chunk once (chunks no longer in `chunks` count nothing). */
+/* covered(chunks, bodies[, seen]) -> int: engine._covered, the bytes in the chunks of all the bodies
+ * of the dict `bodies`, each chunk once (chunks no longer in `chunks` count nothing); `seen` (empty:
+ * a set or an AddrBits) tells the chunks counted already, a new set without it. */
 static PyObject *covered(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *chunks, *bodies, *f, *b, *list = NULL;
-    if (!PyArg_ParseTuple(args, "OO!", &chunks, &PyDict_Type, &bodies) || !chunks_ok(chunks))
+    PyObject *chunks, *bodies, *f, *b, *list = NULL, *seen = NULL;
+    if (!PyArg_ParseTuple(args, "OO!|O", &chunks, &PyDict_Type, &bodies, &seen) || !chunks_ok(chunks))
         return NULL;
-    PyObject *seen = PySet_New(NULL);
+    if (seen && !PySet_Check(seen) && !IS_AB(seen)) {
+        PyErr_SetString(PyExc_TypeError, "seen: a set or an AddrBits");
+        return NULL;
+    }
+    seen = seen ? Py_NewRef(seen) : PySet_New(NULL); /* (an AddrBits: a bit a code byte, not a set of ints) */
     unsigned long long total = 0;
     Py_ssize_t pos = 0;
     if (!seen)
@@ -784,10 +789,10 @@ static PyObject *covered(PyObject *self, PyObject *args) {
         }
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
             PyObject *a = PyList_GET_ITEM(list, i);
-            Py_ssize_t before = PySet_GET_SIZE(seen);
-            if (PySet_Add(seen, a) < 0)
+            int was = reached_has(seen, a);
+            if (was < 0 || (!was && reached_add(seen, a) < 0))
                 goto fail;
-            if (PySet_GET_SIZE(seen) == before)
+            if (was)
                 continue;
             unsigned long long end = 0, va = PyLong_AsUnsignedLongLong(a);
             if (va == (unsigned long long)-1 && PyErr_Occurred())
@@ -941,27 +946,56 @@ done:
  * otherwise), groups in the order of their first reference; per group, little-endian u64 (src, dst) pairs and
  * one byte of kind (`codes[kind]`) each. `starts` is sorted; `ends` and `fns` go with it. `xrefs` is a
  * list of `Xref`, or packed references: a tuple (src, dst, kind) of buffers (u64, u64 and one byte
- * each, the byte already the kind's code; `model.Refs`). */
+ * each, the byte already the kind's code; `model.Refs`). `starts`, `ends` and `fns` are lists of ints or
+ * arrays of u64 (`store.analysis_save.owner_spans` gives arrays). */
+/* a span column: a list of ints, or a buffer of u64 (an array 'Q'); its length, -1 on error */
+static Py_ssize_t span_column(PyObject *o, Py_buffer *view) {
+    if (PyList_Check(o))
+        return PyList_GET_SIZE(o);
+    if (PyObject_GetBuffer(o, view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (view->itemsize != 8 || !view->format || (strcmp(view->format, "Q") && strcmp(view->format, "L"))) {
+        PyBuffer_Release(view);
+        view->obj = NULL;
+        PyErr_SetString(PyExc_TypeError, "starts, ends and fns: lists of ints or arrays of u64 ('Q')");
+        return -1;
+    }
+    return view->len / 8;
+}
+
+/* item i of a span column (a new reference for an int object made from a buffer) */
+static unsigned long long span_word(PyObject *o, const Py_buffer *view, Py_ssize_t i) {
+    return view->obj ? ((const unsigned long long *)view->buf)[i] : PyLong_AsUnsignedLongLong(PyList_GET_ITEM(o, i));
+}
+
+static PyObject *span_item(PyObject *o, const Py_buffer *view, Py_ssize_t i) {
+    return view->obj ? PyLong_FromUnsignedLongLong(((const unsigned long long *)view->buf)[i])
+                     : Py_NewRef(PyList_GET_ITEM(o, i));
+}
+
 static PyObject *pack_by_owner(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *starts, *ends, *fns, *xrefs, *codes;
-    if (!PyArg_ParseTuple(args, "O!O!O!OO!", &PyList_Type, &starts, &PyList_Type, &ends, &PyList_Type, &fns,
-                          &xrefs, &PyDict_Type, &codes))
+    if (!PyArg_ParseTuple(args, "OOOOO!", &starts, &ends, &fns, &xrefs, &PyDict_Type, &codes))
         return NULL;
-    Py_buffer pb[3] = {{0}, {0}, {0}};
+    Py_buffer pb[3] = {{0}, {0}, {0}}, sv[3] = {{0}, {0}, {0}};
     int packed = PyTuple_Check(xrefs);
     if (!packed && !PyList_Check(xrefs)) {
         PyErr_SetString(PyExc_TypeError, "xrefs: a list of Xref or a tuple (src, dst, kind) of buffers");
         return NULL;
     }
-    Py_ssize_t ns = PyList_GET_SIZE(starts), nx = packed ? 0 : PyList_GET_SIZE(xrefs);
-    if (packed && refs_buffers(xrefs, pb, 0) < 0)
+    Py_ssize_t ns = span_column(starts, &sv[0]), ne = ns < 0 ? -1 : span_column(ends, &sv[1]),
+               nf = ne < 0 ? -1 : span_column(fns, &sv[2]), nx = packed ? 0 : PyList_GET_SIZE(xrefs);
+    if (nf < 0 || (packed && refs_buffers(xrefs, pb, 0) < 0)) {
+        refs_release(sv);
         return NULL;
+    }
     if (packed)
         nx = pb[2].len;
-    if (PyList_GET_SIZE(ends) != ns || PyList_GET_SIZE(fns) != ns) {
+    if (ne != ns || nf != ns) {
         PyErr_SetString(PyExc_ValueError, "starts, ends and fns differ in length");
         refs_release(pb);
+        refs_release(sv);
         return NULL;
     }
     PyObject *out = NULL, *s_src = PyUnicode_InternFromString("src"), *s_dst = PyUnicode_InternFromString("dst"),
@@ -986,17 +1020,19 @@ static PyObject *pack_by_owner(PyObject *self, PyObject *args) {
         goto done;
     }
     for (Py_ssize_t i = 0; i < ns; i++) {
-        st[i] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(starts, i));
-        en[i] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(ends, i));
+        st[i] = span_word(starts, &sv[0], i);
+        en[i] = span_word(ends, &sv[1], i);
         if (PyErr_Occurred())
             goto done;
-        PyObject *at = PyLong_FromSsize_t(i), *was;
-        if (!at || !(was = PyDict_SetDefault(first, PyList_GET_ITEM(fns, i), at))) {
+        PyObject *at = PyLong_FromSsize_t(i), *fn = span_item(fns, &sv[2], i), *was = NULL;
+        if (!at || !fn || !(was = PyDict_SetDefault(first, fn, at))) {
             Py_XDECREF(at);
+            Py_XDECREF(fn);
             goto done;
         }
         fid[i] = PyLong_AsSsize_t(was) + 1;
         Py_DECREF(at);
+        Py_DECREF(fn);
     }
     for (Py_ssize_t i = 0; i < ns + 2; i++)
         gid[i] = -1;
@@ -1062,8 +1098,9 @@ static PyObject *pack_by_owner(PyObject *self, PyObject *args) {
     if (!(out = PyList_New(ngroups)))
         goto done;
     for (Py_ssize_t g = 0; g < ngroups; g++) {
-        PyObject *owner = gspan[g] ? PyList_GET_ITEM(fns, gspan[g] - 1) : Py_None;
-        PyObject *t = PyTuple_Pack(3, owner, data[g], kinds[g]);
+        PyObject *owner = gspan[g] ? span_item(fns, &sv[2], gspan[g] - 1) : Py_NewRef(Py_None);
+        PyObject *t = owner ? PyTuple_Pack(3, owner, data[g], kinds[g]) : NULL;
+        Py_XDECREF(owner);
         if (!t) {
             Py_CLEAR(out);
             goto done;
@@ -1081,6 +1118,7 @@ done:
     Py_XDECREF(s_kind);
     PyMem_Free(st);
     PyMem_Free(en);
+    refs_release(sv);
     if (packed)
         refs_release(pb);
     else {

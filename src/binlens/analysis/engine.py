@@ -317,7 +317,7 @@ def explore(
     del gaps  # its coverage map and counts are of no further use
     explorer.restore_edges(bodies)  # (discovery walked without them)
     explorer.finish()
-    covered = _covered(codemap, explorer, bodies)  # here, its set reuses the memory just freed
+    covered = _covered(codemap, explorer, bodies)  # (each chunk once: its seen set is bits)
     return Explored(
         image,
         codemap,
@@ -576,7 +576,7 @@ def _cold_parts(bodies: dict[int, Body], starts: dict[int, frozenset[str]], exte
 def _covered(codemap: CodeMap, explorer: Explorer, bodies: dict[int, Body]) -> int:
     """Bytes in the chunks of all bodies (each chunk once)."""
     if _descent is not None:  # the same sum in C
-        return _descent.covered(explorer.chunks, bodies)
+        return _descent.covered(explorer.chunks, bodies, codemap.address_set())
     seen = set()
     total = 0
     get = explorer.chunks.get
