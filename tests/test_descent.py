@@ -193,6 +193,7 @@ def test_c_packing_of_references_is_the_python_packing(compile_c, monkeypatch, n
         spans = owner_spans(a.functions)
         packs = _packs(monkeypatch, spans, a.xrefs, True)
         assert packs == _packs(monkeypatch, spans, a.xrefs, False)
+        assert packs == _packs(monkeypatch, tuple(list(c) for c in spans), a.xrefs, True)  # (lists of ints too)
         assert len(packs) > len(a.functions) // 2  # (most functions make a reference)
         refs = _packed(a.xrefs)  # the analysis process's packed references give the same rows
         assert _packs(monkeypatch, spans, refs, True) == packs == _packs(monkeypatch, spans, refs, False)

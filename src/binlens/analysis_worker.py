@@ -36,7 +36,7 @@ from typing import Any
 
 from binlens.errors import BinlensError
 from binlens.loader.digest import sha256_hex
-from binlens.loader.isolate import STATUS_OK, load_frame, read_frame, write_frame
+from binlens.loader.isolate import STATUS_OK, load_frame, read_frame, write_frame, write_last_frame
 
 Progress = Callable[[float, float | None, str | None], None]
 _PROGRESS_EVERY_S = 0.05
@@ -382,7 +382,7 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
             try:
                 os.close(read_fd)
                 with open(write_fd, "wb") as out:
-                    write_frame(out, streamed_function_rows(explored.iter_functions((0, split))))
+                    write_last_frame(out, streamed_function_rows(explored.iter_functions((0, split))))
                 code = 0
             except BaseException:  # noqa: BLE001 - the parent reports it; the trace goes to stderr
                 import traceback

@@ -50,39 +50,34 @@ def goto_tables(
     # off(r30)` chunks after r30 was set is followed by no pair evaluation); it runs on over the
     # code pointers that follow. A run of function pointers inside a struct (an SQLite VFS: its
     # methods after a name and sizes) is taken by the struct's address, not its first pointer's.
-    # Only a word with at least MIN_ENTRIES - 1 code pointers after it can begin one: the others are
-    # not looked at (a dict of every code pointer in data, and a scan for the words naming any of
-    # them, were the largest transient of the analysis of gcc's cc1: ~38 MiB).
+    # Only a word with at least MIN_ENTRIES - 1 code pointers after it, each the next word, can begin
+    # one: the others are not looked at (a dict of every code pointer in data, and a scan for the
+    # words naming any of them, were the largest transient of the analysis of gcc's cc1: ~38 MiB).
     flat = data_pointer_words(image, codemap)  # (data word, the code address it holds), by address
     words, values = flat[0::2], flat[1::2]
-    firsts: dict[int, tuple[int, int]] = {}  # a word that may begin a table -> the places of its run
-    i, n = 0, len(words)
-    while i < n:
-        j = i  # the block of consecutive words from place i ends at place j
-        while j + 1 < n and words[j + 1] == words[j] + ptr:
-            j += 1
-        for k in range(i, j - MIN_ENTRIES + 2):
-            firsts[words[k]] = (k, j + 1)
-        i = j + 1
+    n, span = len(words), (MIN_ENTRIES - 1) * ptr
+    firsts = {words[k] for k in range(n - MIN_ENTRIES + 1) if words[k + MIN_ENTRIES - 1] == words[k] + span}
 
     def is_word(va: int) -> bool:
         k = bisect.bisect_left(words, va)
         return k < n and words[k] == va
 
-    holder = dict(pointers_in_data(image, codemap, set(firsts), code=False))
+    holder = dict(pointers_in_data(image, codemap, firsts, code=False))  # a data word naming a first word
     takers: dict[int, list[int]] = {t: [] for t in holder.values()}
     holder = {src: dst for src, dst in holder.items() if not is_word(src)}  # (a word holds itself)
-    holder.update((t, t) for t in firsts)
     through = {XREF_KINDS.index("call"), XREF_KINDS.index("jump")}  # a call through a GOT slot takes no table
     xs = zip(backend.x_src, backend.x_dst, backend.x_kind, strict=True)  # type: ignore[attr-defined]
     for src, dst, kind in xs:
-        table = holder.get(dst)
+        table = dst if dst in firsts else holder.get(dst)
         if table is not None and kind not in through:
             takers.setdefault(table, []).append(src)
+    del firsts
     runs: dict[int, list[int]] = {}  # first word -> targets
     for table in takers:
-        lo, hi = firsts[table]
-        runs[table] = [v & ~thumb_bit for v in values[lo:hi]]
+        lo = hi = bisect.bisect_left(words, table)
+        while hi + 1 < n and words[hi + 1] == words[hi] + ptr:
+            hi += 1
+        runs[table] = [v & ~thumb_bit for v in values[lo : hi + 1]]
     # the function a table's labels lie in: the last start before them with better evidence than a
     # guess or a jump (the labels' code jumps back into its function: tail calls, while the labels
     # are taken for functions)

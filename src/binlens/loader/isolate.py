@@ -35,6 +35,16 @@ def write_frame(stream: Any, obj: Any) -> None:
     stream.flush()
 
 
+def write_last_frame(stream: Any, obj: Any) -> None:
+    """Write one frame for `load_frame`, pickled straight into the stream: no copy of the whole
+    pickle in memory (the analysis's function rows from its forked child: 5.7 MiB for libc, which
+    the child held beside the rows). Its length is not known ahead: the header says 0, so only
+    `load_frame` reads it, and nothing may follow it."""
+    stream.write(_HEADER.pack(0))
+    pickle.dump(obj, stream, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.flush()
+
+
 def read_frame(stream: Any) -> Any:
     """Read one frame; EOFError when the peer is gone."""
     head = _read_exact(stream, _HEADER.size)
@@ -43,10 +53,11 @@ def read_frame(stream: Any) -> Any:
 
 
 def load_frame(stream: Any) -> Any:
-    """Read one frame as `read_frame` does, but unpickle it straight from the stream, without a copy
-    of the whole frame in memory (the analysis's function rows from its forked child: 5.7 MiB for
-    libc, read while the rows it builds itself are held). For a stream with nothing after the frame;
-    EOFError when the peer is gone or stopped part-way."""
+    """Read one frame (`write_frame`'s or `write_last_frame`'s) as `read_frame` does, but unpickle
+    it straight from the stream, without a copy of the whole frame in memory (the analysis's
+    function rows from its forked child: 5.7 MiB for libc, read while the rows it builds itself are
+    held). For a stream with nothing after the frame; EOFError when the peer is gone or stopped
+    part-way."""
     _read_exact(stream, _HEADER.size)
     try:
         return pickle.load(stream)  # noqa: S301 - frames come from our own worker

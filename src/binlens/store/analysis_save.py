@@ -48,6 +48,7 @@ _INDEXES = (
     ("xref_pack_by_function", "xref_pack(function)"),
 )
 _HIGH = 1 << 63
+Spans = tuple[array, array, array] | tuple[list[int], list[int], list[int]]  # `owner_spans`' (arrays)
 
 
 def _signer(*values: Iterable[int]) -> Callable[[int], int]:
@@ -64,7 +65,7 @@ class FunctionRows:
     blocks: list[tuple]
     calls: array  # flat (function, site, callee) words, signed as stored (`calls_rows`)
     counts: tuple[int, int, int]  # functions, blocks, instructions
-    spans: tuple[list[int], list[int], list[int]]
+    spans: Spans
 
 
 @dataclass(slots=True)
@@ -76,7 +77,7 @@ class ReferenceRows:
     counts: tuple[int, int]  # references, strings
 
 
-def function_rows(functions: list, spans: tuple[list[int], list[int], list[int]] | None = None) -> FunctionRows:
+def function_rows(functions: list, spans: Spans | None = None) -> FunctionRows:
     """Rows for `functions` (sorted by address, as the engine gives them); `spans` when the caller
     has them already (`owner_spans(functions)`)."""
     sg = _signer(map(attrgetter("address"), functions), (max(f.calls, default=0) for f in functions))
@@ -147,7 +148,7 @@ def merge_function_rows(first: FunctionRows, second: FunctionRows) -> FunctionRo
     return first
 
 
-def reference_rows(xrefs: list | Refs, strings: list, spans: tuple[list[int], list[int], list[int]]) -> ReferenceRows:
+def reference_rows(xrefs: list | Refs, strings: list, spans: Spans) -> ReferenceRows:
     """Rows for the references (`Xref` objects, or packed: `Refs`; grouped by the function that owns
     their source: `spans`) and the strings (with how many references each has)."""
     sg = _signer(spans[2], map(attrgetter("address"), strings))
@@ -226,9 +227,7 @@ def _block_rows(functions: list, sg: Callable[[int], int]) -> Iterable[tuple]:
     return ((sg(f.address), *pack_blocks(f.blocks)) for f in functions if f.blocks)
 
 
-def _xref_packs(
-    spans: tuple[list[int], list[int], list[int]], xrefs: list | Refs, sg: Callable[[int], int]
-) -> list[tuple[int | None, bytes, bytes]]:
+def _xref_packs(spans: Spans, xrefs: list | Refs, sg: Callable[[int], int]) -> list[tuple[int | None, bytes, bytes]]:
     """One `xref_pack` row per owner: the function whose block holds the source (None: no function)."""
     starts, ends, fns = spans
     if _c_descent is not None:  # the same grouping and packing in C (`_descent.c`)
@@ -250,15 +249,16 @@ def _xref_packs(
     return [(None if owner is None else sg(owner), *pack_xrefs(group)) for owner, group in groups.items()]
 
 
-def owner_spans(functions: list) -> tuple[list[int], list[int], list[int]]:
-    """(starts, ends, functions) of the distinct block starts, sorted: who owns an address."""
+def owner_spans(functions: list) -> tuple[array, array, array]:
+    """(starts, ends, functions) of the distinct block starts, sorted: who owns an address. Packed
+    u64 arrays: as lists with their ints they were ~40 bytes a block for each (libc: 70k blocks)."""
     spans = sorted((b.start, b.end, f.address) for f in functions for b in f.blocks)
-    starts: list[int] = []
-    ends: list[int] = []
-    fns: list[int] = []
+    starts, ends, fns = array("Q"), array("Q"), array("Q")
+    last = None
     for st, en, fn in spans:
-        if starts and starts[-1] == st:
+        if st == last:
             continue
+        last = st
         starts.append(st)
         ends.append(en)
         fns.append(fn)
