@@ -10,7 +10,8 @@ PORT ?= 8765
 .PHONY: run test lint bench clean sample
 
 $(VENV)/.installed: pyproject.toml setup.py src/binlens/analysis/_x86scan.c src/binlens/analysis/_descent.c \
-		src/binlens/analysis/_chunkmap.h src/binlens/analysis/_addrbits.h
+		src/binlens/analysis/_chunkmap.h src/binlens/analysis/_addrbits.h \
+		src/binlens/analysis/_predmap.h
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'

@@ -15,7 +15,11 @@ setup(
         Extension(
             "binlens.analysis._descent",
             ["src/binlens/analysis/_descent.c"],
-            depends=["src/binlens/analysis/_chunkmap.h", "src/binlens/analysis/_addrbits.h"],
+            depends=[
+                "src/binlens/analysis/_chunkmap.h",
+                "src/binlens/analysis/_addrbits.h",
+                "src/binlens/analysis/_predmap.h",
+            ],
             optional=True,
         ),
     ]

@@ -76,20 +76,30 @@ def _chunk_map(chunks: dict) -> object:
 
 
 def _walk(
-    chunks: dict, use_c: bool, noret: set[int], starts: list[int], cond_preds: bool, fresh: bool, records: bool = False
+    chunks: dict,
+    use_c: bool,
+    noret: set[int],
+    starts: list[int],
+    cond_preds: bool,
+    fresh: bool,
+    records: bool = False,
+    dict_preds: bool = False,
 ) -> tuple:
     saved = D._c_traverse
     D._c_traverse = C.traverse if use_c else None
     try:
         ex = D.Explorer(_NoCode(), _Backend(), None, cond_preds=cond_preds)  # type: ignore[arg-type]
         ex.chunks = _chunk_map(chunks) if records else dict(chunks)  # type: ignore[assignment]
+        if dict_preds:  # the predecessors in dicts, as without the C extension (else PredMaps)
+            ex.pred, ex.jpred, ex.cpred = {}, {}, {} if cond_preds else None
         rnd = random.Random(7)
         ex.case_targets = lambda start, last: [rnd.choice(list(chunks)) for _ in range(rnd.randrange(4))]  # type: ignore[method-assign]
         ticks: list[int] = []
         ex.progress = lambda done, total, msg: ticks.append(done)  # type: ignore[assignment]
         new: list[int] | None = [] if fresh else None
         reached, calls = ex.traverse(starts, noret, new)
-        return set(reached), calls, list(ex.pred.items()), list(ex.jpred.items()), ex.cpred, new, ticks
+        cpred = None if ex.cpred is None else sorted(ex.cpred.items())
+        return set(reached), calls, sorted(ex.pred.items()), sorted(ex.jpred.items()), cpred, new, ticks
     finally:
         D._c_traverse = saved
 
@@ -102,7 +112,9 @@ def test_c_walk_is_the_python_walk(seed: int) -> None:
     noret = set(rnd.sample(sorted(chunks), 20))
     for cond_preds in (False, True):
         for fresh in (False, True):
-            want = _walk(chunks, False, noret, starts, cond_preds, fresh)
+            want = _walk(chunks, False, noret, starts, cond_preds, fresh, dict_preds=True)
+            assert _walk(chunks, False, noret, starts, cond_preds, fresh) == want
+            assert _walk(chunks, True, noret, starts, cond_preds, fresh, dict_preds=True) == want
             assert _walk(chunks, True, noret, starts, cond_preds, fresh) == want
             assert _walk(chunks, True, noret, starts, cond_preds, fresh, records=True) == want
             assert _walk(chunks, False, noret, starts, cond_preds, fresh, records=True) == want
@@ -154,6 +166,7 @@ PIECES = [
     (G, "_descent"),
     (E, "_descent"),
     (D, "_ChunkMap"),
+    (D, "_PredMap"),
     (X, "_descent"),
     (M, "_AddrBits"),
 ]
@@ -328,6 +341,36 @@ def test_addr_bits_behave_as_the_set_they_replace() -> None:
         C.AddrBits([(2**64 - 8, 9)])
     with pytest.raises(ValueError, match="overlapping"):
         C.AddrBits([(0x1000, 16), (0x100F, 1)])
+
+
+def test_pred_map_behaves_as_the_dict_it_replaces() -> None:
+    """Random assignments, setdefaults, look-ups and `in` on a PredMap and a dict side by side: keys
+    near and far from their values (a distance over 32 bits, values that are no address, keys that
+    are none, 0 and 2**64-1, the key that marks an empty slot) and values replaced by ones that no
+    longer fit a slot; every answer agrees, and the contents at the end."""
+    rnd = random.Random(3)
+    m, d = C.PredMap(), {}
+    keys = [rnd.randrange(0, 1 << 20) for _ in range(3000)] + [0, 2**64 - 1, 2**64 - 2, -1, 2**64, "x"]
+    for _ in range(100_000):
+        k = rnd.choice(keys)
+        near = k - rnd.randrange(1, 64) if isinstance(k, int) else 5
+        v = rnd.choice([near, near, near, rnd.randrange(0, 2**64), 2**40 + rnd.randrange(9), -3, "y"])
+        op = rnd.random()
+        if op < 0.4:
+            m[k] = v
+            d[k] = v
+        elif op < 0.6:
+            assert m.setdefault(k, v) == d.setdefault(k, v)
+        elif op < 0.8:
+            assert m.get(k) == d.get(k) and m.get(k, "none") == d.get(k, "none")
+        else:
+            assert (k in m) == (k in d)
+    assert len(m) == len(d) and sorted(map(repr, m.items())) == sorted(map(repr, d.items()))
+    assert all(m[k] == v for k, v in d.items()) and m.nbytes() > 0
+    with pytest.raises(KeyError):
+        m[2**70]
+    with pytest.raises(TypeError, match="no deletion"):
+        del m[keys[0]]
 
 
 def test_the_walk_takes_a_set_or_addr_bits_and_nothing_else() -> None:

@@ -20,6 +20,7 @@
 
 #include "_addrbits.h"
 #include "_chunkmap.h"
+#include "_predmap.h"
 
 static long T_FALL, T_JUMP, T_COND, T_CALL, T_ICALL, T_IJUMP, T_RET = -1, T_BAD = -1;
 static int configured;
@@ -90,7 +91,7 @@ static PyObject *get_chunk(PyObject *chunks, PyObject *fast, PyObject *chunk, Py
 }
 
 static int set_pred(PyObject *pred, PyObject *x, PyObject *a, PyObject *stack) {
-    if (PyDict_SetItem(pred, x, a) < 0)
+    if (pred_put(pred, x, a) < 0)
         return -1;
     return PyList_Append(stack, x);
 }
@@ -107,19 +108,21 @@ static PyObject *traverse(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "_descent.configure() was not called");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "O!OO!OOO!O!OOOOOO", &PyList_Type, &stack, &reached, &PySet_Type, &calls,
-                          &noret, &chunks, &PyDict_Type, &pred, &PyDict_Type, &jpred, &cpred, &fast, &chunk, &cases,
-                          &fresh, &progress))
+    if (!PyArg_ParseTuple(args, "O!OO!OOOOOOOOOO", &PyList_Type, &stack, &reached, &PySet_Type, &calls, &noret,
+                          &chunks, &pred, &jpred, &cpred, &fast, &chunk, &cases, &fresh, &progress))
         return NULL;
+    if (!pred_ok(pred) || !pred_ok(jpred)) {
+        PyErr_SetString(PyExc_TypeError, "pred, jpred: a dict or a PredMap");
+        return NULL;
+    }
     if (!chunks_ok(chunks))
         return NULL;
     if (!PySet_Check(reached) && !IS_AB(reached)) {
         PyErr_SetString(PyExc_TypeError, "reached: a set or an AddrBits");
         return NULL;
     }
-    if (!PyAnySet_Check(noret) || (cpred != Py_None && !PyDict_Check(cpred)) ||
-        (fresh != Py_None && !PyList_Check(fresh))) {
-        PyErr_SetString(PyExc_TypeError, "noret: a set; cpred: a dict or None; fresh: a list or None");
+    if (!PyAnySet_Check(noret) || (cpred != Py_None && !pred_ok(cpred)) || (fresh != Py_None && !PyList_Check(fresh))) {
+        PyErr_SetString(PyExc_TypeError, "noret: a set; cpred: a dict, a PredMap or None; fresh: a list or None");
         return NULL;
     }
     unsigned long long covered = 0;
@@ -157,11 +160,8 @@ static PyObject *traverse(PyObject *self, PyObject *args) {
         if (term == T_COND && nt >= 2) {
             if (set_pred(pred, PyTuple_GET_ITEM(t, 1), a, stack) < 0 || PyList_Append(stack, PyTuple_GET_ITEM(t, 0)) < 0)
                 goto fail;
-            if (cpred != Py_None) {
-                PyObject *r = PyDict_SetDefault(cpred, PyTuple_GET_ITEM(t, 0), a);
-                if (r == NULL)
-                    goto fail;
-            }
+            if (cpred != Py_None && pred_setdefault(cpred, PyTuple_GET_ITEM(t, 0), a) < 0)
+                goto fail;
         } else if (term == T_FALL && nt >= 1) {
             if (set_pred(pred, PyTuple_GET_ITEM(t, 0), a, stack) < 0)
                 goto fail;
@@ -174,7 +174,7 @@ static PyObject *traverse(PyObject *self, PyObject *args) {
                 goto fail;
         } else if (term == T_JUMP && nt >= 1) {
             PyObject *x = PyTuple_GET_ITEM(t, 0);
-            if (PyDict_SetDefault(jpred, x, a) == NULL || PyList_Append(stack, x) < 0)
+            if (pred_setdefault(jpred, x, a) < 0 || PyList_Append(stack, x) < 0)
                 goto fail;
         } else if (term == T_ICALL && nt >= 2) {
             int nr = PySet_Contains(noret, PyTuple_GET_ITEM(t, 0));
@@ -1159,11 +1159,12 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__descent(void) {
-    if (PyType_Ready(&ChunkMapType) < 0 || PyType_Ready(&AddrBitsType) < 0)
+    if (PyType_Ready(&ChunkMapType) < 0 || PyType_Ready(&AddrBitsType) < 0 || PyType_Ready(&PredMapType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m && (PyModule_AddObjectRef(m, "ChunkMap", (PyObject *)&ChunkMapType) < 0 ||
-              PyModule_AddObjectRef(m, "AddrBits", (PyObject *)&AddrBitsType) < 0))
+              PyModule_AddObjectRef(m, "AddrBits", (PyObject *)&AddrBitsType) < 0 ||
+              PyModule_AddObjectRef(m, "PredMap", (PyObject *)&PredMapType) < 0))
         Py_CLEAR(m);
     return m;
 }

@@ -31,6 +31,13 @@ _descent = native("_descent", T_FALL, T_JUMP, T_COND, T_CALL, T_ICALL, T_IJUMP, 
 _c_traverse = _descent.traverse if _descent is not None else None
 _c_body = _descent.body if _descent is not None else None
 _ChunkMap = _descent.ChunkMap if _descent is not None else None
+_PredMap = _descent.PredMap if _descent is not None else None  # 12 bytes a predecessor (`_predmap.h`)
+
+
+def _preds() -> dict[int, int]:
+    """A new map of recorded predecessors: a `PredMap`, or a dict without the C extension."""
+    return _PredMap() if _PredMap is not None else {}  # type: ignore[no-any-return]
+
 
 Progress = Callable[[float, float | None, str | None], None]
 
@@ -108,11 +115,11 @@ class Explorer:
         )
         # {va: (end, terminator, targets, last)}: a `ChunkMap` (flat records, `_chunkmap.h`) or a dict
         self.chunks: dict[int, tuple[int, int, tuple[int, ...], int]] = _ChunkMap() if _ChunkMap is not None else {}
-        self.pred: dict[int, int] = {}
-        self.jpred: dict[int, int] = {}  # first chunk seen jumping to a chunk
+        self.pred: dict[int, int] = _preds()
+        self.jpred: dict[int, int] = _preds()  # first chunk seen jumping to a chunk
         # first chunk seen branching conditionally to a chunk (kept when asked for: the AArch64
         # resolver needs the guard of gcc's `cmp; b.ls dispatch`, whose dispatch nothing falls into)
-        self.cpred: dict[int, int] | None = {} if cond_preds else None
+        self.cpred: dict[int, int] | None = _preds() if cond_preds else None
         # PowerPC, RISC-V: when both paths fail, try the path preferring conditional branches too
         self.cond_first = cond_first and cond_preds
         # PowerPC, RISC-V: without an FDE or symbol extent, a function holding a guarded table reaches
@@ -318,10 +325,10 @@ class Explorer:
         self._calls = set()
         if self._retried is not None:
             self._retried = {}
-        self.pred = {}
-        self.jpred = {}
+        self.pred = _preds()
+        self.jpred = _preds()
         if self.cpred is not None:
-            self.cpred = {}
+            self.cpred = _preds()
 
     @property
     def noreturn(self) -> set[int] | frozenset[int]:
