@@ -123,8 +123,9 @@ def test_incremental_gap_coverage_through_changed_bodies_and_splits(monkeypatch)
 
 def test_partition_and_functions_with_no_starts(compile_c):
     """No function starts at all (a damaged file): empty results, not an error."""
-    from binlens.analysis.discovery import Explorer, FragmentIndex
+    from binlens.analysis.discovery import Explorer
     from binlens.analysis.functions import build_functions
+    from binlens.analysis.model import FragmentIndex
 
     image = parse_path(str(compile_c("sample.c", "-O2", True)))
     codemap = CodeMap(image)

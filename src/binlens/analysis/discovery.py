@@ -17,7 +17,6 @@ chunk start) once and caches them; everything after that is graph work over the 
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable
 
 from binlens.analysis.codemap import CHUNK, INSN, CodeMap
@@ -135,9 +134,8 @@ class Explorer:
         self._retried: dict[int, tuple] | None = None if getattr(backend, "arch", "") == "arm" else {}
         self.progress: Progress | None = None
         self.covered = 0
-        # do walks keep each body's edges? `explore` walks without them until discovery ends (gcc's
-        # cc1: 2M edges, 46 MiB of list slots), then has `restore_edges` walk each body once more
-        self.record_edges = True
+        # keep bodies' edges? `explore` walks without them (cc1: 2M edges, 46 MiB) until discovery ends
+        self.record_edges = True  # (then `restore_edges` walks each body once more)
         self._parts = Partitioner()
         self._dirty: set[int] = set()
         self._trav_noret: set[int] | None = None
@@ -600,17 +598,3 @@ class Explorer:
 
 def _no_edge(_edge: tuple) -> None:
     """`_body`'s edge recorder while edges are not kept."""
-
-
-class FragmentIndex:
-    """Address ranges of FDEs that are not function entries (cold parts): membership by bisect."""
-
-    def __init__(self, ranges: list[tuple[int, int]]) -> None:
-        self.ranges = list(ranges)
-        ranges = sorted(ranges)
-        self.starts = [a for a, _ in ranges]
-        self.ends = [a + n for a, n in ranges]
-
-    def __call__(self, va: int) -> bool:
-        i = bisect.bisect_right(self.starts, va) - 1
-        return i >= 0 and va < self.ends[i]

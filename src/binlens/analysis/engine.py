@@ -13,12 +13,7 @@ from contextlib import contextmanager
 
 from binlens.analysis.armexidx import seed_exidx_starts
 from binlens.analysis.codemap import CodeMap
-from binlens.analysis.discovery import (
-    NORETURN_NAMES,
-    Body,
-    Explorer,
-    FragmentIndex,
-)
+from binlens.analysis.discovery import NORETURN_NAMES, Body, Explorer
 from binlens.analysis.ehframe import parse_eh_frame
 from binlens.analysis.functions import iter_functions
 from binlens.analysis.gapmap import Gaps
@@ -28,6 +23,7 @@ from binlens.analysis.heuristics_arm import arm_labels
 from binlens.analysis.model import (
     SOURCES,
     XREF_KINDS,
+    FragmentIndex,
     Function,
     ProgramAnalysis,
     Refs,

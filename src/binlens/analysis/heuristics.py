@@ -13,7 +13,7 @@ from collections.abc import Callable, Container
 from itertools import chain
 
 from binlens.analysis.codemap import CodeMap, CodeRegion, instruction_start, zero_runs
-from binlens.analysis.discovery import Body, Explorer, FragmentIndex
+from binlens.analysis.discovery import Body, Explorer
 from binlens.analysis.gapmap import Gaps, body_spans, cover, offset_refs_from
 from binlens.analysis.heuristics_arm import (
     arm_after_end,
@@ -23,7 +23,18 @@ from binlens.analysis.heuristics_arm import (
     arm_runs_into,
     set_arm_state,
 )
-from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET, XREF_KINDS
+from binlens.analysis.model import (
+    T_BAD,
+    T_CALL,
+    T_COND,
+    T_FALL,
+    T_ICALL,
+    T_IJUMP,
+    T_JUMP,
+    T_RET,
+    XREF_KINDS,
+    FragmentIndex,
+)
 from binlens.analysis.prologues import ARCHES as PROLOGUE_ARCHES
 from binlens.analysis.prologues import INSN_ALIGN, GapPrologues
 from binlens.analysis.xrefs import pointers_in_data

@@ -8,11 +8,11 @@ and returns their functions and the references from their code; the caller
 from __future__ import annotations
 
 from binlens.analysis.codemap import CodeMap
-from binlens.analysis.discovery import NORETURN_NAMES, FragmentIndex
+from binlens.analysis.discovery import NORETURN_NAMES
 from binlens.analysis.ehframe import parse_eh_frame
 from binlens.analysis.engine import _text_names, gc_paused, make_backend, make_explorer
 from binlens.analysis.functions import build_functions
-from binlens.analysis.model import Function, Xref
+from binlens.analysis.model import FragmentIndex, Function, Xref
 from binlens.analysis.seeds import Seeds
 from binlens.analysis.thunks import find_thunks
 from binlens.analysis.xrefs import collect_refs

@@ -162,6 +162,20 @@ def pairs(flat: array | list[int]) -> Iterator[tuple[int, int]]:
     return zip(it, it, strict=True)
 
 
+class FragmentIndex:
+    """Address ranges of FDEs that are not function entries (cold parts): membership by bisect."""
+
+    def __init__(self, ranges: list[tuple[int, int]]) -> None:
+        self.ranges = list(ranges)
+        ranges = sorted(ranges)
+        self.starts = [a for a, _ in ranges]
+        self.ends = [a + n for a, n in ranges]
+
+    def __call__(self, va: int) -> bool:
+        i = bisect.bisect_right(self.starts, va) - 1
+        return i >= 0 and va < self.ends[i]
+
+
 @dataclass(frozen=True, slots=True)
 class StringItem:
     """A string found in the image's data."""
