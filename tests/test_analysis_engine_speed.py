@@ -124,7 +124,7 @@ def test_incremental_gap_coverage_through_changed_bodies_and_splits(monkeypatch)
 def test_partition_and_functions_with_no_starts(compile_c):
     """No function starts at all (a damaged file): empty results, not an error."""
     from binlens.analysis.discovery import Explorer
-    from binlens.analysis.functions import build_functions
+    from binlens.analysis.functions import iter_functions
     from binlens.analysis.model import FragmentIndex
 
     image = parse_path(str(compile_c("sample.c", "-O2", True)))
@@ -132,7 +132,7 @@ def test_partition_and_functions_with_no_starts(compile_c):
     explorer = Explorer(codemap, X86Backend(image, codemap), None)
     bodies, new = explorer.partition(set(), {}, FragmentIndex([]), set())
     assert bodies == {} and new == set()
-    assert build_functions(image, codemap, explorer, bodies, {}, {}, {}, set(), consume=True) == []
+    assert list(iter_functions(image, codemap, explorer, bodies, {}, {}, {}, set(), consume=True)) == []
 
 
 def _check_partition_turns(path: Path, monkeypatch: pytest.MonkeyPatch) -> int:

@@ -172,6 +172,31 @@ static PyObject *ab_clear(AddrBits *s, PyObject *Py_UNUSED(ignored)) {
 
 static Py_ssize_t ab_len(AddrBits *s) { return s->n + (s->other ? PySet_GET_SIZE(s->other) : 0); }
 
+/* ------------------------------------------ list building shared by the listings of AddrBits,
+ * ChunkMap and PredMap */
+
+/* out.append(x), taking x's reference (x NULL: an error is set): 0, or -1 */
+static int append_new(PyObject *out, PyObject *x) {
+    if (!x)
+        return -1;
+    int r = PyList_Append(out, x);
+    Py_DECREF(x);
+    return r;
+}
+
+/* `out` with the items of `rest` after them, taking both references (rest NULL: an error is set);
+ * NULL when it fails, both released */
+static PyObject *extend_new(PyObject *out, PyObject *rest) {
+    Py_ssize_t n = PyList_GET_SIZE(out);
+    if (!rest || PyList_SetSlice(out, n, n, rest) < 0) {
+        Py_XDECREF(rest);
+        Py_DECREF(out);
+        return NULL;
+    }
+    Py_DECREF(rest);
+    return out;
+}
+
 /* the members as a list: the regions' in ascending order, then the side set's */
 static PyObject *ab_list(AddrBits *s) {
     PyObject *out = PyList_New(0);
@@ -184,27 +209,14 @@ static PyObject *ab_list(AddrBits *s) {
             for (int j = 0; b; j++, b >>= 1) {
                 if (!(b & 1))
                     continue;
-                PyObject *x = PyLong_FromUnsignedLongLong(s->lo[k] + i + (unsigned long long)j);
-                if (!x || PyList_Append(out, x) < 0) {
-                    Py_XDECREF(x);
+                if (append_new(out, PyLong_FromUnsignedLongLong(s->lo[k] + i + (unsigned long long)j)) < 0) {
                     Py_DECREF(out);
                     return NULL;
                 }
-                Py_DECREF(x);
             }
         }
     }
-    if (s->other) {
-        PyObject *rest = PySequence_List(s->other);
-        Py_ssize_t n = PyList_GET_SIZE(out);
-        if (!rest || PyList_SetSlice(out, n, n, rest) < 0) {
-            Py_XDECREF(rest);
-            Py_DECREF(out);
-            return NULL;
-        }
-        Py_DECREF(rest);
-    }
-    return out;
+    return s->other ? extend_new(out, PySequence_List(s->other)) : out;
 }
 
 static PyObject *ab_iter(AddrBits *s) {

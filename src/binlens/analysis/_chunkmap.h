@@ -358,24 +358,14 @@ static PyObject *cm_list(ChunkMap *m, int items) {
         PyObject *x = items ? (c ? PyTuple_Pack(2, key, c) : NULL) : Py_NewRef(key);
         Py_DECREF(key);
         Py_XDECREF(c);
-        if (!x || PyList_Append(out, x) < 0) {
-            Py_XDECREF(x);
+        if (append_new(out, x) < 0) {
             Py_DECREF(out);
             return NULL;
         }
-        Py_DECREF(x);
     }
-    if (m->other) {
-        PyObject *rest = items ? PyDict_Items(m->other) : PyDict_Keys(m->other);
-        Py_ssize_t n = PyList_GET_SIZE(out);
-        if (!rest || PyList_SetSlice(out, n, n, rest) < 0) {
-            Py_XDECREF(rest);
-            Py_DECREF(out);
-            return NULL;
-        }
-        Py_DECREF(rest);
-    }
-    return out;
+    if (!m->other)
+        return out;
+    return extend_new(out, items ? PyDict_Items(m->other) : PyDict_Keys(m->other));
 }
 
 static PyObject *cm_items(ChunkMap *m, PyObject *Py_UNUSED(ignored)) { return cm_list(m, 1); }

@@ -29,22 +29,6 @@ def symbol_names(image: Image) -> dict[int, str]:
     return names
 
 
-def build_functions(
-    image: Image,
-    codemap: CodeMap,
-    explorer: Explorer,
-    bodies: dict[int, Body],
-    starts: dict[int, set[str]],
-    extents: dict[int, int],
-    thunks: dict[int, str],
-    noret: set[int],
-    consume: bool = False,
-    part: tuple[int, int] | None = None,
-) -> list[Function]:
-    """One Function per body, in address order (`iter_functions` as a list)."""
-    return list(iter_functions(image, codemap, explorer, bodies, starts, extents, thunks, noret, consume, part))
-
-
 def iter_functions(
     image: Image,
     codemap: CodeMap,

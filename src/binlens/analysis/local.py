@@ -11,7 +11,7 @@ from binlens.analysis.codemap import CodeMap
 from binlens.analysis.discovery import NORETURN_NAMES
 from binlens.analysis.ehframe import parse_eh_frame
 from binlens.analysis.engine import _text_names, gc_paused, make_backend, make_explorer
-from binlens.analysis.functions import build_functions
+from binlens.analysis.functions import iter_functions
 from binlens.analysis.model import FragmentIndex, Function, Xref
 from binlens.analysis.seeds import Seeds
 from binlens.analysis.thunks import find_thunks
@@ -71,6 +71,6 @@ def _analyze_functions(
     bodies, _new = explorer.partition(everything, extents, FragmentIndex(fragments), noret)
     explorer.finish()
     mine = {f: bodies[f] for f in entries if f in bodies}
-    functions = build_functions(image, codemap, explorer, mine, {f: set() for f in mine}, extents, thunks, noret)
+    functions = list(iter_functions(image, codemap, explorer, mine, {f: set() for f in mine}, extents, thunks, noret))
     xrefs = collect_refs(image, codemap, backend, explorer, mine, set(string_starts), jt_tables, data=False).xrefs()
     return functions, xrefs
