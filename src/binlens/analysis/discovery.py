@@ -30,7 +30,7 @@ _descent = native("_descent", T_FALL, T_JUMP, T_COND, T_CALL, T_ICALL, T_IJUMP, 
 _c_traverse = _descent.traverse if _descent is not None else None
 _c_body = _descent.body if _descent is not None else None
 _ChunkMap = _descent.ChunkMap if _descent is not None else None
-_PredMap = _descent.PredMap if _descent is not None else None  # 12 bytes a predecessor (`_predmap.h`)
+_PredMap = _descent.PredMap if _descent is not None else None  # in 12-byte slots (`_predmap.h`)
 
 
 def _preds() -> dict[int, int]:

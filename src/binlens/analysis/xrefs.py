@@ -41,7 +41,7 @@ def collect_refs(
     packed (`Refs`: three arrays instead of an object each; `Refs.xrefs()` gives the objects)."""
     chunks = explorer.chunks
     # chunk starts of all bodies, in order (a chunk shared by bodies repeats: bisect still works);
-    # a chunk's end is read where a reference asks (a list of every chunk's end was ~25 MiB on cc1)
+    # a chunk's end is read where a reference asks (a list of every chunk's end was 16 MiB on cc1)
     reached = sorted(chain.from_iterable(body.chunks for body in bodies.values()))
     src: array = array("Q")
     dst: array = array("Q")
