@@ -59,10 +59,25 @@ def test_json_listing_is_one_item_per_line_and_equals_the_api(home, compile_c):
     assert json.loads(empty.stdout)["functions"] == []
 
 
-def test_table_output_still_renders(home, compile_c):
+def test_table_output_renders_without_rich(home, compile_c):
     sample = compile_c("sample.c", "-O2")
     got = probe("functions", str(sample), home=home)
-    assert got["code"] == 0 and "rich" in got["loaded"] and "main" in got["text"]
+    assert got["code"] == 0 and got["loaded"] == []  # the tables are drawn without rich
+    lines = got["text"].splitlines()
+    assert lines[0].split("┃")[0].strip() == "address" and set(lines[1]) <= {"━", "╇"}
+    rows = [[c.strip() for c in line.split("│")] for line in lines[2:]]
+    assert "main" in [r[2] for r in rows] and all(len(r) == 4 and r[0].startswith("0x") for r in rows)
+    assert len({len(line) for line in lines[1:]}) == 1  # every column padded to one width
+
+
+def test_tables_are_never_cut_to_the_terminal_width():
+    from binlens.cli.render import table_lines
+
+    long = "/a/" + "x" * 300 + ".sqlite"
+    lines = table_lines(["field", "value"], [["database", long], ["size", "12"]], title="identity")
+    assert lines[0].strip() == "identity"
+    assert [c.strip() for c in lines[3].split("│")] == ["database", long]
+    assert lines[4] == " size     │ " + "12".ljust(len(long)) + " "
 
 
 def test_analysis_target_is_read_before_the_parser_is_built(tmp_path):
