@@ -22,7 +22,6 @@ import time
 from typing import Any
 
 from binlens.analysis import ENGINE_VERSION
-from binlens.analysis.local import analyze_functions
 from binlens.analysis_worker import AnalysisProcess, AnalysisRequest
 from binlens.errors import BinlensError
 from binlens.loader.image import encode_image
@@ -287,6 +286,8 @@ class ProgramAnalysisState:
     ) -> None:
         noret = {f.address for f in view.functions if f.noreturn}
         strings = {a for a, *_rest in view.strings()}
+        from binlens.analysis.local import analyze_functions  # (the engine loads for the first edit)
+
         functions, xrefs = analyze_functions(self.prog.image, entries, starts, noret, strings)
         replace_functions(self.prog.db, remove, functions, xrefs, sources)
         with self._lock:

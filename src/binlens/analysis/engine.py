@@ -35,6 +35,7 @@ from binlens.analysis.noreturn import noret_callers, returning_functions
 from binlens.analysis.seeds import Seeds, with_source
 from binlens.analysis.strings import find_strings
 from binlens.analysis.thunks import find_thunks
+from binlens.analysis.version import ENGINE_VERSION
 from binlens.analysis.xrefs import collect_refs, pointers_in_data
 from binlens.errors import BinlensError
 from binlens.loader.image import Image
@@ -43,19 +44,6 @@ from binlens.loader.image import Image
 # tests compare): they are walked once when it ends, and on demand for the non-returning test.
 _EDGES_LATER: bool | None = True
 
-ENGINE_VERSION = "9"  # 2: AArch64 jump tables; 3: ARM32, MIPS, PowerPC, RISC-V and more x86 jump-table
-# shapes, ARM Thumb starts and BE8, code offsets looked at again after later stages; 4: gaps on every
-# architecture, `.ARM.exidx`, address pairs, relocated words only in position-independent data;
-# 5: computed-goto tables, ARM32 leaf trials and shrink-wrapped pushes, gaps peeled in one round,
-# RISC-V and ARM PLT thunks; 6: MIPS imports, stubs and calls through the GOT, PowerPC and PPC64
-# call stubs, PPC64 ELFv2 local entries and ELFv1 descriptors, ARM Thumb computed gotos and veneers,
-# MIPS `bal` PC reads, sizes across literal pools, unwind ranges end at the next start; 7: callers
-# of non-returning functions found in the same round (no chain cut short by the round limit), a
-# function that calls itself judged without the edges back from those calls; 8: ARM32 Mach-O
-# functions are `LC_FUNCTION_STARTS` where it covers, no x86 data reference from an instruction
-# without a memory operand (iced keeps imm64's high half and `enter`'s level where a displacement is);
-# 9: branch targets wrap at the address width (ARM code at 2**31 and above, branches below 0), a MIPS
-# delay slot that starts another chunk keeps its mark (no chunk split at an address it does not hold)
 _K_OFFSET = XREF_KINDS.index("offset")
 _descent = native("_descent")  # `_covered` in C (the same sum), or None
 ROUNDS = 8  # rounds of descent + partition + non-returning fixpoint in one `_discover` at most
@@ -180,14 +168,16 @@ class Explored:
         process builds those functions: here they would only take memory)."""
         order = sorted(self.bodies)
         lo, hi = part
-        kept: set[int] = set()
+        kept = self.codemap.address_set()  # (a bit per code byte: a set of libc's was a 2 MiB transient)
+        keep = kept.add
         for f in (*order[:lo], *order[hi:]):
-            kept.update(self.bodies[f].chunks)
+            for a in self.bodies[f].chunks:
+                keep(a)
         chunks = self.explorer.chunks
         for f in order[lo:hi]:
             for a in self.bodies.pop(f).chunks:
-                if a not in kept:
-                    chunks.pop(a, None)
+                if a not in kept and a in chunks:
+                    del chunks[a]  # (`pop` would build the chunk's tuple only to drop it)
 
     def result(self, functions: list[Function], xrefs: list[Xref], strings: list[StringItem]) -> ProgramAnalysis:
         """The finished analysis."""
