@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import struct
 
-import iced_x86 as ix
-
+from binlens.analysis import iced as ix
 from binlens.analysis.codemap import BODY, CodeMap
 
 OK = ix.OpKind

@@ -10,8 +10,7 @@ import re
 from array import array
 from collections.abc import Callable
 
-import iced_x86 as ix
-
+from binlens.analysis import iced as ix
 from binlens.analysis.codemap import BODY, CHUNK, INSN, CodeMap, CodeRegion
 from binlens.analysis.model import (
     T_BAD,
@@ -43,8 +42,8 @@ _MEMORY = OK.MEMORY
 _NEAR = {OK.NEAR_BRANCH16, OK.NEAR_BRANCH32, OK.NEAR_BRANCH64}
 _IMM_ADDR = {OK.IMMEDIATE32, OK.IMMEDIATE32TO64, OK.IMMEDIATE64}
 _NO_WRITE = {MN.CMP, MN.TEST, MN.PUSH, MN.BT, MN.UCOMISS, MN.UCOMISD, MN.COMISS, MN.COMISD, MN.PREFETCHNTA}
-_STOP_CODES = {ix.Code.HLT}
 _STOP_MNEMONICS = {MN.INT3, MN.UD2, MN.UD0, MN.UD1, MN.HLT}
+_HLT = MN.HLT  # (`hlt` has one code: `Code.HLT`)
 _BODY = [bytes([BODY]) * n for n in range(16)]
 _MARKS = [b""] + [bytes([INSN]) + bytes([BODY]) * (n - 1) for n in range(1, 16)]
 _FC_NEXT, _FC_COND, _FC_JUMP, _FC_CALL = FC.NEXT, FC.CONDITIONAL_BRANCH, FC.UNCONDITIONAL_BRANCH, FC.CALL
@@ -198,7 +197,7 @@ class X86Backend:
             if fc == _FC_NEXT:
                 if ln >= min_ref:
                     data_ref(ins, cur)
-                if data[off + ln - 1] == 0xF4 and ins.code in _STOP_CODES:
+                if data[off + ln - 1] == 0xF4 and ins.mnemonic == _HLT:
                     res = (nxt, T_STOP, (), last)
                     break
             else:
@@ -306,7 +305,7 @@ class X86Backend:
                 pic_step(ins, pic, self._pc_record(cur, ins))
             if fc == FC.NEXT:
                 data_ref(ins, cur)
-                if ins.code in _STOP_CODES:
+                if ins.mnemonic == _HLT:
                     return nxt, T_STOP, (), last
             else:
                 res = ending(ins, fc, cur, nxt, last)

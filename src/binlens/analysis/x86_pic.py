@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import iced_x86 as ix
+from binlens.analysis import iced as ix
 
 OK = ix.OpKind
 MN = ix.Mnemonic

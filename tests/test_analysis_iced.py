@@ -1,0 +1,51 @@
+"""`binlens.analysis.iced`: iced-x86's extension and six constant modules, without the package's rest."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+
+CHECK = r"""
+import json, sys
+from binlens.analysis import iced as ix
+from binlens.analysis.x86 import X86Backend
+lean = "iced_x86" not in sys.modules
+import iced_x86
+same = all(getattr(ix, c) is getattr(iced_x86, c) for c in ix.CLASSES)
+values = all(
+    {k: v for k, v in vars(getattr(ix, c)).items() if k.isupper()}
+    == {k: v for k, v in vars(getattr(iced_x86, c)).items() if k.isupper()}
+    for c in ix.CONSTANTS
+)
+dec = ix.Decoder(64, bytes.fromhex("4889e5c3"), ip=0x1000)
+text = [str(i) for i in dec]
+print(json.dumps({"lean": lean, "same": same, "values": values, "text": text, "rsp": ix.Register.RSP}))
+"""
+
+
+def _run(code: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={"PYTHONPATH": str(ROOT / "src")},
+    )
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_the_engine_loads_iced_without_its_package_and_the_package_still_imports_after():
+    got = _run(CHECK)
+    assert got["lean"] is True  # the decoder came without `iced_x86/__init__.py` and its 40 modules
+    assert got["same"] is True  # one extension: the package's later import took the one loaded
+    assert got["values"] is True  # every constant of the six modules is the installed package's
+    assert got["text"] == ["mov rbp,rsp", "ret"] and got["rsp"] > 0
+
+
+def test_an_imported_package_is_used_as_it_is():
+    got = _run("import iced_x86\n" + CHECK)
+    assert got["lean"] is False and got["same"] is True and got["values"] is True
