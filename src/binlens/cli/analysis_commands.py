@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from binlens.cli.main import command, make_workspace
@@ -71,32 +72,42 @@ def _open_and_analyse(args: argparse.Namespace, then: str) -> tuple[Any, Any]:
     return ws, prog
 
 
-def _all_pages(ws: Any, method: str, params: dict[str, Any], limit: int | None = None) -> list[dict[str, Any]]:
+def _pages(ws: Any, method: str, params: dict[str, Any], limit: int | None = None) -> Iterator[list[dict[str, Any]]]:
+    """The items of a listing method, a page (of at most 1,000) at a time; `limit`: at most that many."""
     from binlens.api import invoke
 
-    items: list[dict[str, Any]] = []
     cursor = None
-    while True:
-        page: dict[str, Any] = {"limit": 1000}
+    left = limit
+    while left is None or left > 0:
+        page: dict[str, Any] = {"limit": 1000 if left is None else min(1000, left)}
         if cursor:
             page["cursor"] = cursor
         data = invoke(ws, method, {**params, "page": page}, max_response_bytes=1 << 30)
-        items += data["items"]
+        items = data["items"]
+        if left is not None:
+            left -= len(items)
+        yield items
         cursor = data.get("next_cursor")
-        if not cursor or limit is not None and len(items) >= limit:
-            return items[:limit] if limit is not None else items
+        if not cursor:
+            return
 
 
-def _print_listing(identity: dict[str, Any], key: str, items: list[dict[str, Any]]) -> None:
-    """`{"program": ..., key: [...]}` with one item per line.
+def _print_listing(identity: dict[str, Any], key: str, pages: Iterable[list[dict[str, Any]]]) -> None:
+    """`{"program": ..., key: [...]}` with one item per line, written a page at a time (libc's
+    3,695 functions held at once, with their text, took the CLI ~3 MiB more).
 
     json's C encoder runs only without `indent`; an indented dump of libc's 3695 functions took
-    ~5x longer than this, for output no easier to read or to `grep`. One write: with
+    ~5x longer than this, for output no easier to read or to `grep`. One write a page: with
     PYTHONUNBUFFERED set, a write per item is a system call per item.
     """
     dumps = json.JSONEncoder(ensure_ascii=True, separators=(", ", ": ")).encode
-    body = ",\n ".join(map(dumps, items))
-    sys.stdout.write(f'{{"program": {dumps(identity)}, "{key}": [' + (f"\n {body}\n]}}\n" if items else "]}\n"))
+    head = f'{{"program": {dumps(identity)}, "{key}": ['
+    wrote = False
+    for items in pages:
+        if items:
+            sys.stdout.write((",\n " if wrote else head + "\n ") + ",\n ".join(map(dumps, items)))
+            wrote = True
+    sys.stdout.write("\n]}\n" if wrote else head + "]}\n")
 
 
 def _common_file(p: argparse.ArgumentParser) -> None:
@@ -136,10 +147,11 @@ def _functions(args: argparse.Namespace) -> int:
     for key in ("name", "source", "min_size", "max_size"):
         if getattr(args, key) is not None:
             params[key] = getattr(args, key)
-    items = _all_pages(ws, "function.list", params, args.limit)
+    pages = _pages(ws, "function.list", params, args.limit)
     if args.json:
-        _print_listing(prog.identity, "functions", items)
+        _print_listing(prog.identity, "functions", pages)
         return 0
+    items = [item for page in pages for item in page]
     from binlens.cli.render import print_table
 
     print_table(
@@ -210,10 +222,11 @@ def _strings(args: argparse.Namespace) -> int:
     for key in ("text", "regex", "encoding", "section"):
         if getattr(args, key) is not None:
             params[key] = getattr(args, key)
-    items = _all_pages(ws, "string.list", params, args.limit)
+    pages = _pages(ws, "string.list", params, args.limit)
     if args.json:
-        _print_listing(prog.identity, "strings", items)
+        _print_listing(prog.identity, "strings", pages)
         return 0
+    items = [item for page in pages for item in page]
     from binlens.cli.render import print_table
 
     print_table(
@@ -249,10 +262,11 @@ def _xrefs(args: argparse.Namespace) -> int:
     }
     if args.kind:
         params["kind"] = args.kind
-    items = _all_pages(ws, "reference.list", params)
+    pages = _pages(ws, "reference.list", params)
     if args.json:
-        _print_listing(prog.identity, "references", items)
+        _print_listing(prog.identity, "references", pages)
         return 0
+    items = [item for page in pages for item in page]
     from binlens.cli.render import print_table
 
     print_table(
