@@ -5,6 +5,8 @@ from __future__ import annotations
 import sqlite3
 from array import array
 
+import pytest
+
 from binlens.analysis import ENGINE_VERSION, analyze
 from binlens.loader.parse_elf import parse_elf
 from binlens.store import analysis as store
@@ -104,6 +106,44 @@ def test_rows_made_a_batch_at_a_time_are_the_rows_of_all(compile_c):
         assert rows.counts == whole.counts and rows.spans == whole.spans
     empty = analysis_save.streamed_function_rows(iter([]))
     assert empty.func == [] and len(empty.calls) == 0 and empty.counts == (0, 0, 0)
+
+
+def test_spooled_rows_save_as_the_rows_held(tmp_path, compile_c):
+    """`spool_function_rows` (the forked child's way: each batch written to a file and let go) keeps
+    only counts and spans; merged with held rows and saved, the database is the one the held rows
+    give, table by table."""
+    import tempfile
+
+    a = _analysis(compile_c("sample.c", "-O2", strip=True))
+    fs = a.functions
+    cut = len(fs) // 2
+    strings_refs = (a.xrefs, a.strings)
+    figures = analysis_save.run_figures(a)
+    held = analysis_save.function_rows(fs)
+    tables = {}
+    for how in ("held", "spooled"):
+        if how == "held":
+            rows = analysis_save.function_rows(fs)
+        else:
+            spool = tempfile.TemporaryFile()  # noqa: SIM115 - read back by the save below
+            first = analysis_save.spool_function_rows(iter(fs[:cut]), spool, batch=2)
+            assert first.func == [] and len(first.calls) == 0 and first.spooled == (cut + 1) // 2
+            assert first.counts == analysis_save.function_rows(fs[:cut]).counts
+            first.spool = spool
+            rows = analysis_save.merge_function_rows(first, analysis_save.function_rows(fs[cut:]))
+            assert rows.counts == held.counts and rows.spans == held.spans
+        refs = analysis_save.reference_rows(*strings_refs, rows.spans)
+        db = ProgramDatabase(tmp_path / f"{how}.sqlite")
+        analysis_save.write_analysis(db, figures, rows, refs)
+        conn = db.connect()
+        tables[how] = {
+            t: sorted(conn.execute(f"SELECT * FROM {t}").fetchall(), key=repr)  # noqa: S608 - fixed names
+            for t in ("func", "func_blocks", "call", "xref_pack", "string")
+        }
+        db.close()
+    assert tables["spooled"] == tables["held"] and all(tables["held"].values())
+    with pytest.raises(ValueError, match="first"):
+        analysis_save.merge_function_rows(held, first)
 
 
 def test_merged_spans_are_those_of_all_the_functions_at_once():

@@ -27,6 +27,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -356,11 +357,19 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
     the references with the strings, and each function's blocks. With two CPUs a forked child
     builds the first functions (by address) and their rows while this process collects the
     references and then builds the other functions; on libc that part went from ~0.7 s to ~0.4 s.
+    The child writes its rows to a temporary file a batch at a time and sends only their spans and
+    counts; the save reads the batches back one at a time, so neither process holds the child's
+    rows whole.
     The engine's state is kept to the end (`_retained`): freeing it object by object on return
     took ~60 ms.
     """
     from binlens.analysis.engine import explore, gc_paused
-    from binlens.store.analysis_save import merge_function_rows, reference_rows, streamed_function_rows
+    from binlens.store.analysis_save import (
+        merge_function_rows,
+        reference_rows,
+        spool_function_rows,
+        streamed_function_rows,
+    )
 
     _retained.clear()  # (an earlier analysis in this process, whose user starts were not the caller's)
     with gc_paused():  # the rows are acyclic tuples; collections would re-scan the whole analysis
@@ -375,6 +384,8 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
             return _Rows(_figures(explored, frows, progress), frows, rrows)
         bodies = explored.bodies
         split = _split(bodies)
+        spool = tempfile.TemporaryFile(prefix="binlens-rows-")  # noqa: SIM115 - kept with the rows
+        _retained.append(spool)
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: its functions, then straight out (nothing of the parent's to flush)
@@ -382,7 +393,7 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
             try:
                 os.close(read_fd)
                 with open(write_fd, "wb") as out:
-                    write_last_frame(out, streamed_function_rows(explored.iter_functions((0, split))))
+                    write_last_frame(out, spool_function_rows(explored.iter_functions((0, split)), spool))
                 code = 0
             except BaseException:  # noqa: BLE001 - the parent reports it; the trace goes to stderr
                 import traceback
@@ -399,7 +410,9 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
             _retained.append(refs)
             explored.drop((0, split))  # (the child's functions: their chunks' memory serves the rows)
             mine = streamed_function_rows(explored.iter_functions())
-            frows = merge_function_rows(load_frame(child), mine)
+            theirs = load_frame(child)
+            theirs.spool = spool  # (their rows are in it: `write_analysis` reads them a batch at a time)
+            frows = merge_function_rows(theirs, mine)
         except EOFError:
             child.close()
             raise BinlensError("internal", f"the analysis failed: {_child_death(pid)}") from None
@@ -464,6 +477,8 @@ def _save(req: AnalysisRequest, rows: _Rows, send: Callable[[Any], None]) -> Non
     conn.execute("PRAGMA wal_autocheckpoint=0")
     with gc_paused():
         write_analysis(db, rows.figures, rows.functions, rows.references)
+    if rows.functions.spool is not None:
+        rows.functions.spool.close()  # (a temporary file: gone once closed)
     _retained.append(rows)  # freed by the exit, not object by object as the frames unwind
     send(("done", rows.functions.counts[0]))
     conn.execute("PRAGMA wal_checkpoint(PASSIVE)")

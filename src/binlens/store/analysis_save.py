@@ -11,6 +11,7 @@ of a few functions after a local re-analysis.
 from __future__ import annotations
 
 import bisect
+import pickle
 import time
 from array import array
 from collections import Counter
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from operator import attrgetter
+from typing import BinaryIO
 
 from binlens.analysis.model import ProgramAnalysis, Refs, pairs
 from binlens.analysis.native import native
@@ -66,6 +68,18 @@ class FunctionRows:
     calls: array  # flat (function, site, callee) words, signed as stored (`calls_rows`)
     counts: tuple[int, int, int]  # functions, blocks, instructions
     spans: Spans
+    spooled: int = 0  # batches of rows written to `spool` (`spool_function_rows`), before these
+    spool: BinaryIO | None = None
+
+    def parts(self) -> Iterator[tuple[list[tuple], list[tuple], array]]:
+        """(func, blocks, calls) rows: the spooled batches, read one at a time, then those held."""
+        if self.spooled:
+            if self.spool is None:
+                raise ValueError("spooled rows without their spool")
+            self.spool.seek(0)
+            for _ in range(self.spooled):
+                yield pickle.load(self.spool)  # noqa: S301 - our own forked child's rows
+        yield self.func, self.blocks, self.calls
 
 
 @dataclass(slots=True)
@@ -120,9 +134,30 @@ def streamed_function_rows(functions: Iterable, batch: int = 512) -> FunctionRow
     return out
 
 
+def spool_function_rows(functions: Iterable, out: BinaryIO, batch: int = 512) -> FunctionRows:
+    """`streamed_function_rows`, with each batch's rows written to `out` (a pickle each) and let go:
+    the rows returned hold the counts, the spans and how many batches `out` has (`spooled`).
+
+    The forked child builds its share of the functions this way: it held all its rows until it
+    wrote them to the parent, which then held them too until the save. The parent saves the
+    spooled batches one at a time (`FunctionRows.parts`)."""
+    it = iter(functions)
+    out_rows = FunctionRows([], [], array("q"), (0, 0, 0), (array("Q"), array("Q"), array("Q")))
+    while group := list(islice(it, batch)):
+        rows = function_rows(group)
+        pickle.dump((rows.func, rows.blocks, rows.calls), out, protocol=pickle.HIGHEST_PROTOCOL)
+        out_rows.spooled += 1
+        rows.func, rows.blocks, rows.calls = [], [], array("q")
+        merge_function_rows(out_rows, rows)
+    out.flush()
+    return out_rows
+
+
 def merge_function_rows(first: FunctionRows, second: FunctionRows) -> FunctionRows:
     """The rows of two sets of functions (those of `first` all below those of `second`) as one:
-    `first`, extended."""
+    `first`, extended (only `first` may have spooled batches: they come before all the others)."""
+    if second.spooled:
+        raise ValueError("spooled rows can only be merged as the first")
     (s1, e1, f1), (s2, e2, f2) = first.spans, second.spans
     # where runs interleave (a chunk shared across the split), only the part where they overlap is
     # merged: each start once, its first as `owner_spans` picks it (sorting the whole of both took a
@@ -180,9 +215,10 @@ def write_analysis(
             conn.execute(f"DROP INDEX IF EXISTS {name}")
         for t in _TABLES:
             conn.execute(f"DELETE FROM {t}")  # noqa: S608 - fixed table names
-        conn.executemany(_FUNC_INSERT, frows.func)
-        conn.executemany(_BLOCKS_INSERT, frows.blocks)
-        conn.executemany("INSERT INTO call VALUES (?,?,?)", calls_rows(frows.calls))
+        for func, blocks, calls in frows.parts():
+            conn.executemany(_FUNC_INSERT, func)
+            conn.executemany(_BLOCKS_INSERT, blocks)
+            conn.executemany("INSERT INTO call VALUES (?,?,?)", calls_rows(calls))
         conn.executemany("INSERT INTO xref_pack VALUES (?,?,?)", rrows.xrefs)
         conn.executemany("INSERT INTO string VALUES (?,?,?,?,?,?)", rrows.strings)
         for name, on in _INDEXES:
