@@ -2,8 +2,10 @@
  *
  * A dict of chunk tuples costs ~250 bytes a chunk: the dict slot, the 4-tuple, the targets tuple
  * and three or four int objects (libc.so.6: 16.7 MiB traced for its 80k chunks, the largest single
- * thing the analysis holds). Here a chunk is one 32-byte record in an open-addressing table (at most
- * three quarters full) plus its targets in a shared array of 8-byte words, and its address's int
+ * thing the analysis holds). Here a chunk is one 32-byte record in a dense array, found through an
+ * open-addressing table of 4-byte places (at most three quarters full; with the records in the slots
+ * themselves, the table's empty slots cost 32 bytes each: 4 MiB for libc's 80k chunks, where these
+ * are 2.9 MiB), plus its targets in a shared array of 8-byte words, and its address's int
  * object, which every tuple handed out uses for that address (as a target, or as a fall-through
  * end), so the walks' sets, dicts and lists share one int per chunk as they did with the dict. The map behaves as the dict
  * did for every use the engine makes of it (`get`, `[]`, `in`, `len`, assignment, `del`, `pop`,
@@ -26,10 +28,12 @@ typedef struct {
 } CMRec;
 
 typedef struct {
-    PyObject_HEAD CMRec *tab;
-    size_t cap;    /* slots: a power of two, or 0 */
-    size_t n;      /* chunks in the table */
-    size_t filled; /* slots used or deleted */
+    PyObject_HEAD CMRec *recs; /* the records, in the order they came (deleted ones marked, `used` 2) */
+    size_t rn, rcap;           /* records used (deleted ones too) and allocated */
+    unsigned int *idx;         /* slots: 0 empty, CM_DEL deleted, else a record's place + 1 */
+    size_t cap;                /* slots: a power of two, or 0 */
+    size_t n;                  /* chunks in the table */
+    size_t filled;             /* slots used or deleted */
     long long *pool;
     size_t pn, pcap;
     PyObject *other; /* dict: the chunks that do not fit a record */
@@ -38,20 +42,29 @@ typedef struct {
 static PyTypeObject ChunkMapType;
 #define IS_CM(o) (Py_TYPE(o) == &ChunkMapType)
 
+#define CM_DEL 0xFFFFFFFFu
+#define CM_MAX_RECS 0xFFFFFFF0u /* (more chunks than this go to the side dict) */
+
 static size_t cm_slot(unsigned long long va, size_t cap) {
     return (size_t)((va * 0x9E3779B97F4A7C15ULL) >> 17) & (cap - 1);
 }
 
-static CMRec *cm_find(ChunkMap *m, unsigned long long va) {
+/* the slot of the chunk at `va`, or -1 */
+static Py_ssize_t cm_find_slot(ChunkMap *m, unsigned long long va) {
     if (!m->cap)
-        return NULL;
+        return -1;
     for (size_t i = cm_slot(va, m->cap);; i = (i + 1) & (m->cap - 1)) {
-        CMRec *r = &m->tab[i];
-        if (!r->used)
-            return NULL;
-        if (r->used == 1 && r->va == va)
-            return r;
+        unsigned int x = m->idx[i];
+        if (!x)
+            return -1;
+        if (x != CM_DEL && m->recs[x - 1].va == va)
+            return (Py_ssize_t)i;
     }
+}
+
+static CMRec *cm_find(ChunkMap *m, unsigned long long va) {
+    Py_ssize_t i = cm_find_slot(m, va);
+    return i < 0 ? NULL : &m->recs[m->idx[i] - 1];
 }
 
 /* a key as a record key: 1, or 0 when it is no int of 0..2**64-1 (no error left set) */
@@ -70,9 +83,9 @@ static int cm_key(PyObject *a, unsigned long long *va) {
  * (building functions consumes the chunks: on libc.so.6 2 MiB of pool outlived the chunks) */
 static int cm_compact_pool(ChunkMap *m) {
     size_t live = 0;
-    for (size_t k = 0; k < m->cap; k++)
-        if (m->tab[k].used == 1)
-            live += m->tab[k].nt;
+    for (size_t k = 0; k < m->rn; k++)
+        if (m->recs[k].used == 1)
+            live += m->recs[k].nt;
     if (live * 2 > m->pn || m->pcap <= 1024)
         return 0;
     size_t pcap = 1024;
@@ -84,8 +97,8 @@ static int cm_compact_pool(ChunkMap *m) {
         return -1;
     }
     size_t pn = 0;
-    for (size_t k = 0; k < m->cap; k++) {
-        CMRec *r = &m->tab[k];
+    for (size_t k = 0; k < m->rn; k++) {
+        CMRec *r = &m->recs[k];
         if (r->used != 1)
             continue;
         memcpy(pool + pn, m->pool + r->t, r->nt * sizeof(*pool));
@@ -103,20 +116,31 @@ static int cm_resize(ChunkMap *m) {
     size_t cap = 1024;
     while (m->n * 2 >= cap)
         cap *= 2;
-    CMRec *tab = PyMem_Calloc(cap, sizeof(*tab));
-    if (!tab) {
+    unsigned int *idx = PyMem_Calloc(cap, sizeof(*idx));
+    if (!idx) {
         PyErr_NoMemory();
         return -1;
     }
-    for (size_t k = 0; k < m->cap; k++)
-        if (m->tab[k].used == 1) {
-            size_t i = cm_slot(m->tab[k].va, cap);
-            while (tab[i].used)
-                i = (i + 1) & (cap - 1);
-            tab[i] = m->tab[k];
-        }
-    PyMem_Free(m->tab);
-    m->tab = tab, m->cap = cap, m->filled = m->n;
+    size_t rn = 0; /* the live records moved down over the deleted ones, in their order */
+    for (size_t k = 0; k < m->rn; k++)
+        if (m->recs[k].used == 1)
+            m->recs[rn++] = m->recs[k];
+    for (size_t k = 0; k < rn; k++) {
+        size_t i = cm_slot(m->recs[k].va, cap);
+        while (idx[i])
+            i = (i + 1) & (cap - 1);
+        idx[i] = (unsigned int)k + 1;
+    }
+    PyMem_Free(m->idx);
+    m->idx = idx, m->cap = cap, m->filled = m->n, m->rn = rn;
+    if (m->rcap > 1024 && rn * 4 < m->rcap) { /* (a table emptied by building functions) */
+        size_t rcap = 1024;
+        while (rcap < rn * 2)
+            rcap *= 2;
+        CMRec *recs = PyMem_Realloc(m->recs, rcap * sizeof(*recs));
+        if (recs)
+            m->recs = recs, m->rcap = rcap;
+    }
     return cm_compact_pool(m);
 }
 
@@ -215,10 +239,12 @@ static PyObject *cm_get(ChunkMap *m, PyObject *a) {
 static int cm_del(ChunkMap *m, PyObject *a) {
     unsigned long long va;
     if (cm_key(a, &va)) {
-        CMRec *r = cm_find(m, va);
-        if (r) {
+        Py_ssize_t i = cm_find_slot(m, va);
+        if (i >= 0) {
+            CMRec *r = &m->recs[m->idx[i] - 1];
             r->used = 2;
             Py_CLEAR(r->key);
+            m->idx[i] = CM_DEL;
             m->n--;
             return m->cap > 1024 && m->n * 8 < m->cap && cm_resize(m) < 0 ? -1 : 1;
         }
@@ -231,12 +257,36 @@ static int cm_del(ChunkMap *m, PyObject *a) {
     return PyDict_DelItem(m->other, a) < 0 ? -1 : 1;
 }
 
+/* room for one more record and its slot: made before a value's targets go into the pool, as a
+ * resize compacts the pool (the targets of a record not yet in the table would be lost) */
+static int cm_reserve(ChunkMap *m) {
+    if ((m->filled + 1) * 4 > m->cap * 3 && cm_resize(m) < 0)
+        return -1;
+    if (m->rn < m->rcap)
+        return 0;
+    if (m->n * 2 < m->rn) /* mostly deleted: close the gaps rather than grow */
+        return cm_resize(m);
+    size_t rcap = m->rcap ? m->rcap * 2 : 1024;
+    CMRec *recs = PyMem_Realloc(m->recs, rcap * sizeof(*recs));
+    if (!recs) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    m->recs = recs, m->rcap = rcap;
+    return 0;
+}
+
 static int cm_put(ChunkMap *m, PyObject *a, PyObject *c) {
     unsigned long long va;
     CMRec rec;
-    int fits = cm_key(a, &va) ? cm_encode(m, va, c, &rec) : 0;
+    int is_key = cm_key(a, &va);
+    if (is_key && cm_reserve(m) < 0)
+        return -1;
+    int fits = is_key ? cm_encode(m, va, c, &rec) : 0;
     if (fits < 0)
         return -1;
+    if (fits && m->rn >= CM_MAX_RECS && !cm_find(m, va))
+        fits = 0;
     if (fits) {
         CMRec *r = cm_find(m, va);
         if (r) {
@@ -249,15 +299,14 @@ static int cm_put(ChunkMap *m, PyObject *a, PyObject *c) {
             if ((!was && PyErr_Occurred()) || (was && PyDict_DelItem(m->other, a) < 0))
                 return -1;
         }
-        if ((m->filled + 1) * 4 > m->cap * 3 && cm_resize(m) < 0)
-            return -1;
         size_t i = cm_slot(va, m->cap);
-        while (m->tab[i].used == 1)
+        while (m->idx[i] && m->idx[i] != CM_DEL)
             i = (i + 1) & (m->cap - 1);
-        if (!m->tab[i].used)
+        if (!m->idx[i])
             m->filled++;
         rec.key = Py_NewRef(a);
-        m->tab[i] = rec;
+        m->recs[m->rn] = rec;
+        m->idx[i] = (unsigned int)++m->rn;
         m->n++;
         return 0;
     }
@@ -320,10 +369,11 @@ static int chunk_end(PyObject *chunks, PyObject *a, unsigned long long va, unsig
 /* ------------------------------------------------------------------------ the Python type */
 
 static void cm_dealloc(ChunkMap *m) {
-    for (size_t k = 0; k < m->cap; k++)
-        if (m->tab[k].used == 1)
-            Py_DECREF(m->tab[k].key);
-    PyMem_Free(m->tab);
+    for (size_t k = 0; k < m->rn; k++)
+        if (m->recs[k].used == 1)
+            Py_DECREF(m->recs[k].key);
+    PyMem_Free(m->recs);
+    PyMem_Free(m->idx);
     PyMem_Free(m->pool);
     Py_XDECREF(m->other);
     Py_TYPE(m)->tp_free((PyObject *)m);
@@ -382,10 +432,10 @@ static PyObject *cm_list(ChunkMap *m, int items) {
     PyObject *out = PyList_New(0);
     if (!out)
         return NULL;
-    for (size_t k = 0; k < m->cap; k++) {
-        if (m->tab[k].used != 1)
+    for (size_t k = 0; k < m->rn; k++) {
+        if (m->recs[k].used != 1)
             continue;
-        PyObject *key = Py_NewRef(m->tab[k].key), *c = items ? cm_tuple(m, &m->tab[k]) : NULL;
+        PyObject *key = Py_NewRef(m->recs[k].key), *c = items ? cm_tuple(m, &m->recs[k]) : NULL;
         PyObject *x = items ? (c ? PyTuple_Pack(2, key, c) : NULL) : Py_NewRef(key);
         Py_DECREF(key);
         Py_XDECREF(c);
@@ -409,7 +459,7 @@ static PyObject *cm_iter(ChunkMap *m) {
 }
 
 static PyObject *cm_nbytes(ChunkMap *m, PyObject *Py_UNUSED(ignored)) {
-    return PyLong_FromSize_t(m->cap * sizeof(CMRec) + m->pcap * sizeof(long long));
+    return PyLong_FromSize_t(m->rcap * sizeof(CMRec) + m->cap * sizeof(unsigned int) + m->pcap * sizeof(long long));
 }
 
 static PyMethodDef cm_methods[] = {
