@@ -385,6 +385,41 @@ def test_two_process_analysis_stores_what_the_in_process_save_stores(compile_c, 
             assert _dump(target) == want, f"{path.name} serial={serial}"
 
 
+@pytest.mark.parametrize("serial", ["0", "1"])
+def test_the_engine_state_is_gone_before_the_references_rows(compile_c, monkeypatch, serial: str) -> None:  # noqa: ANN001
+    """Once the functions' rows are built, the engine's state is let go (the references' rows and
+    the save then use its memory): nothing of it is alive when the references' rows are made, and
+    the rows are whole."""
+    import weakref
+
+    from binlens import analysis_worker
+    from binlens.analysis import engine
+    from binlens.loader.parse_lief import parse_path
+    from binlens.store import analysis_save
+
+    monkeypatch.setenv("BINLENS_SERIAL", serial)
+    image = parse_path(str(compile_c("sample.c", "-O2", True, strip=True)))
+    seen: dict[str, object] = {}
+    real_explore, real_rows = engine.explore, analysis_save.reference_rows
+
+    def explore(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        explored = real_explore(*args, **kwargs)
+        seen["explored"] = weakref.ref(explored)
+        seen["explorer"] = weakref.ref(explored.explorer)
+        return explored
+
+    def reference_rows(*args):  # noqa: ANN002, ANN202
+        seen["alive"] = [k for k in ("explored", "explorer") if seen[k]() is not None]  # type: ignore[operator]
+        return real_rows(*args)
+
+    monkeypatch.setattr(engine, "explore", explore)
+    monkeypatch.setattr(analysis_save, "reference_rows", reference_rows)
+    rows = analysis_worker._analyse(image, lambda *_: None, [], [])
+    assert seen["alive"] == []
+    assert rows.functions.counts[0] > 5 and rows.references.counts[0] > 0
+    assert rows.figures[1] > 0 and 0 < rows.figures[2] <= rows.figures[1]  # code bytes, covered bytes
+
+
 def test_a_dead_function_builder_is_a_clean_error(compile_c, monkeypatch) -> None:  # noqa: ANN001
     """The forked child that builds functions dies: the analysis fails with a clear message."""
     from binlens import analysis_worker
