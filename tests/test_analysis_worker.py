@@ -420,6 +420,35 @@ def test_the_engine_state_is_gone_before_the_references_rows(compile_c, monkeypa
     assert rows.figures[1] > 0 and 0 < rows.figures[2] <= rows.figures[1]  # code bytes, covered bytes
 
 
+def test_without_a_temporary_file_the_child_rows_come_through_the_pipe(compile_c, monkeypatch) -> None:  # noqa: ANN001
+    """The forked child spools its rows to a temporary file; where none can be made (no writable
+    temporary directory), they come through the pipe as before: the same rows either way."""
+    import tempfile
+
+    from binlens import analysis_worker
+    from binlens.loader.parse_lief import parse_path
+
+    if not analysis_worker._parallel():
+        pytest.skip("one CPU (or no fork): the analysis process never forks here")
+    image = parse_path(str(compile_c("sample.c", "-O2", True, strip=True)))
+
+    def rows_of(result):  # noqa: ANN001, ANN202
+        parts = [(func, blocks, list(calls)) for func, blocks, calls in result.functions.parts()]
+        func = sorted(r for p in parts for r in p[0])
+        return func, sorted(r for p in parts for r in p[1]), sorted(c for p in parts for c in p[2]), result.references
+
+    spooled = analysis_worker._analyse(image, lambda *_: None, [], [])
+    assert spooled.functions.spooled > 0 and spooled.functions.spool is not None
+
+    def no_file(*_a, **_k):  # noqa: ANN002, ANN003, ANN202
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", no_file)
+    piped = analysis_worker._analyse(image, lambda *_: None, [], [])
+    assert piped.functions.spooled == 0 and piped.functions.spool is None
+    assert rows_of(piped) == rows_of(spooled) and piped.functions.counts == spooled.functions.counts
+
+
 def test_a_dead_function_builder_is_a_clean_error(compile_c, monkeypatch) -> None:  # noqa: ANN001
     """The forked child that builds functions dies: the analysis fails with a clear message."""
     from binlens import analysis_worker

@@ -157,8 +157,11 @@ def wait_for_processes(timeout: float = 30.0) -> None:
 class AnalysisProcess:
     """One analysis run in its own process; `run` blocks until it ends, relaying progress."""
 
-    def __init__(self, request: AnalysisRequest) -> None:
+    def __init__(self, request: AnalysisRequest, image: Any = None) -> None:
+        """`image`: the caller's parsed Image, sent (`encode_image`) when the request has none and
+        goes to a fresh process; an early start has parsed the file itself."""
         self.request = request
+        self._image = image
         self.proc, self._early = _take_process(request)
         self._frames: queue.Queue[Any] = queue.Queue()
         self._reader = threading.Thread(target=self._read, name=f"analysis-reader-{self.proc.pid}", daemon=True)
@@ -192,8 +195,14 @@ class AnalysisProcess:
             # an early start parsed the file itself: the caller's image would only cost unpickling there
             # (~50 ms for libc, after the analysis and before the save)
             request = dataclasses.replace(request, image=None)
+        elif not self._early and request.image is None and self._image is not None:
+            # encoded only to be sent, and let go once it is (libc: ~1 MiB of tuples for the whole wait)
+            from binlens.loader.image import encode_image
+
+            request = dataclasses.replace(request, image=encode_image(self._image))
         with contextlib.suppress(OSError):  # an early start may have stopped already: its frames say why
             write_frame(self.proc.stdin, ("save", request) if self._early else request)
+        del request
         with contextlib.suppress(OSError):
             self.proc.stdin.close()  # type: ignore[union-attr]
         _running.add(self._reader)
@@ -395,8 +404,11 @@ def _in_two_processes(explored: Any) -> tuple[list, Any, Any]:
     from binlens.store.analysis_save import merge_function_rows, spool_function_rows, streamed_function_rows
 
     split = _split(explored.bodies)
-    spool = tempfile.TemporaryFile(prefix="binlens-rows-")  # noqa: SIM115 - kept with the rows
-    _retained.append(spool)
+    try:
+        spool = tempfile.TemporaryFile(prefix="binlens-rows-")  # noqa: SIM115 - kept with the rows
+        _retained.append(spool)
+    except OSError:  # (no writable temporary directory: the child's rows come through the pipe)
+        spool = None
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: its functions, then straight out (nothing of the parent's to flush)
@@ -404,7 +416,9 @@ def _in_two_processes(explored: Any) -> tuple[list, Any, Any]:
         try:
             os.close(read_fd)
             with open(write_fd, "wb") as out:
-                write_last_frame(out, spool_function_rows(explored.iter_functions((0, split)), spool))
+                functions = explored.iter_functions((0, split))
+                rows = streamed_function_rows(functions) if spool is None else spool_function_rows(functions, spool)
+                write_last_frame(out, rows)
             code = 0
         except BaseException:  # noqa: BLE001 - the parent reports it; the trace goes to stderr
             import traceback
@@ -421,7 +435,8 @@ def _in_two_processes(explored: Any) -> tuple[list, Any, Any]:
         explored.drop((0, split))  # (the child's functions: their chunks' memory serves the rows)
         mine = streamed_function_rows(explored.iter_functions())
         theirs = load_frame(child)
-        theirs.spool = spool  # (their rows are in it: `write_analysis` reads them a batch at a time)
+        if theirs.spooled:
+            theirs.spool = spool  # (their rows are in it: `write_analysis` reads them a batch at a time)
         frows = merge_function_rows(theirs, mine)
     except EOFError:
         child.close()

@@ -24,7 +24,6 @@ from typing import Any
 from binlens.analysis import ENGINE_VERSION
 from binlens.analysis_worker import AnalysisProcess, AnalysisRequest
 from binlens.errors import BinlensError
-from binlens.loader.image import encode_image
 from binlens.store.analysis import (
     AnalysisView,
     FunctionRow,
@@ -96,7 +95,6 @@ class ProgramAnalysisState:
             db_path=str(self.prog.db.path),
             slice_name=ident.slice,
             data=bytes(self.prog.image.data) if with_bytes else None,
-            image=encode_image(self.prog.image),
             **self._user_starts(),
         )
 
@@ -104,7 +102,7 @@ class ProgramAnalysisState:
         """Run the analysis process to the end: the number of functions it saved."""
         request = self._request()
         for attempt in range(2):
-            self.worker = AnalysisProcess(request)
+            self.worker = AnalysisProcess(request, self.prog.image)
             try:
                 return self.worker.run(self._progress, self._cancel, self.budget_s)
             except BinlensError as err:
