@@ -474,6 +474,31 @@ def test_a_dead_function_builder_is_a_clean_error(compile_c, monkeypatch) -> Non
     assert err.value.message == "the analysis failed: its function builder stopped (exit status 3)"
 
 
+def test_a_full_disk_for_the_child_rows_is_a_clean_error(compile_c, monkeypatch) -> None:  # noqa: ANN001
+    """The child cannot write its rows to the temporary file (its disk is full): the analysis
+    fails with the reason."""
+    from binlens import analysis_worker
+    from binlens.errors import BinlensError
+    from binlens.loader.parse_lief import parse_path
+    from binlens.store import analysis_save as store
+
+    if not analysis_worker._parallel():
+        pytest.skip("one CPU (or no fork): the analysis process never forks here")
+    image = parse_path(str(compile_c("sample.c", "-O2", True, strip=True)))
+
+    def full(functions, out, batch=512):  # noqa: ANN001, ANN202
+        next(iter(functions))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store, "spool_function_rows", full)
+    with pytest.raises(BinlensError) as err:
+        analysis_worker._analyse(image, lambda *_: None, [], [])
+    assert err.value.code == "internal"
+    assert err.value.message == (
+        "the analysis failed: its function builder could not write its rows: [Errno 28] No space left on device"
+    )
+
+
 def test_a_command_can_wait_for_its_analysis_processes_to_end(compile_c, tmp_path) -> None:  # noqa: ANN001
     """After "done" the process still folds the write-ahead log into the database; a one-shot
     command waits for it (`wait_for_processes`) so that nothing of it outlives the command."""

@@ -417,7 +417,11 @@ def _in_two_processes(explored: Any) -> tuple[list, Any, Any]:
             os.close(read_fd)
             with open(write_fd, "wb") as out:
                 functions = explored.iter_functions((0, split))
-                rows = streamed_function_rows(functions) if spool is None else spool_function_rows(functions, spool)
+                try:
+                    rows = streamed_function_rows(functions) if spool is None else spool_function_rows(functions, spool)
+                except OSError as err:  # (the temporary file's disk is full, ...): the parent says so
+                    write_last_frame(out, ("error", f"its function builder could not write its rows: {err}"))
+                    raise
                 write_last_frame(out, rows)
             code = 0
         except BaseException:  # noqa: BLE001 - the parent reports it; the trace goes to stderr
@@ -435,6 +439,8 @@ def _in_two_processes(explored: Any) -> tuple[list, Any, Any]:
         explored.drop((0, split))  # (the child's functions: their chunks' memory serves the rows)
         mine = streamed_function_rows(explored.iter_functions())
         theirs = load_frame(child)
+        if isinstance(theirs, tuple):  # ("error", what the child could not do)
+            raise BinlensError("internal", f"the analysis failed: {theirs[1]}")
         if theirs.spooled:
             theirs.spool = spool  # (their rows are in it: `write_analysis` reads them a batch at a time)
         frows = merge_function_rows(theirs, mine)
