@@ -8,6 +8,7 @@ never wrapped or cut, so `grep` and `cut -d│` see every value whole.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, TextIO
 
@@ -16,8 +17,6 @@ _BOLD, _YELLOW, _RESET = "\x1b[1m", "\x1b[33m", "\x1b[0m"
 
 def _styled(stream: TextIO) -> bool:
     """Bold headers only on a terminal (and never under NO_COLOR)."""
-    import os
-
     return stream.isatty() and not os.environ.get("NO_COLOR")
 
 
