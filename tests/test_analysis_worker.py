@@ -486,11 +486,15 @@ def test_a_full_disk_for_the_child_rows_is_a_clean_error(compile_c, monkeypatch)
         pytest.skip("one CPU (or no fork): the analysis process never forks here")
     image = parse_path(str(compile_c("sample.c", "-O2", True, strip=True)))
 
-    def full(functions, out, batch=512):  # noqa: ANN001, ANN202
+    real = store.streamed_function_rows
+
+    def full(functions, batch=512, spool=None):  # noqa: ANN001, ANN202
+        if spool is None:  # (this process's own functions)
+            return real(functions, batch)
         next(iter(functions))
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(store, "spool_function_rows", full)
+    monkeypatch.setattr(store, "streamed_function_rows", full)
     with pytest.raises(BinlensError) as err:
         analysis_worker._analyse(image, lambda *_: None, [], [])
     assert err.value.code == "internal"

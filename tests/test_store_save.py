@@ -109,7 +109,7 @@ def test_rows_made_a_batch_at_a_time_are_the_rows_of_all(compile_c):
 
 
 def test_spooled_rows_save_as_the_rows_held(tmp_path, compile_c):
-    """`spool_function_rows` (the forked child's way: each batch written to a file and let go) keeps
+    """`streamed_function_rows` with a spool (the forked child's way: each batch written to a file and let go) keeps
     only counts and spans; merged with held rows and saved, the database is the one the held rows
     give, table by table."""
     import tempfile
@@ -126,7 +126,7 @@ def test_spooled_rows_save_as_the_rows_held(tmp_path, compile_c):
             rows = analysis_save.function_rows(fs)
         else:
             spool = tempfile.TemporaryFile()  # noqa: SIM115 - read back by the save below
-            first = analysis_save.spool_function_rows(iter(fs[:cut]), spool, batch=2)
+            first = analysis_save.streamed_function_rows(iter(fs[:cut]), batch=2, spool=spool)
             assert first.func == [] and len(first.calls) == 0 and first.spooled == (cut + 1) // 2
             assert first.counts == analysis_save.function_rows(fs[:cut]).counts
             first.spool = spool

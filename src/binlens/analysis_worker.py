@@ -387,7 +387,7 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
             frows = streamed_function_rows(explored.iter_functions())
         _retained.append(refs)
         # The functions' rows are built: the engine's state can go, and the references' rows and
-        # the save then fit in the memory it frees (libc: this process's peak 50.1 -> 48.4 MiB, for
+        # the save then fit in the memory it frees (libc: this process's peak 50.5 -> 48.1 MiB, for
         # ~9 ms). One collection: the explorer and its backend hold each other.
         facts = (explored.codemap.total_bytes, explored.covered, explored.t0)
         _retained.remove(explored)
@@ -401,7 +401,7 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
 def _in_two_processes(explored: Any) -> tuple[list, Any, Any]:
     """(strings, references, function rows): a forked child builds the first functions' rows
     (`_CHILD_SHARE`) while this process collects the references and builds the others."""
-    from binlens.store.analysis_save import merge_function_rows, spool_function_rows, streamed_function_rows
+    from binlens.store.analysis_save import merge_function_rows, streamed_function_rows
 
     split = _split(explored.bodies)
     try:
@@ -416,9 +416,8 @@ def _in_two_processes(explored: Any) -> tuple[list, Any, Any]:
         try:
             os.close(read_fd)
             with open(write_fd, "wb") as out:
-                functions = explored.iter_functions((0, split))
                 try:
-                    rows = streamed_function_rows(functions) if spool is None else spool_function_rows(functions, spool)
+                    rows = streamed_function_rows(explored.iter_functions((0, split)), spool=spool)
                 except OSError as err:  # (the temporary file's disk is full, ...): the parent says so
                     write_last_frame(out, ("error", f"its function builder could not write its rows: {err}"))
                     raise

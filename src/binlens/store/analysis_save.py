@@ -68,7 +68,7 @@ class FunctionRows:
     calls: array  # flat (function, site, callee) words, signed as stored (`calls_rows`)
     counts: tuple[int, int, int]  # functions, blocks, instructions
     spans: Spans
-    spooled: int = 0  # batches of rows written to `spool` (`spool_function_rows`), before these
+    spooled: int = 0  # batches of rows written to `spool` (`streamed_function_rows`), before these
     spool: BinaryIO | None = None
 
     def parts(self) -> Iterator[tuple[list[tuple], list[tuple], array]]:
@@ -123,34 +123,28 @@ def calls_rows(words: array) -> Iterator[tuple[int, ...]]:
     return zip(it, it, it, strict=True)
 
 
-def streamed_function_rows(functions: Iterable, batch: int = 512) -> FunctionRows:
+def streamed_function_rows(functions: Iterable, batch: int = 512, spool: BinaryIO | None = None) -> FunctionRows:
     """`function_rows` of functions made one at a time (in address order: `iter_functions`), a batch
     at a time: only a batch of Function objects with their blocks and edges lives at once, not all
-    of them beside their rows."""
+    of them beside their rows.
+
+    With `spool`, each batch's func, blocks and calls rows are written to it (a pickle each) and let
+    go: the rows returned hold the counts, the spans and how many batches it has (`spooled`). The
+    forked child builds its share of the functions this way: it held all its rows until it wrote
+    them to the parent, which then held them too until the save. The parent saves the spooled
+    batches one at a time (`FunctionRows.parts`)."""
     it = iter(functions)
-    out = function_rows(list(islice(it, batch)))
-    while group := list(islice(it, batch)):
-        merge_function_rows(out, function_rows(group))
-    return out
-
-
-def spool_function_rows(functions: Iterable, out: BinaryIO, batch: int = 512) -> FunctionRows:
-    """`streamed_function_rows`, with each batch's rows written to `out` (a pickle each) and let go:
-    the rows returned hold the counts, the spans and how many batches `out` has (`spooled`).
-
-    The forked child builds its share of the functions this way: it held all its rows until it
-    wrote them to the parent, which then held them too until the save. The parent saves the
-    spooled batches one at a time (`FunctionRows.parts`)."""
-    it = iter(functions)
-    out_rows = FunctionRows([], [], array("q"), (0, 0, 0), (array("Q"), array("Q"), array("Q")))
+    out = FunctionRows([], [], array("q"), (0, 0, 0), (array("Q"), array("Q"), array("Q")))
     while group := list(islice(it, batch)):
         rows = function_rows(group)
-        pickle.dump((rows.func, rows.blocks, rows.calls), out, protocol=pickle.HIGHEST_PROTOCOL)
-        out_rows.spooled += 1
-        rows.func, rows.blocks, rows.calls = [], [], array("q")
-        merge_function_rows(out_rows, rows)
-    out.flush()
-    return out_rows
+        if spool is not None:
+            pickle.dump((rows.func, rows.blocks, rows.calls), spool, protocol=pickle.HIGHEST_PROTOCOL)
+            out.spooled += 1
+            rows.func, rows.blocks, rows.calls = [], [], array("q")
+        merge_function_rows(out, rows)
+    if spool is not None:
+        spool.flush()
+    return out
 
 
 def merge_function_rows(first: FunctionRows, second: FunctionRows) -> FunctionRows:
