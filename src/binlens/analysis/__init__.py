@@ -4,7 +4,7 @@
 
 The names below load with the first use of one (PEP 562): a process that only reads stored
 analyses, as the CLI does while the analysis runs in its own process, needs `ENGINE_VERSION`
-alone, and importing the engine cost it ~2.5 MiB and ~14 ms.
+alone, and importing the engine cost the CLI ~0.6 MiB and ~14 ms.
 """
 
 from __future__ import annotations
