@@ -604,12 +604,72 @@ done:
     return out;
 }
 
+/* the bytes of the chunk at `va` (`a` its int, or NULL), cut at its region's end, set to `fill` in
+ * the region's map; `last` is the region of the previous address (-1 at first): -1 on an error */
+static int cover_at(PyObject *chunks, PyObject *a, unsigned long long va, const unsigned long long *st,
+                    const unsigned long long *en, Py_ssize_t nr, PyObject *maps, int fill, Py_ssize_t *last) {
+    unsigned long long end = 0;
+    int has = chunk_end(chunks, a, va, &end);
+    if (has <= 0)
+        return has;
+    Py_ssize_t k = *last;
+    if (k < 0 || va < st[k] || va >= en[k]) {
+        Py_ssize_t lo = 0, hi = nr;
+        while (lo < hi) {
+            Py_ssize_t mid = (lo + hi) / 2;
+            if (va < st[mid])
+                hi = mid;
+            else
+                lo = mid + 1;
+        }
+        if (lo == 0 || va >= en[lo - 1])
+            return 0;
+        *last = k = lo - 1;
+    }
+    if (end > en[k])
+        end = en[k];
+    if (end > va)
+        memset(PyByteArray_AS_STRING(PyList_GET_ITEM(maps, k)) + (va - st[k]), fill, end - va);
+    return 0;
+}
+
+/* the members of the AddrBits `s` covered, its regions' bit by bit (no int object each), then its side set's */
+static int cover_bits(PyObject *chunks, AddrBits *s, const unsigned long long *st, const unsigned long long *en,
+                      Py_ssize_t nr, PyObject *maps, int fill) {
+    Py_ssize_t last = -1;
+    for (Py_ssize_t k = 0; k < s->nreg; k++) {
+        unsigned long long size = s->len[k];
+        for (unsigned long long i = 0; i < size; i += 8) {
+            unsigned char b = s->bits[k][i >> 3];
+            for (int j = 0; b; j++, b >>= 1)
+                if ((b & 1) && cover_at(chunks, NULL, s->lo[k] + i + (unsigned long long)j, st, en, nr, maps, fill, &last) < 0)
+                    return -1;
+        }
+    }
+    if (!s->other)
+        return 0;
+    PyObject *it = PyObject_GetIter(s->other), *a;
+    if (!it)
+        return -1;
+    while ((a = PyIter_Next(it))) {
+        unsigned long long va = PyLong_AsUnsignedLongLong(a);
+        int rc = (va == (unsigned long long)-1 && PyErr_Occurred()) ? -1 : cover_at(chunks, a, va, st, en, nr, maps, fill, &last);
+        Py_DECREF(a);
+        if (rc < 0) {
+            Py_DECREF(it);
+            return -1;
+        }
+    }
+    Py_DECREF(it);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
 /* cover(chunks, addrs, starts, ends, maps, fill): gapmap.cover's marking of each chunk's bytes.
  *
- * For each address in `addrs` (any iterable) with a chunk in `chunks`, the bytes from it to the
- * chunk's end (cut at its region's end) are set to `fill` in the bytearray `maps[i]` of the region
- * i ([starts[i], ends[i]), sorted) that holds the address; addresses outside every region, or
- * without a chunk, are skipped. */
+ * For each address in `addrs` (any iterable; an AddrBits is read bit by bit) with a chunk in
+ * `chunks`, the bytes from it to the chunk's end (cut at its region's end) are set to `fill` in the
+ * bytearray `maps[i]` of the region i ([starts[i], ends[i]), sorted) that holds the address;
+ * addresses outside every region, or without a chunk, are skipped. */
 static PyObject *cover(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *chunks, *addrs, *starts, *ends, *maps;
@@ -640,36 +700,21 @@ static PyObject *cover(PyObject *self, PyObject *args) {
             goto done;
         }
     }
-    if (!(it = PyObject_GetIter(addrs)))
-        goto done;
-    Py_ssize_t last = -1;
-    while ((a = PyIter_Next(it))) {
-        unsigned long long va = PyLong_AsUnsignedLongLong(a), end = 0;
-        if (va == (unsigned long long)-1 && PyErr_Occurred())
+    if (IS_AB(addrs)) {
+        if (cover_bits(chunks, (AddrBits *)addrs, st, en, nr, maps, fill) < 0)
             goto done;
-        int has = chunk_end(chunks, a, va, &end);
-        Py_CLEAR(a);
-        if (has < 0)
+    } else {
+        if (!(it = PyObject_GetIter(addrs)))
             goto done;
-        if (!has)
-            continue;
-        if (last < 0 || va < st[last] || va >= en[last]) {
-            Py_ssize_t lo = 0, hi = nr;
-            while (lo < hi) {
-                Py_ssize_t mid = (lo + hi) / 2;
-                if (va < st[mid])
-                    hi = mid;
-                else
-                    lo = mid + 1;
-            }
-            if (lo == 0 || va >= en[lo - 1])
-                continue;
-            last = lo - 1;
+        Py_ssize_t last = -1;
+        while ((a = PyIter_Next(it))) {
+            unsigned long long va = PyLong_AsUnsignedLongLong(a);
+            if (va == (unsigned long long)-1 && PyErr_Occurred())
+                goto done;
+            if (cover_at(chunks, a, va, st, en, nr, maps, fill, &last) < 0)
+                goto done;
+            Py_CLEAR(a);
         }
-        if (end > en[last])
-            end = en[last];
-        if (end > va)
-            memset(PyByteArray_AS_STRING(PyList_GET_ITEM(maps, last)) + (va - st[last]), fill, end - va);
     }
     if (!PyErr_Occurred())
         out = Py_NewRef(Py_None);

@@ -265,7 +265,7 @@ def explore(
     stages = offsets + ["gaps"] * _GAP_ROUNDS + offsets + ["data_prologues", "data_pointers"]
     stages += offsets + ["gaps"] * _GAP_ROUNDS + offsets
     exhausted: set[str] = set()  # repeated stages that found nothing since the last find
-    gaps = Gaps(codemap, explorer)  # the gap stage's coverage map, kept up to date between its rounds
+    gaps = Gaps(codemap, explorer)  # the gap stage's held chunks, counted between its rounds
     rounds = 0  # heuristic rounds that found starts (each runs discovery again)
     for stage in stages:
         if stage == "data_pointers":

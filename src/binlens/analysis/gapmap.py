@@ -1,5 +1,6 @@
-"""The gap heuristic's coverage map (`Gaps`): which code bytes some function's chunks hold, kept
-up to date between the heuristic's rounds, and the code addresses reached instructions take."""
+"""The gap heuristic's coverage (`Gaps`): which code bytes some function's chunks hold, counted
+between the heuristic's rounds and made into a map for each, and the code addresses reached
+instructions take."""
 
 from __future__ import annotations
 
@@ -16,32 +17,27 @@ _descent = native("_descent")  # `cover` and `body_spans` in C (same results), o
 
 
 class Gaps:
-    """The coverage map of the gap heuristic, kept up to date between its rounds.
+    """The gap heuristic's coverage of code by functions, kept up to date between its rounds.
 
-    `covered` is 1 for each code byte inside a chunk of some function. Instead of rebuilding it
-    from every body each round, it counts per chunk the bodies that hold it and re-marks only the
-    chunks of bodies that changed since the last round (partition hands back the same Body
-    object when a body did not change) and chunks split since then. That is exact for chunks
-    that share no byte with another. The x86 decoder checks every byte, so its chunks never
-    overlap; the capstone backend names the chunks that do (`overlapping`: code entered at a
-    misaligned address, a RISC-V instruction decoded across another's halves, a MIPS delay slot
-    that starts another chunk), and those, with the parts split off them, are laid over a copy
-    of the map each round instead of being counted in it.
+    It counts per chunk the bodies that hold it, and each round counts again only the bodies that
+    changed since the last one (partition hands back the same Body object when a body did not
+    change). Each round's map, a byte per code byte that is 1 inside a chunk some body holds, is made
+    anew from the held chunks (`covered`; in C, from their bits) and is the round's to mark further;
+    nothing keeps it between rounds. Keeping it, and handing each round a copy, held two bytes per
+    byte of code through the heuristics (gcc's cc1: 2 x 20 MiB), and a chunk that shares bytes with
+    another (code entered at a misaligned address, a RISC-V instruction decoded across another's
+    halves, a MIPS delay slot that starts another chunk) needed laying over the copy, where a map
+    made from the held chunks is their union as it is.
     """
 
     def __init__(self, codemap: CodeMap, explorer: Explorer) -> None:
         self.codemap = codemap
         self.explorer = explorer
-        self.maps = {r.va: bytearray(len(r.data)) for r in codemap.regions}
         # the chunks some body holds (a bit each with the C extension), and how many hold those that
         # more than one does: a Counter of every held chunk was 40 MiB on gcc's cc1
         self.held = codemap.address_set()
         self.more: dict[int, int] = {}
         self.bodies: dict[int, Body] = {}
-        self.nsplits = 0
-        # the chunks that may share bytes with others (the backend's set, grown by their split parts)
-        self.odd: set[int] = getattr(explorer.backend, "overlapping", set())
-        self.held_odd: set[int] = set()  # those some body holds
         self.memo: dict[int, dict[int, tuple[int, bool, int] | None]] = {}
         self._refs: list[tuple[int, int]] = []
         self.after_data = False  # set once the data-pointer stages have run (ARM32 leaf guesses wait for it)
@@ -59,82 +55,47 @@ class Gaps:
         return self._refs
 
     def covered(self, bodies: dict[int, Body]) -> dict[int, bytearray]:
-        """Per region, the coverage of `bodies` (a copy the caller may mark further)."""
-        odd = self.odd
-        splits = self.explorer.splits
-        touched: set[int] = set()
-        for h, va in splits[self.nsplits :]:
-            touched.add(h)
-            touched.add(va)
-            if h in odd:
-                odd.add(va)  # the part split off a chunk that overlaps another may be where it does
-        self.nsplits = len(splits)
-        hold, release, held_now = self._hold, self._release, self.held
-        if not self.bodies:  # the first round: every chunk of every body is new
-            for b in bodies.values():
-                for a in b.chunks:
-                    hold(a)
-            self.bodies = dict(bodies)
-            self.held_odd = {a for a in odd if a in held_now}
-            cover(
-                self.codemap, self.maps, self.explorer, [a for b in bodies.values() for a in b.chunks if a not in odd]
-            )
-            return self._copy()
+        """Per region, the coverage of `bodies`: a new map, which the caller may mark further."""
+        hold, release = self._hold, self._release
         old = self.bodies
-        gone: list[int] = []  # one entry per (changed body, chunk it no longer holds)
-        came: list[int] = []
         for f, b in old.items():
             nb = bodies.get(f)
             if nb is b:
                 continue
             if nb is None:
-                gone.extend(b.chunks)
+                for a in b.chunks:
+                    release(a)
             else:  # a recomputed body mostly holds the same chunks: count only the difference
                 was, now = set(b.chunks), set(nb.chunks)
-                gone.extend(was - now)
-                came.extend(now - was)
+                for a in was - now:
+                    release(a)
+                for a in now - was:
+                    hold(a)
         for f, b in bodies.items():
             if f not in old:
-                came.extend(b.chunks)
-        for a in gone:
-            if release(a):
-                touched.add(a)
-        for a in came:
-            if hold(a):
-                touched.add(a)
+                for a in b.chunks:
+                    hold(a)
         self.bodies = dict(bodies)
-        held = {a for a in touched if a in held_now}
-        self.held_odd = {a for a in self.held_odd if a in held_now} | (held & odd)
-        cover(self.codemap, self.maps, self.explorer, touched - held - odd, b"\x00")
-        cover(self.codemap, self.maps, self.explorer, held - odd)
-        return self._copy()
+        maps = {r.va: bytearray(len(r.data)) for r in self.codemap.regions}
+        cover(self.codemap, maps, self.explorer, self.held)
+        return maps
 
-    def _hold(self, a: int) -> bool:
-        """One more body holds chunk `a`: was it held by none?"""
+    def _hold(self, a: int) -> None:
+        """One more body holds chunk `a`."""
         if a in self.held:
             self.more[a] = self.more.get(a, 1) + 1
-            return False
-        self.held.add(a)
-        return True
+        else:
+            self.held.add(a)
 
-    def _release(self, a: int) -> bool:
-        """One body less holds chunk `a` (one did): does none hold it now?"""
+    def _release(self, a: int) -> None:
+        """One body less holds chunk `a` (one did)."""
         n = self.more.get(a)
         if n is None:
             self.held.discard(a)
-            return True
-        if n == 2:
+        elif n == 2:
             del self.more[a]
         else:
             self.more[a] = n - 1
-        return False
-
-    def _copy(self) -> dict[int, bytearray]:
-        """The map, with the held chunks that may overlap others laid over it."""
-        maps = {va: bytearray(m) for va, m in self.maps.items()}
-        if self.held_odd:
-            cover(self.codemap, maps, self.explorer, self.held_odd)
-        return maps
 
 
 def offset_refs_from(backend: object, codemap: CodeMap, start: int) -> list[tuple[int, int]]:

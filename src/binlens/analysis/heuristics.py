@@ -1,7 +1,7 @@
 """Careful heuristics for code descent did not reach: code pointers, then prologues in gaps.
 
 `heuristic_starts` is one stage of them (the engine runs the stages in order, most trusted
-first, re-running discovery after each); `Gaps` keeps the gap stage's coverage map between rounds.
+first, re-running discovery after each); `Gaps` counts the gap stage's held chunks between rounds.
 """
 
 from __future__ import annotations
