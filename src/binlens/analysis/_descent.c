@@ -1193,6 +1193,79 @@ done:
     return out;
 }
 
+/* (s, e, f) at place i of three u64 buffers, against place j of three others: <0, 0, >0 */
+static int span_cmp(const unsigned long long *const *a, Py_ssize_t i, const unsigned long long *const *b, Py_ssize_t j) {
+    for (int k = 0; k < 3; k++)
+        if (a[k][i] != b[k][j])
+            return a[k][i] < b[k][j] ? -1 : 1;
+    return 0;
+}
+
+/* merge_spans(s1, e1, f1, s2, e2, f2, n1) -> n: analysis_save.merge_function_rows's merge of owner
+ * spans, in place. (s1, e1, f1) are u64 arrays whose first n1 places hold spans sorted by start, one
+ * each, and which have room for all of (s2, e2, f2), sorted the same way; the two are merged in
+ * (start, end, function) order from the back, then each start is kept once, with the least (end,
+ * function), as `owner_spans` keeps it. Returns how many places hold spans (the caller cuts the
+ * arrays there). No tuple per span: re-sorting the overlap of two runs as tuples was ~40 MiB and
+ * most of the time of building gcc's cc1's rows, where every batch's cold blocks lie below the
+ * runs before it. */
+static PyObject *merge_spans(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[6];
+    Py_ssize_t n1;
+    if (!PyArg_ParseTuple(args, "OOOOOOn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &n1))
+        return NULL;
+    Py_buffer pb[6];
+    int got = 0;
+    PyObject *out = NULL;
+    for (; got < 6; got++)
+        if (PyObject_GetBuffer(o[got], &pb[got], got < 3 ? PyBUF_WRITABLE | PyBUF_FORMAT : PyBUF_FORMAT) < 0)
+            goto done;
+    for (int k = 0; k < 6; k++)
+        if (pb[k].itemsize != 8 || pb[k].len != pb[k < 3 ? 0 : 3].len) {
+            PyErr_SetString(PyExc_ValueError, "spans: three u64 arrays of one length, twice");
+            goto done;
+        }
+    Py_ssize_t n2 = pb[3].len / 8, cap = pb[0].len / 8;
+    if (n1 < 0 || n1 + n2 > cap) {
+        PyErr_SetString(PyExc_ValueError, "spans: the first arrays have no room for the second");
+        goto done;
+    }
+    unsigned long long *a[3] = {pb[0].buf, pb[1].buf, pb[2].buf};
+    const unsigned long long *b[3] = {pb[3].buf, pb[4].buf, pb[5].buf};
+    Py_ssize_t i = n1 - 1, j = n2 - 1, w = n1 + n2 - 1, lo = n1;
+    while (j >= 0) {
+        if (i >= 0 && span_cmp((const unsigned long long *const *)a, i, b, j) > 0) {
+            for (int k = 0; k < 3; k++)
+                a[k][w] = a[k][i];
+            i--;
+        } else {
+            for (int k = 0; k < 3; k++)
+                a[k][w] = b[k][j];
+            j--;
+        }
+        lo = w--;
+    }
+    /* each start once, from the first place a span of the second run went to (before it, the first
+     * run's starts are distinct already) */
+    Py_ssize_t n = n1 + n2, keep = lo > 0 ? lo : 0;
+    if (keep > 0)
+        keep--; /* (the place before may hold the start the first merged span repeats) */
+    Py_ssize_t put = keep + (n > 0 ? 1 : 0);
+    for (Py_ssize_t r = keep + 1; r < n; r++) {
+        if (a[0][r] == a[0][put - 1])
+            continue;
+        for (int k = 0; k < 3; k++)
+            a[k][put] = a[k][r];
+        put++;
+    }
+    out = PyLong_FromSsize_t(n > 0 ? put : 0);
+done:
+    for (int k = 0; k < got; k++)
+        PyBuffer_Release(&pb[k]);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "Set the engine's terminator codes: configure(T_FALL, T_JUMP, T_COND, T_CALL, T_ICALL, T_IJUMP[, T_RET, T_BAD])."},
@@ -1204,6 +1277,7 @@ static PyMethodDef methods[] = {
     {"covered", covered, METH_VARARGS, "engine._covered (see the module source)."},
     {"pack_by_owner", pack_by_owner, METH_VARARGS,
      "store.analysis._xref_packs's grouping and packing of references (see the module source)."},
+    {"merge_spans", merge_spans, METH_VARARGS, "analysis_save.merge_function_rows's merge of spans (see the module source)."},
     {"sort_refs", sort_refs, METH_VARARGS, "xrefs.collect_refs's sort of packed references (see the module source)."},
     {NULL, NULL, 0, NULL},
 };
