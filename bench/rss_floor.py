@@ -54,6 +54,7 @@ _CLI_IMPORTS = "import binlens.api; from binlens.api.registry import lookup; loo
 
 def steps(py: str, path: Path, home: str) -> list[tuple[str, list[str]]]:
     """(label, command) of every step, in the table's order."""
+    whole = [*tools.binlens_command(), "functions", str(path), "--json", "--home", home]
     return [
         ("interpreter (`python -c pass`)", [py, "-c", "pass"]),
         ("+ iced-x86 (`binlens.analysis.iced`)", [py, "-c", "import binlens.analysis.iced"]),
@@ -61,7 +62,7 @@ def steps(py: str, path: Path, home: str) -> list[tuple[str, list[str]]]:
         ("analysis process: imports + file + image", [py, "-c", _IMAGE, str(path)]),
         ("pydantic + one strict model", [py, "-c", _PYDANTIC]),
         ("CLI: imports for `functions` (API + function.list)", [py, "-c", _CLI_IMPORTS]),
-        ("whole `binlens functions FILE --json`", [*tools.binlens_command(), "functions", str(path), "--json", "--home", home]),
+        ("whole `binlens functions FILE --json`", whole),
     ]
 
 
