@@ -101,10 +101,6 @@ class CapstoneBackend:
         self.x_dst = array("Q")
         self.x_kind = bytearray()
         self.delay = 1 if self.arch == "mips" else 0
-        # chunks holding bytes an earlier chunk holds too (an instruction decoded across another
-        # chunk's instructions, a MIPS delay slot that is another chunk's start): the gap
-        # heuristic's coverage map lays these over its count of the others, which never overlap
-        self.overlapping: set[int] = set()
         self.pairs = PairRefs(self) if self.arch in PairRefs.ARCHES else None
         self._may_flow = _may_flow_for(self.arch)
         self._text_flow = branchflow.text_flow(self.arch, self._global_entry)  # (branches without a detailed decode)
@@ -272,17 +268,13 @@ class CapstoneBackend:
             o = a - r.va
             if not first:
                 s = state[o]
-                if s in (CHUNK, INSN):
-                    if pending is None:
-                        return cur, T_FALL, (cur,), last
-                    self.overlapping.add(va)  # a delay slot another chunk starts with
+                if s in (CHUNK, INSN) and pending is None:  # (a delay slot may start another chunk)
+                    return cur, T_FALL, (cur,), last
                 if s == BODY:
                     return cur, T_BAD, (), last
                 if s != CHUNK:  # (a delay slot that starts another chunk keeps that chunk's mark)
                     state[o] = INSN
             first = False
-            if state.count(0, o + 1, o + n) != n - 1:  # bytes of other chunks inside the instruction
-                self.overlapping.add(va)
             state[o + 1 : o + n] = _BODY_RUNS[n]
             if begins is not None and (formed or whole or begins(m, text, a)):
                 formed.append((a, n))  # type: ignore[union-attr]

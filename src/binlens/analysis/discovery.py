@@ -141,7 +141,6 @@ class Explorer:
         self._trav_noret: set[int] | None = None
         self._reached: set[int] = set()
         self._calls: set[int] = set()
-        self.splits: list[tuple[int, int]] = []  # (head, new chunk) each time a chunk was split
         self.unproven: set[int] = set()  # gap-trial starts not proven entries: still open to a data pointer
 
     # ------------------------------------------------------------------ chunks
@@ -172,7 +171,6 @@ class Explorer:
             if head is None or head[0] <= va:  # (no chunk holds va: splitting one would corrupt it)
                 return None
             self.chunks[r.va + h] = (va, T_FALL, (va,), va)
-            self.splits.append((r.va + h, va))
             self.pred[va] = r.va + h
             self._dirty.add(r.va + h)
             self.chunks[va] = head
