@@ -343,28 +343,6 @@ def test_addr_bits_behave_as_the_set_they_replace() -> None:
         C.AddrBits([(0x1000, 16), (0x100F, 1)])
 
 
-def test_addr_bits_floor_is_the_nearest_member_at_or_below_within_the_region() -> None:
-    """`floor(a)` against a scan of a set, on random members of three regions, for every address in
-    and around them: the greatest member of `a`'s region at or below `a`, else -1 (members of other
-    regions and of the side set do not count)."""
-    rnd = random.Random(11)
-    regions = [(0x1000, 0x43), (0x1043, 9), (0x5000, 0x200)]
-    bits, plain = C.AddrBits(regions), set()
-    for lo, n in regions:
-        for a in rnd.sample(range(lo, lo + n), n // 7 + 1):
-            bits.add(a)
-            plain.add(a)
-    bits.add(0x4000)  # (outside every region: the side set)
-    for lo, n in regions:
-        for a in range(lo - 2, lo + n + 2):
-            region = next(((r, m) for r, m in regions if r <= a < r + m), None)
-            want = max((x for x in plain if region and region[0] <= x <= a), default=-1)
-            assert bits.floor(a) == want, hex(a)
-    assert bits.floor(0x4000) == -1 and C.AddrBits([]).floor(5) == -1
-    with pytest.raises(OverflowError):
-        bits.floor(-1)
-
-
 def test_pred_map_behaves_as_the_dict_it_replaces() -> None:
     """Random assignments, setdefaults, look-ups and `in` on a PredMap and a dict side by side: keys
     near and far from their values (a distance over 32 bits, values that are no address, keys that

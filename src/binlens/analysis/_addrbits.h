@@ -225,29 +225,6 @@ static PyObject *ab_iter(AddrBits *s) {
     return it;
 }
 
-/* floor(a): the greatest member at or below `a` in the region holding `a`, or -1 (none there, or
- * `a` in no region; the side set is not looked at) */
-static PyObject *ab_floor(AddrBits *s, PyObject *a) {
-    unsigned long long v = PyLong_AsUnsignedLongLong(a);
-    if (v == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    Py_ssize_t k = ab_region(s, v);
-    if (k < 0)
-        return PyLong_FromLong(-1);
-    const unsigned char *bits = s->bits[k];
-    unsigned long long off = v - s->lo[k], byte = off >> 3;
-    unsigned int b = bits[byte] & (0xFFu >> (7 - (off & 7))); /* the bits at or below off in its byte */
-    while (!b) {
-        if (!byte)
-            return PyLong_FromLong(-1);
-        b = bits[--byte];
-    }
-    int top = 7;
-    while (!(b >> top))
-        top--;
-    return PyLong_FromUnsignedLongLong(s->lo[k] + (byte << 3) + (unsigned long long)top);
-}
-
 static PyObject *ab_nbytes(AddrBits *s, PyObject *Py_UNUSED(ignored)) {
     size_t n = 0;
     for (Py_ssize_t k = 0; k < s->nreg; k++)
@@ -269,7 +246,6 @@ static PyMethodDef ab_methods[] = {
     {"discard", (PyCFunction)ab_discard, METH_O, "Remove an address if it is there."},
     {"clear", (PyCFunction)ab_clear, METH_NOARGS, "Remove every address."},
     {"nbytes", (PyCFunction)ab_nbytes, METH_NOARGS, "Bytes of the bit maps (not the side set)."},
-    {"floor", (PyCFunction)ab_floor, METH_O, "The greatest member at or below an address, in its region, or -1."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import bisect
 import struct
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from itertools import chain
-from typing import Any
 
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.discovery import Body, Explorer
@@ -41,14 +40,18 @@ def collect_refs(
     """Every reference from reached code (and from data unless `data` is false), sorted by (src, dst),
     packed (`Refs`: three arrays instead of an object each; `Refs.xrefs()` gives the objects)."""
     chunks = explorer.chunks
-    inside = _in_held_chunk(codemap, chunks, bodies)
+    # chunk starts of all bodies, in order (a chunk shared by bodies repeats: bisect still works);
+    # a chunk's end is read where a reference asks (a list of every chunk's end was 16 MiB on cc1)
+    reached = sorted(chain.from_iterable(body.chunks for body in bodies.values()))
     src: array = array("Q")
     dst: array = array("Q")
     kind = bytearray()
     add_src, add_dst, add_kind = src.append, dst.append, kind.append
     b = backend
+    bisect_right = bisect.bisect_right
     for s, d, k in zip(b.x_src, b.x_dst, b.x_kind, strict=False):  # type: ignore[attr-defined]
-        if inside(s):
+        i = bisect_right(reached, s) - 1
+        if i >= 0 and s < chunks[reached[i]][0]:
             add_src(s)
             add_dst(d)
             add_kind(k)
@@ -72,11 +75,12 @@ def collect_refs(
                 add_dst(d)
                 add_kind(_JUMP_TABLE)
     for jump, table in jt_tables.items():
-        if inside(jump):
+        i = bisect_right(reached, jump) - 1
+        if i >= 0 and jump < chunks[reached[i]][0]:
             add_src(jump)
             add_dst(table)
             add_kind(_READ)
-    del inside
+    del reached
     str_starts = strings if isinstance(strings, set) else {s.address for s in strings}
     if data:
         thumb_bit = 1 if image.identity.arch == "arm" else 0
@@ -89,35 +93,6 @@ def collect_refs(
     refs = Refs(src, dst, kind)
     _order(refs, str_starts)
     return refs
-
-
-def _in_held_chunk(codemap: CodeMap, chunks: Any, bodies: dict[int, Body]) -> Callable[[int], bool]:
-    """Is an address inside a chunk some body holds? The chunks' starts as bits of the code map,
-    each address's nearest start at or below it found in them (`AddrBits.floor`): a sorted list of
-    cc1's 1.33M starts was 10.6 MiB at the highest point of the references. Without the C
-    extension, that sorted list (a chunk shared by bodies repeats: bisect still works). A chunk's
-    end is read where an address asks (a list of every chunk's end was 16 MiB on cc1)."""
-    held = codemap.address_set()
-    floor = getattr(held, "floor", None)
-    if floor is not None:
-        add = held.add
-        for body in bodies.values():
-            for a in body.chunks:
-                add(a)
-
-        def inside(va: int) -> bool:
-            f = floor(va)
-            return f >= 0 and va < chunks[f][0]
-
-        return inside
-    reached = sorted(chain.from_iterable(body.chunks for body in bodies.values()))
-    bisect_right = bisect.bisect_right
-
-    def inside_sorted(va: int) -> bool:
-        i = bisect_right(reached, va) - 1
-        return i >= 0 and va < chunks[reached[i]][0]
-
-    return inside_sorted
 
 
 def _code_and_string_pointers(image: Image, codemap: CodeMap, str_starts: set[int]) -> Iterable[tuple[int, int]]:
