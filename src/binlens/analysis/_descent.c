@@ -604,14 +604,10 @@ done:
     return out;
 }
 
-/* the bytes of the chunk at `va` (`a` its int, or NULL), cut at its region's end, set to `fill` in
- * the region's map; `last` is the region of the previous address (-1 at first): -1 on an error */
-static int cover_at(PyObject *chunks, PyObject *a, unsigned long long va, const unsigned long long *st,
-                    const unsigned long long *en, Py_ssize_t nr, PyObject *maps, int fill, Py_ssize_t *last) {
-    unsigned long long end = 0;
-    int has = chunk_end(chunks, a, va, &end);
-    if (has <= 0)
-        return has;
+/* the bytes [va, end), cut at the end of the region holding `va`, set to `fill` in that region's
+ * map; `last` is the region of the previous span (-1 at first); nothing when no region holds `va` */
+static void mark_span(unsigned long long va, unsigned long long end, const unsigned long long *st,
+                      const unsigned long long *en, Py_ssize_t nr, PyObject *maps, int fill, Py_ssize_t *last) {
     Py_ssize_t k = *last;
     if (k < 0 || va < st[k] || va >= en[k]) {
         Py_ssize_t lo = 0, hi = nr;
@@ -623,50 +619,75 @@ static int cover_at(PyObject *chunks, PyObject *a, unsigned long long va, const 
                 lo = mid + 1;
         }
         if (lo == 0 || va >= en[lo - 1])
-            return 0;
+            return;
         *last = k = lo - 1;
     }
     if (end > en[k])
         end = en[k];
     if (end > va)
         memset(PyByteArray_AS_STRING(PyList_GET_ITEM(maps, k)) + (va - st[k]), fill, end - va);
-    return 0;
 }
 
-/* the members of the AddrBits `s` covered, its regions' bit by bit (no int object each), then its side set's */
-static int cover_bits(PyObject *chunks, AddrBits *s, const unsigned long long *st, const unsigned long long *en,
-                      Py_ssize_t nr, PyObject *maps, int fill) {
+/* the bytes of the chunk at `va` (`a` its int, or NULL) marked (`mark_span`): -1 on an error */
+static int cover_at(PyObject *chunks, PyObject *a, unsigned long long va, const unsigned long long *st,
+                    const unsigned long long *en, Py_ssize_t nr, PyObject *maps, int fill, Py_ssize_t *last) {
+    unsigned long long end = 0;
+    int has = chunk_end(chunks, a, va, &end);
+    if (has > 0)
+        mark_span(va, end, st, en, nr, maps, fill, last);
+    return has < 0 ? -1 : 0;
+}
+
+/* the chunks of the ChunkMap `m` whose start is a member of the AddrBits `s` covered: the records
+ * read in the order they sit, each start's bit tested (no hash look-up per chunk, as reading the
+ * bits would need), then the chunks of the map's side dict */
+static int cover_records(ChunkMap *m, AddrBits *s, const unsigned long long *st, const unsigned long long *en,
+                         Py_ssize_t nr, PyObject *maps, int fill) {
     Py_ssize_t last = -1;
-    for (Py_ssize_t k = 0; k < s->nreg; k++) {
-        unsigned long long size = s->len[k];
-        for (unsigned long long i = 0; i < size; i += 8) {
-            unsigned char b = s->bits[k][i >> 3];
-            for (int j = 0; b; j++, b >>= 1)
-                if ((b & 1) && cover_at(chunks, NULL, s->lo[k] + i + (unsigned long long)j, st, en, nr, maps, fill, &last) < 0)
-                    return -1;
+    for (size_t q = 0; q < m->rn; q++) {
+        const CMRec *r = &m->recs[q];
+        if (r->used != 1)
+            continue;
+        Py_ssize_t k = ab_region(s, r->va);
+        if (k < 0) {
+            if (!s->other)
+                continue;
+            PyObject *a = PyLong_FromUnsignedLongLong(r->va);
+            int in = a ? PySet_Contains(s->other, a) : -1;
+            Py_XDECREF(a);
+            if (in < 0)
+                return -1;
+            if (!in)
+                continue;
+        } else {
+            unsigned long long off = r->va - s->lo[k];
+            if (!((s->bits[k][off >> 3] >> (off & 7)) & 1))
+                continue;
         }
+        mark_span(r->va, r->va + r->end, st, en, nr, maps, fill, &last);
     }
-    if (!s->other)
+    if (!m->other)
         return 0;
-    PyObject *it = PyObject_GetIter(s->other), *a;
-    if (!it)
-        return -1;
-    while ((a = PyIter_Next(it))) {
-        unsigned long long va = PyLong_AsUnsignedLongLong(a);
-        int rc = (va == (unsigned long long)-1 && PyErr_Occurred()) ? -1 : cover_at(chunks, a, va, st, en, nr, maps, fill, &last);
-        Py_DECREF(a);
-        if (rc < 0) {
-            Py_DECREF(it);
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(m->other, &pos, &key, &value)) {
+        int in = ab_contains(s, key);
+        if (in < 0)
             return -1;
-        }
+        unsigned long long va = in ? PyLong_AsUnsignedLongLong(key) : 0;
+        if (in && !(va == (unsigned long long)-1 && PyErr_Occurred()) &&
+            cover_at((PyObject *)m, key, va, st, en, nr, maps, fill, &last) < 0)
+            return -1;
+        if (PyErr_Occurred())
+            return -1;
     }
-    Py_DECREF(it);
-    return PyErr_Occurred() ? -1 : 0;
+    return 0;
 }
 
 /* cover(chunks, addrs, starts, ends, maps, fill): gapmap.cover's marking of each chunk's bytes.
  *
- * For each address in `addrs` (any iterable; an AddrBits is read bit by bit) with a chunk in
+ * For each address in `addrs` (any iterable; an AddrBits with a ChunkMap: the map's records are
+ * read in order, each tested against the bits) with a chunk in
  * `chunks`, the bytes from it to the chunk's end (cut at its region's end) are set to `fill` in the
  * bytearray `maps[i]` of the region i ([starts[i], ends[i]), sorted) that holds the address;
  * addresses outside every region, or without a chunk, are skipped. */
@@ -700,8 +721,8 @@ static PyObject *cover(PyObject *self, PyObject *args) {
             goto done;
         }
     }
-    if (IS_AB(addrs)) {
-        if (cover_bits(chunks, (AddrBits *)addrs, st, en, nr, maps, fill) < 0)
+    if (IS_AB(addrs) && IS_CM(chunks)) {
+        if (cover_records((ChunkMap *)chunks, (AddrBits *)addrs, st, en, nr, maps, fill) < 0)
             goto done;
     } else {
         if (!(it = PyObject_GetIter(addrs)))
