@@ -604,10 +604,10 @@ done:
     return out;
 }
 
-/* the bytes [va, end), cut at the end of the region holding `va`, set to `fill` in that region's
- * map; `last` is the region of the previous span (-1 at first); nothing when no region holds `va` */
+/* the bytes [va, end), cut at the end of the region holding `va`, set to 1 in that region's map;
+ * `last` is the region of the previous span (-1 at first); nothing when no region holds `va` */
 static void mark_span(unsigned long long va, unsigned long long end, const unsigned long long *st,
-                      const unsigned long long *en, Py_ssize_t nr, PyObject *maps, int fill, Py_ssize_t *last) {
+                      const unsigned long long *en, Py_ssize_t nr, PyObject *maps, Py_ssize_t *last) {
     Py_ssize_t k = *last;
     if (k < 0 || va < st[k] || va >= en[k]) {
         Py_ssize_t lo = 0, hi = nr;
@@ -625,16 +625,16 @@ static void mark_span(unsigned long long va, unsigned long long end, const unsig
     if (end > en[k])
         end = en[k];
     if (end > va)
-        memset(PyByteArray_AS_STRING(PyList_GET_ITEM(maps, k)) + (va - st[k]), fill, end - va);
+        memset(PyByteArray_AS_STRING(PyList_GET_ITEM(maps, k)) + (va - st[k]), 1, end - va);
 }
 
 /* the bytes of the chunk at `va` (`a` its int, or NULL) marked (`mark_span`): -1 on an error */
 static int cover_at(PyObject *chunks, PyObject *a, unsigned long long va, const unsigned long long *st,
-                    const unsigned long long *en, Py_ssize_t nr, PyObject *maps, int fill, Py_ssize_t *last) {
+                    const unsigned long long *en, Py_ssize_t nr, PyObject *maps, Py_ssize_t *last) {
     unsigned long long end = 0;
     int has = chunk_end(chunks, a, va, &end);
     if (has > 0)
-        mark_span(va, end, st, en, nr, maps, fill, last);
+        mark_span(va, end, st, en, nr, maps, last);
     return has < 0 ? -1 : 0;
 }
 
@@ -642,7 +642,7 @@ static int cover_at(PyObject *chunks, PyObject *a, unsigned long long va, const 
  * read in the order they sit, each start's bit tested (no hash look-up per chunk, as reading the
  * bits would need), then the chunks of the map's side dict */
 static int cover_records(ChunkMap *m, AddrBits *s, const unsigned long long *st, const unsigned long long *en,
-                         Py_ssize_t nr, PyObject *maps, int fill) {
+                         Py_ssize_t nr, PyObject *maps) {
     Py_ssize_t last = -1;
     for (size_t q = 0; q < m->rn; q++) {
         const CMRec *r = &m->recs[q];
@@ -664,7 +664,7 @@ static int cover_records(ChunkMap *m, AddrBits *s, const unsigned long long *st,
             if (!((s->bits[k][off >> 3] >> (off & 7)) & 1))
                 continue;
         }
-        mark_span(r->va, r->va + r->end, st, en, nr, maps, fill, &last);
+        mark_span(r->va, r->va + r->end, st, en, nr, maps, &last);
     }
     if (!m->other)
         return 0;
@@ -672,31 +672,30 @@ static int cover_records(ChunkMap *m, AddrBits *s, const unsigned long long *st,
     Py_ssize_t pos = 0;
     while (PyDict_Next(m->other, &pos, &key, &value)) {
         int in = ab_contains(s, key);
-        if (in < 0)
-            return -1;
-        unsigned long long va = in ? PyLong_AsUnsignedLongLong(key) : 0;
-        if (in && !(va == (unsigned long long)-1 && PyErr_Occurred()) &&
-            cover_at((PyObject *)m, key, va, st, en, nr, maps, fill, &last) < 0)
-            return -1;
-        if (PyErr_Occurred())
+        if (in <= 0) {
+            if (in < 0)
+                return -1;
+            continue;
+        }
+        unsigned long long va = PyLong_AsUnsignedLongLong(key);
+        if ((va == (unsigned long long)-1 && PyErr_Occurred()) || cover_at((PyObject *)m, key, va, st, en, nr, maps, &last) < 0)
             return -1;
     }
     return 0;
 }
 
-/* cover(chunks, addrs, starts, ends, maps, fill): gapmap.cover's marking of each chunk's bytes.
+/* cover(chunks, addrs, starts, ends, maps): gapmap.cover's marking of each chunk's bytes.
  *
  * For each address in `addrs` (any iterable; an AddrBits with a ChunkMap: the map's records are
  * read in order, each tested against the bits) with a chunk in
- * `chunks`, the bytes from it to the chunk's end (cut at its region's end) are set to `fill` in the
+ * `chunks`, the bytes from it to the chunk's end (cut at its region's end) are set to 1 in the
  * bytearray `maps[i]` of the region i ([starts[i], ends[i]), sorted) that holds the address;
  * addresses outside every region, or without a chunk, are skipped. */
 static PyObject *cover(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *chunks, *addrs, *starts, *ends, *maps;
-    int fill;
-    if (!PyArg_ParseTuple(args, "OOO!O!O!i", &chunks, &addrs, &PyList_Type, &starts, &PyList_Type, &ends, &PyList_Type,
-                          &maps, &fill) ||
+    if (!PyArg_ParseTuple(args, "OOO!O!O!", &chunks, &addrs, &PyList_Type, &starts, &PyList_Type, &ends, &PyList_Type,
+                          &maps) ||
         !chunks_ok(chunks))
         return NULL;
     Py_ssize_t nr = PyList_GET_SIZE(starts);
@@ -722,7 +721,7 @@ static PyObject *cover(PyObject *self, PyObject *args) {
         }
     }
     if (IS_AB(addrs) && IS_CM(chunks)) {
-        if (cover_records((ChunkMap *)chunks, (AddrBits *)addrs, st, en, nr, maps, fill) < 0)
+        if (cover_records((ChunkMap *)chunks, (AddrBits *)addrs, st, en, nr, maps) < 0)
             goto done;
     } else {
         if (!(it = PyObject_GetIter(addrs)))
@@ -732,7 +731,7 @@ static PyObject *cover(PyObject *self, PyObject *args) {
             unsigned long long va = PyLong_AsUnsignedLongLong(a);
             if (va == (unsigned long long)-1 && PyErr_Occurred())
                 goto done;
-            if (cover_at(chunks, a, va, st, en, nr, maps, fill, &last) < 0)
+            if (cover_at(chunks, a, va, st, en, nr, maps, &last) < 0)
                 goto done;
             Py_CLEAR(a);
         }

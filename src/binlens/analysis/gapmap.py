@@ -123,15 +123,12 @@ def covered_maps(codemap: CodeMap, explorer: Explorer, bodies: dict[int, Body]) 
     return maps
 
 
-def cover(
-    codemap: CodeMap, maps: dict[int, bytearray], explorer: Explorer, chunks: Iterable[int], fill: bytes = b"\x01"
-) -> None:
-    """Set the bytes of `chunks` in `maps` to `fill`: chunks in address order, adjacent ones as one run."""
+def cover(codemap: CodeMap, maps: dict[int, bytearray], explorer: Explorer, chunks: Iterable[int]) -> None:
+    """Set the bytes of `chunks` in `maps` to 1: chunks in address order, adjacent ones as one run."""
     if _descent is not None:  # the same marks in C, a chunk at a time
         regions = codemap.regions
         _descent.cover(
             explorer.chunks, chunks, [r.va for r in regions], [r.end for r in regions], [maps[r.va] for r in regions],
-            fill[0],
         )  # fmt: skip
         return
     get = explorer.chunks.get
@@ -145,7 +142,7 @@ def cover(
             continue
         if r is None or not base <= a < rend:
             if hi > lo:
-                m[lo:hi] = fill * (hi - lo)
+                m[lo:hi] = b"\x01" * (hi - lo)
             lo = hi = -1
             r = codemap.region(a)
             if r is None:
@@ -161,10 +158,10 @@ def cover(
                 hi = e
         else:
             if hi > lo:
-                m[lo:hi] = fill * (hi - lo)
+                m[lo:hi] = b"\x01" * (hi - lo)
             lo, hi = o, e
     if hi > lo:
-        m[lo:hi] = fill * (hi - lo)
+        m[lo:hi] = b"\x01" * (hi - lo)
 
 
 def body_spans(explorer: Explorer, bodies: dict[int, Body]) -> list[tuple[int, int]]:
