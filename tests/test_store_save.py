@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import tempfile
 from array import array
 
 import pytest
@@ -100,10 +101,13 @@ def test_rows_made_a_batch_at_a_time_are_the_rows_of_all(compile_c):
     a = _analysis(compile_c("sample.c", "-O2", strip=True))
     whole = analysis_save.function_rows(a.functions)
     assert len(a.functions) > 8 and len(whole.calls) > 0
-    for batch in (1, 3, 7, len(a.functions), 10_000):
-        rows = analysis_save.streamed_function_rows(iter(a.functions), batch)
+    for batch, blocks in ((1, 8192), (3, 8192), (7, 8192), (len(a.functions), 8192), (10_000, 8192), (10_000, 5)):
+        rows = analysis_save.streamed_function_rows(iter(a.functions), batch, blocks=blocks)
         assert rows.func == whole.func and rows.blocks == whole.blocks and rows.calls == whole.calls
         assert rows.counts == whole.counts and rows.spans == whole.spans
+    spool = tempfile.TemporaryFile()  # noqa: SIM115 - closed with the test
+    cut = analysis_save.streamed_function_rows(iter(a.functions), 10_000, spool=spool, blocks=5)
+    assert cut.spooled > 1  # (the block count, not the function count, cut the batches)
     empty = analysis_save.streamed_function_rows(iter([]))
     assert empty.func == [] and len(empty.calls) == 0 and empty.counts == (0, 0, 0)
 
@@ -112,7 +116,6 @@ def test_spooled_rows_save_as_the_rows_held(tmp_path, compile_c):
     """`streamed_function_rows` with a spool (the forked child's way: each batch written to a file and let go) keeps
     only counts and spans; merged with held rows and saved, the database is the one the held rows
     give, table by table."""
-    import tempfile
 
     a = _analysis(compile_c("sample.c", "-O2", strip=True))
     fs = a.functions

@@ -129,8 +129,9 @@ def streamed_function_rows(
     """`function_rows` of functions made one at a time (in address order: `iter_functions`), a batch
     at a time: only a batch of Function objects with their blocks and edges lives at once, not all
     of them beside their rows. A batch is `batch` functions, or fewer once they hold `blocks` basic
-    blocks (gcc's cc1 has 512 functions with 78k blocks and 133k edges: the forked child ended 5 MiB
-    higher with batches of functions alone).
+    blocks (gcc's cc1 has 512 functions with 78k blocks and 133k edges: building the forked child's
+    share in-process, the last batch began 5 MiB higher with batches of functions alone, and the
+    peak did not change).
 
     With `spool`, each batch's func, blocks and calls rows are written to it (a pickle each) and let
     go: the rows returned hold the counts, the spans and how many batches it has (`spooled`). The
