@@ -7,7 +7,13 @@ SAMPLE := build/sample
 HOST ?= 127.0.0.1
 PORT ?= 8765
 
-.PHONY: run test lint bench clean sample
+.PHONY: run test lint bench clean sample system-run system-test
+
+# Debian packages: installed when root and missing, otherwise the exact command is printed.
+system-run:
+	@bash scripts/system-packages.sh run
+system-test:
+	@bash scripts/system-packages.sh test
 
 $(VENV)/.installed: pyproject.toml setup.py src/binlens/analysis/_x86scan.c src/binlens/analysis/_descent.c \
 		src/binlens/analysis/_chunkmap.h src/binlens/analysis/_addrbits.h \
@@ -25,10 +31,12 @@ $(SAMPLE): tests/fixtures/src/sample.c
 sample: $(SAMPLE)
 
 # Serve build/sample over HTTP on $(HOST):$(PORT) (/mcp, /sse, /ws, /healthz); prints the mcpServers entries.
-run: $(VENV)/.installed $(SAMPLE)
+run: system-run
+	@$(MAKE) --no-print-directory $(VENV)/.installed $(SAMPLE)
 	$(BIN) serve $(SAMPLE) --host $(HOST) --port $(PORT) --print-mcp-config
 
-test: $(VENV)/.installed
+test: system-test
+	@$(MAKE) --no-print-directory $(VENV)/.installed
 	$(PY) -m pytest -q
 
 lint: $(VENV)/.installed

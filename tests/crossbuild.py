@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,15 +119,19 @@ def build_fixture(folder: str, build: Callable[..., Build], scope: str = "sessio
     return fixture
 
 
-def available_builds(get: Callable[..., Build], builds: list[tuple]) -> Iterator[tuple[tuple, Build]]:
-    """(arguments, build) for each of `builds` (argument tuples for `get`) this machine can make:
-    the tests that check which shapes the builds cover pass over the builds a missing tool skips."""
+def every_build(get: Callable[..., Build], builds: list[tuple]) -> list[tuple[tuple, Build]]:
+    """(arguments, build) for every one of `builds` (argument tuples for `get`). The tests that
+    check which shapes the builds cover read all of them, so a build this machine cannot make
+    skips such a test with its reason: a coverage check over part of the builds proves nothing."""
+    made, missing = [], []
     for args in builds:
         try:
-            build = get(*args)
-        except pytest.skip.Exception:
-            continue
-        yield args, build
+            made.append((args, get(*args)))
+        except pytest.skip.Exception as skipped:
+            missing.append(f"{args}: {skipped.msg}")
+    if missing:
+        pytest.skip("the coverage check needs every build; missing " + "; ".join(missing))
+    return made
 
 
 # --------------------------------------------------------------------------- the assembly's truth

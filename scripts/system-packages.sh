@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The Debian packages binlens's own commands need, installed when missing.
+#   scripts/system-packages.sh run    what `make run` needs (a C compiler, python3-venv)
+#   scripts/system-packages.sh test   what `make test` needs (cross toolchains, clang, graphviz...)
+#   scripts/system-packages.sh ci     the test set plus the MCP conformance suite's (npm, curl)
+# As root it runs apt-get; otherwise it prints the exact command and goes on, and the tests whose
+# tools are missing skip with the package to install.
+set -euo pipefail
+purpose="${1:-test}"
+
+need=()
+want() {  # want CHECK PACKAGE: CHECK is a command name or an absolute path that must exist
+  local check="$1" package="$2"
+  if [[ "$check" == /* ]]; then [[ -e "$check" ]] && return 0; else command -v "$check" >/dev/null 2>&1 && return 0; fi
+  [[ " ${need[*]-} " == *" $package "* ]] || need+=("$package")
+}
+
+want cc gcc
+want make make
+python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+
+if [[ "$purpose" == test || "$purpose" == ci ]]; then
+  want objdump binutils
+  want readelf binutils
+  want git git
+  want dot graphviz                                    # binlens cfg --format svg|png
+  want clang clang                                     # AArch64/ARM/MIPS jump-table builds
+  # Cross toolchains of the jump-table, i386 and ARM tests (GNU as/ld/strip and gcc per target)
+  for triple in aarch64-linux-gnu powerpc-linux-gnu riscv64-linux-gnu mips-linux-gnu mipsel-linux-gnu \
+      mips64-linux-gnuabi64 arm-linux-gnueabihf; do
+    want "$triple-ld" "binutils-$triple"
+    want "$triple-gcc" "gcc-$triple"
+  done
+  want powerpc64le-linux-gnu-gcc gcc-powerpc64le-linux-gnu
+  want arm-linux-gnueabihf-objdump binutils-arm-linux-gnueabihf
+  want /usr/arm-linux-gnueabihf/lib/crt1.o libc6-dev-armhf-cross   # an ARM PIE linked with libc
+  # i386 PIE tests: the i686 cross gcc and its libc (gcc-multilib would remove the cross compilers)
+  want i686-linux-gnu-gcc gcc-i686-linux-gnu
+  want /usr/i686-linux-gnu/lib/crt1.o libc6-dev-i386-cross
+fi
+if [[ "$purpose" == ci ]]; then
+  want curl curl
+  want npm npm                                         # MCP conformance suite (tests/conformance/run.sh)
+fi
+
+((${#need[@]})) || exit 0
+command="apt-get update -qq && apt-get install -y -qq ${need[*]}"
+if [[ "$(id -u)" != 0 ]]; then
+  echo "binlens: missing system packages for '$purpose'; as root run:" >&2
+  echo "  sudo sh -c '$command'" >&2
+  exit 0
+fi
+echo "binlens: installing system packages for '$purpose': ${need[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
