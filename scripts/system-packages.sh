@@ -26,17 +26,17 @@ if [[ "$purpose" == test || "$purpose" == ci ]]; then
   want dot graphviz                                    # binlens cfg --format svg|png
   want clang clang                                     # AArch64/ARM/MIPS jump-table builds
   # Cross toolchains of the jump-table, i386 and ARM tests (GNU as/ld/strip and gcc per target)
-  for triple in aarch64-linux-gnu powerpc-linux-gnu riscv64-linux-gnu mips-linux-gnu mipsel-linux-gnu \
-      mips64-linux-gnuabi64 arm-linux-gnueabihf; do
+  # and the target's C library, which fixtures linked as PIEs need (a cross gcc only recommends it);
+  # i386: the i686 cross gcc and its libc (gcc-multilib would remove the cross compilers)
+  for spec in aarch64-linux-gnu:arm64 powerpc-linux-gnu:powerpc riscv64-linux-gnu:riscv64 \
+      mips-linux-gnu:mips mipsel-linux-gnu:mipsel mips64-linux-gnuabi64:mips64 arm-linux-gnueabihf:armhf \
+      powerpc64le-linux-gnu:ppc64el i686-linux-gnu:i386; do
+    triple="${spec%%:*}"
     want "$triple-ld" "binutils-$triple"
+    want "$triple-objdump" "binutils-$triple"
     want "$triple-gcc" "gcc-$triple"
+    want "/usr/$triple/include/stdio.h" "libc6-dev-${spec#*:}-cross"
   done
-  want powerpc64le-linux-gnu-gcc gcc-powerpc64le-linux-gnu
-  want arm-linux-gnueabihf-objdump binutils-arm-linux-gnueabihf
-  want /usr/arm-linux-gnueabihf/lib/crt1.o libc6-dev-armhf-cross   # an ARM PIE linked with libc
-  # i386 PIE tests: the i686 cross gcc and its libc (gcc-multilib would remove the cross compilers)
-  want i686-linux-gnu-gcc gcc-i686-linux-gnu
-  want /usr/i686-linux-gnu/lib/crt1.o libc6-dev-i386-cross
 fi
 if [[ "$purpose" == ci ]]; then
   want curl curl
