@@ -10,13 +10,14 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, unquote_plus
 
 import httpx
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from serve_support import TOKEN, ServerProcess, env_for
+from serve_support import TOKEN, ServerProcess, env_for, raw_http
 
 pytestmark = pytest.mark.timeout(120)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -170,6 +171,36 @@ def test_non_loopback_host_without_token_refuses_to_start(tmp_path: Path, sample
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
+@pytest.mark.parametrize(
+    ("host", "why"),
+    [
+        ("127.example", "does not resolve"),  # begins like 127/8 but is a name, and no resolver here knows it
+        ("0.0.0.0", "not (or does not resolve only to) a loopback address"),
+        ("::", "not (or does not resolve only to) a loopback address"),
+        ("", "not (or does not resolve only to) a loopback address"),  # every interface
+    ],
+)
+def test_host_off_loopback_refuses_to_start_without_a_token(tmp_path: Path, sample: Path, host: str, why: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "binlens", "serve", str(sample), "--host", host, "--port", "0"],
+        env=env_for(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert why in proc.stderr and "ready" not in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.0.2"])
+def test_host_resolving_to_loopback_starts_without_a_token(tmp_path: Path, sample: Path, host: str) -> None:
+    with ServerProcess(tmp_path, str(sample), "--host", host) as srv:
+        assert "plain HTTP" not in srv.stderr  # a loopback listener: no network warning
+        if ":" not in host:  # the helper's client speaks IPv4
+            assert httpx.get(f"http://{host}:{srv.port}/healthz", timeout=10).status_code == 200
+
+
 def test_short_token_refuses_to_start(tmp_path: Path, sample: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "binlens", "serve", str(sample), "--token", "short", "--port", "0"],
@@ -214,6 +245,54 @@ def test_tokens_never_appear_in_logs(tmp_path: Path, sample: Path) -> None:
     assert '"GET /healthz' in logs and "WebSocket /ws" in logs  # the access log was on
     assert TOKEN not in logs
     assert TOKEN[:12] not in logs
+
+
+def _pct(text: str, fmt: str = "%{:02X}") -> str:
+    return "".join(fmt.format(ord(c)) for c in text)
+
+
+def _decoded_forms(line: str) -> set[str]:
+    forms = {line}
+    for decode in (unquote, unquote_plus):
+        current = line
+        for _ in range(4):
+            current = decode(current)
+            forms.add(current)
+    return forms
+
+
+def test_tokens_in_any_encoding_never_reach_the_log(tmp_path: Path, sample: Path) -> None:
+    """Tokens sent percent-, plus- and double-encoded, under names in any case: no log line holds one."""
+    other = "Zm9vOmJhci1zZWNyZXQtdmFsdWU"  # a credential that is not the server's token
+    queries = [
+        f"/healthz?token={_pct(TOKEN)}",
+        f"/healthz?x={_pct(TOKEN, '%{:02x}')}",
+        f"/healthz?x={_pct(_pct(TOKEN))}",  # double-encoded: the guard sees no token, the log must not either
+        f"/healthz?x={_pct(_pct(_pct(TOKEN)))}",
+        f"/healthz?%74oken={TOKEN[:6]}{_pct(TOKEN[6:])}",
+        f"/healthz?ACCESS_TOKEN={_pct(TOKEN[:20])}{TOKEN[20:]}",
+        f"/healthz?Access%5FToken={other}",
+        f"/healthz?x=Bearer+{_pct(TOKEN)}",
+        f"/healthz?x=%42earer%20{other}",
+        f"/healthz?x=%2526access_token%253D{other}",
+        f"/healthz?x=%41uthorization%3A+Basic+{other}",
+        f"/mcp/{_pct(TOKEN)}?cursor=1",
+    ]
+    srv = ServerProcess(tmp_path, str(sample), "--token", TOKEN, "-v")
+    try:
+        statuses = [
+            raw_http(srv.port, f"GET {q} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")[0] for q in queries
+        ]
+        assert httpx.get(srv.base + "/healthz?cursor=a%2Fb", headers=AUTH, timeout=10).status_code == 200
+    finally:
+        srv.stop()
+    assert all(s in (400, 401, 404) for s in statuses), statuses
+    lines = srv.stderr.splitlines()
+    assert sum('"GET /healthz?' in ln or '"GET /mcp/' in ln for ln in lines) >= len(queries)  # access log on
+    assert any("cursor=a%2Fb" in ln for ln in lines)  # ordinary encoded parameters stay readable
+    for line in lines:
+        for form in _decoded_forms(line):
+            assert TOKEN[:12] not in form and other not in form, line
 
 
 # --- read-only and roots ------------------------------------------------------------------------

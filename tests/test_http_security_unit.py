@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import logging
+import socket
+import sys
 
 import pytest
 
-from binlens.server.auth import Guard, RedactingFilter, is_loopback_name, tokens_equal, validate_token
+from binlens.server.auth import (
+    Guard,
+    RedactingFilter,
+    RedactingFormatter,
+    is_loopback_name,
+    resolves_to_loopback,
+    tokens_equal,
+    validate_token,
+)
 from binlens.server.options import ServerOptions
 
 TOKEN = "abc/def+ghi=jkl-0000"
@@ -30,6 +40,43 @@ TOKEN = "abc/def+ghi=jkl-0000"
 )
 def test_loopback_names(name: str, loopback: bool) -> None:
     assert is_loopback_name(name) is loopback
+
+
+@pytest.mark.parametrize(
+    ("addresses", "loopback"),
+    [
+        (["203.0.113.7"], False),  # a name that looks like 127/8 but points elsewhere
+        (["127.0.0.1", "203.0.113.7"], False),  # one address off loopback is enough to refuse
+        (["127.0.0.1", "::1"], True),
+        (["fe80::1%lo"], False),
+    ],
+)
+def test_listen_host_judged_by_every_resolved_address(
+    monkeypatch: pytest.MonkeyPatch, addresses: list[str], loopback: bool
+) -> None:
+    # This machine's resolver knows no name that leads off loopback: the answer is stood in for.
+    def fake(host: str, *_a: object, **_k: object) -> list[tuple]:
+        assert host == "127.attacker.example"
+        return [(socket.AF_INET6 if ":" in a else socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, 0)) for a in addresses]
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake)
+    assert resolves_to_loopback("127.attacker.example") is loopback
+    assert ServerOptions(host="127.attacker.example", host_is_loopback=loopback).loopback is loopback
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("127.0.0.1", True), ("127.0.0.2", True), ("localhost", True), ("::1", True), ("[::1]", True)]
+    + [("0.0.0.0", False), ("::", False), ("", False), ("127.example", False), ("127.1.2.3.example", False)],
+)
+def test_loopback_of_options_as_written(host: str, loopback: bool) -> None:
+    assert ServerOptions(host=host).loopback is loopback
+
+
+def test_unresolvable_listen_host_is_an_error() -> None:
+    with pytest.raises(ValueError, match="does not resolve"):
+        resolves_to_loopback("127.example")
+    assert resolves_to_loopback("localhost") and resolves_to_loopback("::1") and not resolves_to_loopback("0.0.0.0")
 
 
 def test_origin_rules_follow_the_configured_host() -> None:
@@ -77,3 +124,26 @@ def test_filter_redacts_every_form_of_the_token() -> None:
     assert TOKEN not in text and "abc%2F" not in text and "zzz" not in text and "ok=1" in text
     assert f.redact("Authorization: Bearer sekrit-value") == "Authorization: Bearer ***"
     assert RedactingFilter(None).redact("plain ?cursor=1") == "plain ?cursor=1"
+
+
+def test_formatter_redacts_tracebacks_and_every_encoding() -> None:
+    f = RedactingFilter(TOKEN)
+    fmt = logging.Formatter("%(message)s")
+    guarded = RedactingFormatter(fmt, f)
+    encoded = "".join(f"%{ord(c):02x}" for c in TOKEN)
+    try:
+        raise RuntimeError(f"bad url /x?q={encoded.replace('%', '%25')}")
+    except RuntimeError:
+        record = logging.LogRecord(
+            "x", logging.ERROR, __file__, 1, "failed: %s", (f"?Token={encoded}",), sys.exc_info()
+        )
+    text = guarded.format(record)
+    assert "RuntimeError" in text and "?Token=***" in text
+    assert encoded not in text and "%2574" not in text and TOKEN not in text
+    for raw, clean in [
+        ("/x?AUTH_TOKEN=zz&ok=1", "/x?AUTH_TOKEN=***&ok=1"),
+        ("/x?x=%2561uthorization%253A%2520Basic%2520Zm9v", "/x?x=***"),
+        ("/x?x=Bearer+abcdef", "/x?x=***"),
+        ("/x?cursor=a%2Fb&limit=5", "/x?cursor=a%2Fb&limit=5"),
+    ]:
+        assert f.redact(raw) == clean

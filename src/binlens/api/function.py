@@ -12,6 +12,7 @@ from binlens.api.analysis import NeedsAnalysis, need_view, select_function
 from binlens.api.models import HexAddress, Listing, Page, Result, Scan, Selector
 from binlens.api.pages import page_by_address, page_by_offset
 from binlens.api.registry import READ_ONLY, CallContext, method
+from binlens.printable import escape_controls
 from binlens.program_analysis import function_name
 from binlens.store.analysis import AnalysisView, FunctionRow
 from binlens.workspace import Program
@@ -192,8 +193,13 @@ _EDGE_STYLE = {
 
 
 def cfg_dot(name: str, nodes: list[CfgNode], edges: list[CfgEdge]) -> str:
-    """DOT text of a CFG (block labels: address range and instruction count)."""
-    title = name.replace('"', "'")
+    """DOT text of a CFG (block labels: address range and instruction count).
+
+    The function's name is binary data: in the quoted graph ID its control characters are escaped
+    (one line, nothing for a terminal to act on), its backslashes doubled and its quotes made `'`,
+    so no name can end the ID early and add DOT statements of its own.
+    """
+    title = escape_controls(name).replace("\\", "\\\\").replace('"', "'")
     lines = [f'digraph "{title}" {{', '  node [shape=box, fontname="monospace"];']
     for n in nodes:
         extra = ", penwidth=2" if n.entry else ""

@@ -12,10 +12,12 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from binlens.cli.main import command, make_workspace
+from binlens.cli.render import add_full_option
+from binlens.printable import escape_controls
 
 
 def _fail(message: str, code: int = 1) -> int:
-    sys.stderr.write(f"binlens: error: {message}\n")
+    sys.stderr.write(f"binlens: error: {escape_controls(message)}\n")
     return code
 
 
@@ -135,6 +137,7 @@ def _functions_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-size", type=int)
     p.add_argument("--limit", type=int, default=None, help="at most this many")
     p.add_argument("--json", action="store_true", help="all matching functions as JSON")
+    add_full_option(p)
 
 
 @command("functions", _functions_args)
@@ -158,6 +161,7 @@ def _functions(args: argparse.Namespace) -> int:
     print_table(
         ["address", "size", "name", "sources"],
         [[f["address"], str(f["size"]), f["name"], ",".join(f["sources"])] for f in items],
+        full=args.full,
     )
     return 0
 
@@ -169,6 +173,7 @@ def _disasm_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", help="function name or address (0x...)")
     p.add_argument("--max", type=int, default=20000, help="at most this many instructions")
     p.add_argument("--json", action="store_true")
+    add_full_option(p)
 
 
 @command("disasm", _disasm_args)
@@ -193,7 +198,9 @@ def _disasm(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=1))
     else:
-        sys.stdout.write(data["text"])
+        from binlens.cli.render import listing_text
+
+        sys.stdout.write(listing_text(data["lines"], args.full))
         if data["truncated"]:
             sys.stderr.write("... truncated; raise --max\n")
     return 0
@@ -210,6 +217,7 @@ def _strings_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--section")
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--json", action="store_true")
+    add_full_option(p)
 
 
 @command("strings", _strings_args)
@@ -233,6 +241,7 @@ def _strings(args: argparse.Namespace) -> int:
     print_table(
         ["address", "refs", "encoding", "section", "text"],
         [[s["address"], str(s["references"]), s["encoding"], s["section"] or "", repr(s["text"])[1:-1]] for s in items],
+        full=args.full,
     )
     return 0
 
@@ -246,6 +255,7 @@ def _xrefs_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--function", action="store_true", help="with --from: everything the function references")
     p.add_argument("--kind", action="append", help="only this kind (repeatable)")
     p.add_argument("--json", action="store_true")
+    add_full_option(p)
 
 
 @command("xrefs", _xrefs_args)
@@ -273,6 +283,7 @@ def _xrefs(args: argparse.Namespace) -> int:
     print_table(
         ["from", "function", "kind", "to", "to name"],
         [[x["from_address"], x["function_name"] or "", x["kind"], x["to_address"], x["to_name"] or ""] for x in items],
+        full=args.full,
     )
     return 0
 
@@ -312,7 +323,7 @@ def _cfg(args: argparse.Namespace) -> int:
     if args.format == "json":
         out: bytes = json.dumps(data, indent=1).encode() + b"\n"
     elif args.format in ("dot", "mermaid"):
-        out = data["text"].encode()
+        out = escape_controls(data["text"], keep="\n").encode()
     else:
         proc = subprocess.run(
             ["dot", f"-T{args.format}"], input=data["text"].encode(), capture_output=True, timeout=120

@@ -8,10 +8,13 @@ import sys
 from typing import Any
 
 from binlens.cli.main import command, make_workspace
+from binlens.cli.render import add_full_option
 
 
 def _fail(err: Any) -> int:
-    sys.stderr.write(f"binlens: error: {err.message}\n")
+    from binlens.printable import escape_controls
+
+    sys.stderr.write(f"binlens: error: {escape_controls(err.message)}\n")
     return 1
 
 
@@ -34,6 +37,7 @@ def _info_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("file")
     p.add_argument("--slice", default=None, help="slice of a universal Mach-O")
     p.add_argument("--json", action="store_true", help="print program.get's JSON")
+    add_full_option(p)
 
 
 @command("info", _info_args)
@@ -51,7 +55,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
     else:
-        print_info(data)
+        print_info(data, args.full)
     return 0
 
 
@@ -62,6 +66,7 @@ def _symbols_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", help="glob on the name")
     p.add_argument("--limit", type=int, default=1000)
     p.add_argument("--json", action="store_true")
+    add_full_option(p)
 
 
 @command("symbols", _symbols_args)
@@ -87,6 +92,7 @@ def cmd_symbols(args: argparse.Namespace) -> int:
     print_table(
         ["address", "kind", "size", "name", "library"],
         [[s["address"], s["kind"], str(s["size"]), s["name"], s["library"] or ""] for s in data["items"]],
+        full=args.full,
     )
     if data["next_cursor"]:
         print(f"... more (showing {len(data['items'])}; use --limit or query with a cursor)", file=sys.stderr)
@@ -96,6 +102,7 @@ def cmd_symbols(args: argparse.Namespace) -> int:
 def _methods_args(p: argparse.ArgumentParser) -> None:
     """List the API's methods with their effects."""
     p.add_argument("--json", action="store_true", help="the full catalog with schemas")
+    add_full_option(p)
 
 
 @command("methods", _methods_args)
@@ -108,5 +115,6 @@ def cmd_methods(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
-    print_table(["method", "effect", "summary"], [[m["name"], m["effect"], m["summary"]] for m in data["methods"]])
+    rows = [[m["name"], m["effect"], m["summary"]] for m in data["methods"]]
+    print_table(["method", "effect", "summary"], rows, full=args.full)
     return 0

@@ -104,7 +104,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Open the files and serve every HTTP transport until SIGINT/SIGTERM."""
     import binlens.api  # noqa: F401 - the domains' OPEN_HOOKS (analysis, annotations) must see the programs open
     from binlens.errors import BinlensError
-    from binlens.server.auth import install_log_redaction, validate_token
+    from binlens.server.auth import install_log_redaction, resolves_to_loopback, validate_token
     from binlens.server.options import ServerOptions
     from binlens.workspace import Limits
 
@@ -116,6 +116,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except ValueError as err:
             sys.stderr.write(f"binlens serve: error: {err}\n")
             return 2
+    try:
+        loopback = resolves_to_loopback(args.host)
+    except ValueError as err:
+        sys.stderr.write(f"binlens serve: error: {err}\n")
+        return 2
     opts = ServerOptions(
         host=args.host,
         port=args.port,
@@ -126,10 +131,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_frame_bytes=args.max_frame_bytes,
         allowed_origins=list(args.allow_origin),
         max_concurrent=args.max_concurrent,
+        host_is_loopback=loopback,
     )
     if not opts.loopback and not token:
         sys.stderr.write(
-            f"binlens serve: error: --host {args.host} is not a loopback address; "
+            f"binlens serve: error: --host {args.host} is not (or does not resolve only to) a loopback address; "
             f"refusing to listen without a token (give --token or set ${TOKEN_ENV})\n"
         )
         return 2

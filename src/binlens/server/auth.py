@@ -17,11 +17,13 @@ extension, so the client sees the real status instead of a generic 403.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import logging
 import re
+import socket
 from collections.abc import Iterable
-from urllib.parse import parse_qsl, quote, quote_plus, urlsplit
+from urllib.parse import parse_qsl, quote, quote_plus, unquote, unquote_plus, urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -72,6 +74,25 @@ def is_loopback_name(host: str) -> bool:
     if h.startswith("[") and h.endswith("]"):
         h = h[1:-1]
     return h in ("localhost", "::1") or h.endswith(".localhost") or re.fullmatch(r"127(\.\d{1,3}){3}", h) is not None
+
+
+def resolves_to_loopback(host: str) -> bool:
+    """True when every address the listen host `host` resolves to is a loopback address.
+
+    The addresses, not the name, decide: `127.example` may resolve anywhere, and the empty host
+    listens on every interface. A name that does not resolve raises ValueError.
+    """
+    name = host.strip()
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+    if not name:
+        return False
+    try:
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as err:
+        raise ValueError(f"--host {host!r} does not resolve: {err}") from None
+    addresses = {info[4][0] for info in infos}
+    return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
 
 
 def _host_of(authority: str) -> str:
@@ -204,13 +225,35 @@ class SecurityMiddleware:
 
 
 # --- logs ------------------------------------------------------------------------------------
-_NAMES_ALT = "|".join(sorted(TOKEN_PARAM_NAMES))
+_NAMES_ALT = "|".join(sorted(TOKEN_PARAM_NAMES, key=len, reverse=True))
 _QUERY_PARAM_RE = re.compile(r"(?i)([?&;](?:" + _NAMES_ALT + r")=)[^&\s\"']*")
 _BEARER_RE = re.compile(r"(?i)(bearer\s+)[\x21-\x7e]+")
+# `Authorization: <scheme> <value>`, `authorization=<value>`, `(b'authorization', b'<value>')`
+_AUTHORIZATION_RE = re.compile(r"""(?i)(authorization['"]?\s*[:=,]\s*b?['"]?(?:[a-z][\w.-]*\s+)?)[^\s'",;&]+""")
+# In decoded text: a credential parameter or header name followed by its value.
+_SECRET_TEXT_RE = re.compile(r"(?i)(?<![a-z0-9_])(?:" + _NAMES_ALT + r")\s*[=:]|bearer\s+\S")
+_WORD_RE = re.compile(r"""[^\s"'<>]+""")  # a URL or header value as logs quote them
+_PIECE_SPLIT_RE = re.compile(r"([?&;/])")  # path segments and query parameters, delimiters kept
+_DECODE_ROUNDS = 6  # percent-encoding nested deeper than this is not decoded further
+
+
+def _decodings(text: str) -> set[str]:
+    """Every form `text` takes while percent-decoding it again and again, with and without `+` as space."""
+    out = {text}
+    for decode in (unquote, unquote_plus):
+        current = text
+        for _ in range(_DECODE_ROUNDS):
+            nxt = decode(current)
+            if nxt == current:
+                break
+            out.add(nxt)
+            current = nxt
+    return out
 
 
 class RedactingFilter(logging.Filter):
-    """Rewrites every record so no token reaches a log: the configured token, bearer values, credential params."""
+    """Rewrites every record so no token reaches a log: the configured token, bearer and Authorization
+    values, credential parameters, in any letter case and percent-, plus- or multiply-encoded."""
 
     def __init__(self, token: str | None) -> None:
         super().__init__("binlens-redact")
@@ -221,8 +264,36 @@ class RedactingFilter(logging.Filter):
         if self.token:
             for form in (self.token, quote(self.token, safe=""), quote_plus(self.token)):
                 text = text.replace(form, "***")
+        text = _WORD_RE.sub(lambda m: self._redact_word(m.group()), text)
         text = _QUERY_PARAM_RE.sub(r"\1***", text)
+        text = _AUTHORIZATION_RE.sub(r"\1***", text)
         return _BEARER_RE.sub(r"\1***", text)
+
+    def _secret_in(self, text: str) -> bool:
+        """Whether any decoded form of `text` holds the token or a credential name with its value."""
+        token = self.token
+        return any((token and token in form) or _SECRET_TEXT_RE.search(form) for form in _decodings(text))
+
+    def _redact_word(self, word: str) -> str:
+        """An encoded word (a path with its query, say) with each secret-bearing piece replaced."""
+        if "%" not in word and "+" not in word:
+            return word  # nothing encoded: the plain patterns in `redact` apply
+        pieces = _PIECE_SPLIT_RE.split(word)
+        for i in range(0, len(pieces), 2):  # the odd indices are the delimiters
+            pieces[i] = self._redact_piece(pieces[i])
+        out = "".join(pieces)
+        if self.token and any(self.token in form for form in _decodings(out)):
+            return "***"  # the token spread over encoded delimiters
+        return out
+
+    def _redact_piece(self, piece: str) -> str:
+        """One path segment or `name=value` parameter, its value (or all of it) redacted if secret."""
+        name, eq, value = piece.partition("=")
+        if eq and any(form.strip().lower() in TOKEN_PARAM_NAMES for form in _decodings(name)):
+            return f"{name}=***"
+        if not self._secret_in(piece):
+            return piece
+        return f"{name}=***" if eq and not self._secret_in(name) else "***"
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Redact the formatted message in place (arguments folded in first)."""
@@ -238,16 +309,34 @@ class RedactingFilter(logging.Filter):
         return True
 
 
+class RedactingFormatter(logging.Formatter):
+    """A handler's formatter whose whole output is redacted: message, traceback and stack alike."""
+
+    def __init__(self, inner: logging.Formatter | None, redactor: RedactingFilter) -> None:
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+        self.redactor = redactor
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The inner formatter's line, redacted."""
+        return self.redactor.redact(self.inner.format(record))
+
+
+def _guard_handler(handler: logging.Handler, filt: RedactingFilter) -> None:
+    handler.addFilter(filt)
+    if not isinstance(handler.formatter, RedactingFormatter):
+        handler.setFormatter(RedactingFormatter(handler.formatter, filt))
+
+
 def install_log_redaction(
     token: str | None, loggers: Iterable[str] = ("uvicorn", "uvicorn.access", "uvicorn.error")
 ) -> None:
-    """Attach the redacting filter to every root handler and to uvicorn's loggers and their handlers."""
+    """Redact every line the root handlers and uvicorn's loggers write (filter and formatter both)."""
     filt = RedactingFilter(token)
-    root = logging.getLogger()
-    for handler in root.handlers:
-        handler.addFilter(filt)
+    for handler in logging.getLogger().handlers:
+        _guard_handler(handler, filt)
     for name in loggers:
         lg = logging.getLogger(name)
         lg.addFilter(filt)
         for handler in lg.handlers:
-            handler.addFilter(filt)
+            _guard_handler(handler, filt)

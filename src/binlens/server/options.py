@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field
-
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 @dataclass
@@ -26,7 +25,18 @@ class ServerOptions:
     # MCP tool names are {prefix}{sep}{domain}: "." per SPEC §3; "_" for clients (Claude Desktop,
     # claude.ai) that accept only ^[a-zA-Z0-9_-]{1,64}$
     tool_separator: str = field(default_factory=lambda: os.environ.get("BINLENS_TOOL_SEPARATOR", "."))
+    # Whether every address the host resolves to is loopback (`binlens serve` resolves it at start);
+    # None: judged from the host as written, where only `localhost` and loopback IP literals count.
+    host_is_loopback: bool | None = None
 
     @property
     def loopback(self) -> bool:
-        return self.host in LOOPBACK_HOSTS or self.host.startswith("127.")
+        """Whether the server listens on loopback addresses only."""
+        if self.host_is_loopback is not None:
+            return self.host_is_loopback
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host.strip("[]")).is_loopback
+        except ValueError:
+            return False
