@@ -47,13 +47,30 @@ def child_running(parent: int, marker: str, timeout: float = 120) -> int | None:
     return None
 
 
-def gone(pid: int) -> bool:
-    """No process (not even an unreaped one) has this id's group any more."""
-    try:
-        os.killpg(pid, 0)
-    except ProcessLookupError:
-        return True
+def database_open(pid: int, home: Path, timeout: float = 120) -> bool:
+    """Wait until process `pid` holds a program database under `home` open."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            targets = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+        except OSError:
+            targets = []  # (a descriptor closed while listed)
+        if any(t.startswith(str(home)) and t.endswith(".sqlite") for t in targets):
+            return True
+        time.sleep(0.02)
     return False
+
+
+def gone(group: int) -> bool:
+    """No live process (zombies aside) is left in this process group."""
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            return False
+    return True
 
 
 def interrupted(proc: subprocess.Popen[str]) -> dict[str, object]:
@@ -91,7 +108,9 @@ def test_sigint_cancels_the_first_analysis(tmp_path: Path) -> None:
     try:
         worker = child_running(proc.pid, "binlens.analysis_worker")
         assert worker is not None, "the query never started its analysis process"
-        time.sleep(0.5)  # the query's own imports (its SIGINT handler) overlap the analysis's start
+        # that process starts before the query's own imports; the program database opens once the
+        # query's SIGINT handler is in place
+        assert database_open(proc.pid, tmp_path / "home"), "the query never opened the program"
         doc = interrupted(proc)
     finally:
         proc.kill()
