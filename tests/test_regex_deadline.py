@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ import regex
 from websockets.asyncio.client import ClientConnection, connect
 
 from binlens.api import invoke
-from binlens.api._regex_pool import SharedBytes, user_regex
+from binlens.api._regex_pool import CHILD, SharedBytes, user_regex
 from binlens.workspace import Workspace
 from conftest import corpus_dir
 from serve_support import ServerProcess
@@ -150,6 +151,24 @@ def test_sigterm_stops_the_server_during_a_catastrophic_regex(server: ServerProc
             assert time.monotonic() - t0 < 15
 
     asyncio.run(go())
+    deadline = time.monotonic() + 10
+    while regex_children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not regex_children(), "a regex process outlived the server"
+
+
+def regex_children() -> list[int]:
+    """Live processes running this checkout's regex child (but this test process's own)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, IndexError, ValueError):
+            continue
+        if str(CHILD).encode() in cmdline and state != "Z" and int(ppid) != os.getpid():
+            pids.append(int(entry.name))
+    return pids
 
 
 # --- the child's answers are the engine's -----------------------------------------------------------
