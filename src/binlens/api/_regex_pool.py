@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import os
 import pickle
 import select
@@ -32,7 +31,6 @@ CHILD = Path(__file__).with_name("_regex_child.py")
 POLL_S = 0.05  # how often a waiting call looks at its cancellation
 START_S = 30.0  # a child that is not ready by then is a broken installation
 KEEP_IDLE = 2
-PIPE_BYTES = 1 << 20  # the default maximum of /proc/sys/fs/pipe-max-size
 
 _lock = threading.Lock()
 _idle: list[RegexProcess] = []
@@ -51,8 +49,6 @@ class RegexProcess:
             close_fds=True,
             start_new_session=True,  # a kill of its group never reaches the server
         )
-        with contextlib.suppress(OSError, AttributeError):  # fewer wake-ups per chunk (Linux)
-            fcntl.fcntl(self.proc.stdin.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)  # type: ignore[union-attr]
         with _lock:
             _live.add(self)
 
@@ -183,6 +179,7 @@ def _checkout(ctx: Any) -> RegexProcess:
         child.kill()
         raise
     if ready != "ready":
+        child.kill()
         raise BinlensError("unavailable", "the regex process did not start")
     return child
 
