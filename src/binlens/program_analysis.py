@@ -173,8 +173,10 @@ class ProgramAnalysisState:
                         ctx.progress(round(self.fraction * 100, 1), 100, self.message)
                     except BinlensError:
                         with self._lock:
-                            if self._waiters == 1:
-                                self.cancel()
+                            last = self._waiters == 1
+                        if last:
+                            self.cancel()
+                            self._done.wait(5.0)  # its process killed and reaped before the call answers
                         raise
                 if time.monotonic() > deadline:
                     raise BinlensError(

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import re
 import time
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Literal
 
 import regex
 from pydantic import Field
 
+from binlens.api._regex_child import scan as scan_window
+from binlens.api._regex_pool import SharedBytes, user_regex
 from binlens.api.cursor import decode_cursor, encode_cursor, query_key
 from binlens.api.models import (
     AddressText,
@@ -177,6 +181,9 @@ class SearchHit(Result):
     section: str | None
 
 
+USER_FLAGS = regex.DOTALL | regex.VERSION0  # a client regex: `.` matches any byte, `re` syntax
+
+
 def compile_pattern(p: MemorySearchParams) -> regex.Pattern[bytes]:
     """A bytes regex from a hex/wildcard pattern or a client regex."""
     if (p.pattern is None) == (p.regex is None):
@@ -198,14 +205,35 @@ def compile_pattern(p: MemorySearchParams) -> regex.Pattern[bytes]:
                 )
         return regex.compile(b"".join(parts), regex.DOTALL)
     try:
-        return regex.compile(p.regex.encode("latin-1"), regex.DOTALL | regex.VERSION0)  # type: ignore[union-attr]
+        return regex.compile(p.regex.encode("latin-1"), USER_FLAGS)  # type: ignore[union-attr]
     except (regex.error, UnicodeEncodeError) as err:
         raise BinlensError("invalid_argument", f"bad regex: {err}", target="/params/regex") from None
 
 
-# The `regex` engine runs with the GIL released (concurrent=True), so a backtracking pattern does
-# not stall the server's other clients; chunks bound the latency of progress, cancel and deadline.
+# Chunks bound the latency of progress and of the deadline checks between them; a client's regex
+# runs in a killable process (`_regex_pool`), which also stops it inside a chunk. A chunk that
+# went quickly doubles the next one (up to MAX_CHUNK: fewer round trips to that process), a slow
+# one halves it, so a slow pattern still gets through a chunk within a short deadline.
 CHUNK = 1 << 16
+MAX_CHUNK = 1 << 20
+OVERLAP = 4096  # a match crossing a chunk's end is found from the chunk it starts in
+
+# (file offset, length, stop, want, deadline) -> matches, or None past the deadline
+Find = Callable[[int, int, int, int, float], "list[tuple[int, int, bytes]] | None"]
+
+
+@contextlib.contextmanager
+def _finder(p: MemorySearchParams, prog: Any, rx: regex.Pattern[bytes], ctx: CallContext) -> Iterator[Find]:
+    """How a window is searched: a hex pattern (no repetition, linear) here, a client regex in a child."""
+    data = prog.image.data
+    if p.regex is None:
+        yield lambda off, n, stop, want, _deadline: scan_window(rx, data[off : off + n], stop, want)
+        return
+    shared = prog.extensions.get("memory.shared_bytes")
+    if shared is None:
+        shared = prog.extensions["memory.shared_bytes"] = SharedBytes(data)
+    with user_regex(p.regex.encode("latin-1"), USER_FLAGS, ctx) as user:
+        yield lambda off, n, stop, want, deadline: user.find(shared, off, n, stop, want, deadline)
 
 
 @method("memory.search", effect=READ_ONLY, long_running=True)
@@ -218,43 +246,45 @@ def memory_search(ws: Any, p: MemorySearchParams, ctx: CallContext) -> Listing[S
     sha = prog.image.identity.sha256
     pos = decode_cursor(p.page.cursor, sha, qkey)
     cur = max(start, int(pos, 16)) if pos else start
-    deadline = time.monotonic() + p.scan.timeout_ms / 1000
+    with _finder(p, prog, rx, ctx) as find:
+        deadline = time.monotonic() + p.scan.timeout_ms / 1000  # (from when the regex process is ready)
+        hits, stop, resume = _search(prog.image, find, cur, end, p.page.limit, deadline, ctx)
+    cursor = encode_cursor(sha, qkey, hex(resume)) if resume is not None else None
+    report = ScanReport(
+        complete=resume is None,
+        stop_reason=stop,  # type: ignore[arg-type]
+        scanned_to=hex(resume) if resume is not None else None,
+    )
+    return Listing[SearchHit](items=hits, next_cursor=cursor, scan=report)
+
+
+def _search(
+    img: Any, find: Find, cur: int, end: int, limit: int, deadline: float, ctx: CallContext
+) -> tuple[list[SearchHit], str, int | None]:
+    """Hits from `cur` to `end` chunk by chunk: (hits, stop reason, resume address or None)."""
     hits: list[SearchHit] = []
-    img = prog.image
-    stop: str = "range_end"
-    resume: int | None = None
+    size = CHUNK
     total = sum(max(0, min(end, r.va + r.fsize) - max(cur, r.va)) for r in img.regions)
     done = 0
     for region in img.regions:
-        r_end = min(end, region.va + region.fsize)
-        r_start = max(cur, region.va)
-        if r_start >= r_end:
-            continue
-        chunk_start = r_start
+        chunk_start, r_end = max(cur, region.va), min(end, region.va + region.fsize)
         while chunk_start < r_end:
             if time.monotonic() > deadline:
-                stop, resume = "timeout", chunk_start
-                break
+                return hits, "timeout", chunk_start
             ctx.progress(done, total, f"searched {done} of {total} bytes")  # also honours cancellation
-            chunk_end = min(r_end, chunk_start + CHUNK)
+            chunk_end = min(r_end, chunk_start + size)
             done += chunk_end - chunk_start
             off = region.offset + (chunk_start - region.va)
-            # overlap so a match crossing the chunk boundary is found once
-            window = img.data[off : off + (chunk_end - chunk_start) + 4096]
-            limit_va = chunk_end
-            matches = rx.finditer(window, concurrent=True, timeout=max(0.01, deadline - time.monotonic()))
-            try:
-                found = [(m.start(), m.end(), m.group()[:64]) for m in matches]
-            except TimeoutError:
-                stop, resume = "timeout", chunk_start
-                break
+            began = time.monotonic()
+            n = chunk_end - chunk_start
+            found = find(off, n + OVERLAP, n, limit - len(hits) + 1, deadline)
+            if found is None:
+                return hits, "timeout", chunk_start
+            size = _next_size(size, time.monotonic() - began)
             for m_start, m_end, m_bytes in found:
                 va = chunk_start + m_start
-                if va >= limit_va:
-                    break
-                if len(hits) == p.page.limit:
-                    stop, resume = "limit", va
-                    break
+                if len(hits) == limit:
+                    return hits, "limit", va
                 sec = img.section_at(va)
                 hits.append(
                     SearchHit(
@@ -264,15 +294,14 @@ def memory_search(ws: Any, p: MemorySearchParams, ctx: CallContext) -> Listing[S
                         section=sec.name if sec else None,
                     )
                 )
-            if resume is not None:
-                break
             chunk_start = chunk_end
-        if resume is not None:
-            break
-    cursor = encode_cursor(sha, qkey, hex(resume)) if resume is not None else None
-    report = ScanReport(
-        complete=resume is None,
-        stop_reason=stop,  # type: ignore[arg-type]
-        scanned_to=hex(resume) if resume is not None else None,
-    )
-    return Listing[SearchHit](items=hits, next_cursor=cursor, scan=report)
+    return hits, "range_end", None
+
+
+def _next_size(size: int, took_s: float) -> int:
+    """The next chunk's size after one of `size` bytes took `took_s` seconds."""
+    if took_s < 0.02:
+        return min(MAX_CHUNK, size * 2)
+    if took_s > 0.1:
+        return max(CHUNK, size // 2)
+    return size

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from binlens import __version__
 from binlens.api import invoke
-from binlens.api.registry import program_identity
+from binlens.api.registry import CallContext, program_identity
 from binlens.errors import BinlensError
 from binlens.workspace import Workspace
 
@@ -62,16 +66,41 @@ def run_query(ws: Workspace, text: str, files: list[str]) -> int:
     except BinlensError as err:
         _emit(envelope(None, None, error=err))
         return 2
+    ctx = CallContext()
     try:
-        for f in files:
-            ws.open(f, check_roots=False)
-        program = program_identity(ws, method, params)
-        result = invoke(ws, method, params)
+        with sigint_cancels(ctx):
+            for f in files:
+                ws.open(f, check_roots=False)
+            ctx.check_cancelled()
+            program = program_identity(ws, method, params)
+            result = invoke(ws, method, params, ctx)
     except BinlensError as err:
         _emit(envelope(method, program, error=err))
         return 2 if err.target == "/method" and err.code == "not_found" else 1
     _emit(envelope(method, program or program_identity(ws, method, params, result), result=result))
     return 0
+
+
+@contextlib.contextmanager
+def sigint_cancels(ctx: CallContext) -> Iterator[None]:
+    """While the call runs, SIGINT cancels it as a server's client would (the analysis process is
+    killed, the call answers `cancelled`); a second SIGINT interrupts at once (exit status 130).
+    It applies even when SIGINT came in ignored, as for a background job: a one-shot query that is
+    sent SIGINT is meant to stop."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def cancel(_signum: int, _frame: object) -> None:
+        if ctx.cancelled:
+            raise KeyboardInterrupt
+        ctx.cancel()
+
+    previous = signal.signal(signal.SIGINT, cancel)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _emit(obj: dict[str, Any]) -> None:
