@@ -261,6 +261,7 @@ def test_memory_search_backtracking_regex_runs_beside_other_threads(workspace, t
     elapsed = time.monotonic() - t0
     assert result["scan"]["stop_reason"] == "timeout" and not result["scan"]["complete"]
     assert result["scan"]["scanned_to"] and result["items"] == []
-    assert elapsed < 6, f"the search ran {elapsed:.1f}s past a 1.5 s scan timeout"
-    # with the GIL held through one chunk this thread would stall for seconds
-    assert max(gaps) < 0.25, f"the main thread stalled {max(gaps):.2f}s while the regex ran"
+    # hang bounds: the regex runs in a killable process, so neither depends on the pattern's cost
+    assert elapsed < 20, f"the search ran {elapsed:.1f}s past a 1.5 s scan timeout"
+    # with the GIL held through the match this thread would stall until the regex ended
+    assert max(gaps) < 2, f"the main thread stalled {max(gaps):.2f}s while the regex ran"
