@@ -14,6 +14,7 @@ from binlens.errors import BinlensError
 from binlens.loader.demangle import demangle
 from binlens.loader.formats import sniff_format
 from binlens.loader.image import Export, Identity, Image, Import, Relocation, Section, Segment, Symbol
+from binlens.loader.macho_slices import fat_ranges, pick_slice, slice_names
 from binlens.loader.mips_got import global_got_imports
 from binlens.loader.ppc64_opd import descriptors, is_elfv1
 
@@ -343,37 +344,36 @@ def _parse_macho(data: bytes, sha: str, file_name: str, slice_name: str | None) 
     fat = lief.MachO.parse(data, cfg)
     if fat is None or fat.size == 0:
         raise BinlensError("invalid_argument", "malformed Mach-O file: no slice could be parsed")
-    slices = [_macho_arch(fat.at(i))[0] for i in range(fat.size)]
-    if slice_name is not None:
-        if slice_name not in slices:
-            raise BinlensError(
-                "not_found",
-                f"no slice {slice_name!r} in this universal file",
-                target="/params/slice",
-                details={"slices": slices},
-            )
-        index = slices.index(slice_name)
-    else:
-        index = slices.index("x86-64") if "x86-64" in slices else 0
-    b = fat.at(index)
+    binaries = [fat.at(i) for i in range(fat.size)]
+    archs = [_macho_arch(b)[0] for b in binaries]
+    slices = slice_names(
+        [(a, int(b.header.cpu_type), b.header.cpu_subtype) for a, b in zip(archs, binaries, strict=True)]
+    )
+    index = pick_slice(slices, archs, slice_name)
+    b = binaries[index]
     arch, bits = _macho_arch(b)
     endian = "big" if arch == "ppc" else "little"
+    # LIEF's file offsets count from the slice's start; the Image keeps the whole file's bytes
+    base = b.fat_offset
+    end = base + fat_ranges(data).get(base, len(data) - base) if base else len(data)
     segments, sections = [], []
     for s in b.segments:
         p = int(s.init_protection)
         perms = _perms(bool(p & 1), bool(p & 2), bool(p & 4))
         if s.virtual_size:
-            segments.append(Segment(s.name, s.virtual_address, s.virtual_size, s.file_offset, s.file_size, perms))
+            offset, fsize = _in_slice(base, end, s.file_offset, s.file_size)
+            segments.append(Segment(s.name, s.virtual_address, s.virtual_size, offset, fsize, perms))
         for sec in s.sections:
             t = _enum_name(sec.type)
             nobits = t in ("ZEROFILL", "GB_ZEROFILL", "THREAD_LOCAL_ZEROFILL")
+            offset, fsize = _in_slice(base, end, sec.offset, 0 if nobits else sec.size)
             sections.append(
                 Section(
                     f"{_text(s.name)},{_text(sec.name)}",
                     sec.virtual_address,
                     sec.size,
-                    sec.offset,
-                    0 if nobits else sec.size,
+                    offset,
+                    fsize,
                     perms,
                     _kind(perms, nobits),
                     _text(s.name),
@@ -422,12 +422,14 @@ def _parse_macho(data: bytes, sha: str, file_name: str, slice_name: str | None) 
         file_name=file_name,
         slice=slices[index] if fat.size > 1 else None,
     )
-    offset = b.fat_offset if fat.size > 1 else 0
-    slice_data = data[offset : offset + len(data)] if offset else data
-    img = Image(
-        ident, slice_data, segments, sections, symbols, imports, exports, [], slices=slices, function_hints=hints
-    )
-    return img
+    return Image(ident, data, segments, sections, symbols, imports, exports, [], slices=slices, function_hints=hints)
+
+
+def _in_slice(base: int, end: int, offset: int, size: int) -> tuple[int, int]:
+    """(file offset, bytes in the file) of a range at `offset` in the slice at `base`, cut at the
+    slice's end `end` (a thin file is one slice at 0)."""
+    start = base + offset
+    return start, max(0, min(size, end - start))
 
 
 def parse_path(path: str, slice_name: str | None = None) -> Image:
