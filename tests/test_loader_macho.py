@@ -96,3 +96,101 @@ def test_fat_intel_main_reads_its_code():
         img = load_image(str(path), arch)
         main = next(s for s in img.symbols if s.name == "main")
         assert img.read(main.address, len(prologue)) == prologue, arch
+
+
+# --- imports from LC_DYLD_INFO(_ONLY) bind opcodes, and the stubs named after them -------------
+DYLD_INFO_FILES = ["hello-osx-x86_64", "TestSocket", "hellocxx-osx-i386", "WheresMyBrowser"]
+SPECIAL_DYLIBS = {"this-image", "main-executable", "flat-namespace", "weak"}
+
+
+def llvm_objdump(*args: str) -> str:
+    import shutil
+    import subprocess
+
+    if shutil.which("llvm-objdump") is None:
+        pytest.skip("llvm-objdump is not installed")
+    return subprocess.run(["llvm-objdump", "--macho", *args], capture_output=True, text=True, check=True).stdout
+
+
+def llvm_binds(path: Path) -> list[tuple[int, str, str | None]]:
+    """(slot, symbol, dylib short name or None) of every row of the bind, lazy-bind and weak-bind
+    tables as llvm-objdump prints them."""
+    rows = []
+    for table in ("--bind", "--lazy-bind", "--weak-bind"):
+        for line in llvm_objdump(table, str(path)).splitlines():
+            cols = line.split()
+            if len(cols) < 4 or not cols[2].startswith("0x"):
+                continue  # titles, column heads, weak-bind `strong` lines
+            dylib = {"--bind": cols[5] if len(cols) > 6 else None, "--lazy-bind": cols[3]}.get(table)
+            rows.append((int(cols[2], 16), cols[-1], dylib))
+    return rows
+
+
+def dyld_info_image(name: str) -> tuple[Path, Image]:
+    path = corpus_dir("mach0") / name
+    if not path.exists():
+        pytest.skip(f"{name} is not in the corpus")
+    return path, load_image(str(path))
+
+
+@pytest.mark.parametrize("name", DYLD_INFO_FILES)
+def test_dyld_info_imports_match_llvm_objdump(name):
+    """Every row of the bind tables is one import, with its symbol and its library."""
+    from collections import Counter
+
+    path, img = dyld_info_image(name)
+    want = llvm_binds(path)
+    assert want, f"llvm-objdump printed no binds for {name}"
+    assert Counter((i.slot, i.raw_name) for i in img.imports) == Counter((slot, sym) for slot, sym, _d in want)
+    libraries: dict[tuple[int, str], list[str]] = {}
+    for i in img.imports:  # (a slot may be bound twice: lazily from a dylib, and weakly)
+        libraries.setdefault((i.slot, i.raw_name), []).append(Path(i.library or "").name)
+    for slot, sym, dylib in want:
+        if dylib is None or dylib in SPECIAL_DYLIBS:
+            continue  # weak binds name no library; special ordinals none binlens reports
+        assert any(lib.startswith(dylib) for lib in libraries[(slot, sym)]), (sym, libraries[(slot, sym)], dylib)
+
+
+@pytest.mark.parametrize("name", DYLD_INFO_FILES)
+def test_dyld_info_imports_match_lief_bindings(name):
+    """The same imports as LIEF's full parse lists (its bind, lazy-bind and weak-bind opcodes)."""
+    path, img = dyld_info_image(name)
+    b = lief.MachO.parse(str(path)).at(0)
+    assert b.has_dyld_info and not b.has_dyld_chained_fixups
+    want = sorted((bi.address, bi.symbol.name, bi.library.name if bi.has_library else "") for bi in b.bindings)
+    assert sorted((i.slot, i.raw_name, i.library or "") for i in img.imports) == want
+
+
+def llvm_stubs(path: Path) -> dict[int, str]:
+    """Stub address -> symbol, from llvm-objdump's indirect symbol table of the stub sections."""
+    out, in_stubs = {}, False
+    for line in llvm_objdump("--indirect-symbols", str(path)).splitlines():
+        if line.startswith("Indirect symbols for"):
+            in_stubs = "stub" in line
+        cols = line.split()
+        if in_stubs and len(cols) == 3 and cols[0].startswith("0x"):
+            out[int(cols[0], 16)] = cols[2]
+    return out
+
+
+@pytest.mark.parametrize("name", ["hello-osx-x86_64", "TestSocket"])
+def test_dyld_info_stubs_are_named_after_their_imports(name):
+    """The engine names every symbol stub after the import it jumps to, as llvm-objdump's
+    indirect symbol table names it, on x86-64 (`jmp [lazy pointer]`) and arm64 (`ldr x16, literal`)."""
+    from binlens.analysis import analyze
+
+    path, img = dyld_info_image(name)
+    stubs = llvm_stubs(path)
+    assert stubs
+    thunks = {f.address: f.thunk_name for f in analyze(img).functions if f.thunk_name}
+    assert {va: thunks.get(va) for va in stubs} == {va: sym.removeprefix("_") for va, sym in stubs.items()}
+
+
+def test_a_library_path_that_is_not_utf8_keeps_its_bytes_escaped():
+    """objc-crash binds from `/usr/lib/li\\xa8objc.A.dylib`: LIEF raises on that path, the
+    loader reads it from the load command and escapes the byte, as it does in symbol names."""
+    path = corpus_dir("mach0") / "objc-crash"
+    if not path.exists():
+        pytest.skip("objc-crash is not in the corpus")
+    img = load_image(str(path))
+    assert "/usr/lib/li\\xa8objc.A.dylib" in {i.library for i in img.imports}

@@ -14,4 +14,5 @@ ENGINE_VERSION = "10"  # 2: AArch64 jump tables; 3: ARM32, MIPS, PowerPC, RISC-V
 # without a memory operand (iced keeps imm64's high half and `enter`'s level where a displacement is);
 # 9: branch targets wrap at the address width (ARM code at 2**31 and above, branches below 0), a MIPS
 # delay slot that starts another chunk keeps its mark (no chunk split at an address it does not hold);
-# 10 (loader): each slice of a universal Mach-O read at its own file offset
+# 10 (loader): each slice of a universal Mach-O read at its own file offset; Mach-O imports from
+# `LC_DYLD_INFO` bind opcodes, and stubs named from the indirect symbol table

@@ -15,6 +15,7 @@ from binlens.loader.demangle import demangle
 from binlens.loader.formats import sniff_format
 from binlens.loader.image import Export, Identity, Image, Import, Relocation, Section, Segment, Symbol
 from binlens.loader.macho_slices import fat_ranges, pick_slice, slice_names
+from binlens.loader.macho_stubs import IndirectSection, stubs_by_slot
 from binlens.loader.mips_got import global_got_imports
 from binlens.loader.ppc64_opd import descriptors, is_elfv1
 
@@ -339,9 +340,19 @@ def _macho_arch(b: Any) -> tuple[str, int]:
     return MACHO_ARCH.get(_enum_name(b.header.cpu_type), ("unknown", 64 if b.header.is_64bit else 32))
 
 
+def _macho_config() -> Any:
+    """LIEF's quick parse plus the bind opcodes of `LC_DYLD_INFO(_ONLY)` (the imports of a file
+    without chained fixups); rebase opcodes, which binlens does not read, stay unparsed."""
+    cfg = lief.MachO.ParserConfig()
+    cfg.parse_dyld_bindings = True
+    cfg.parse_dyld_exports = False
+    cfg.parse_dyld_rebases = False
+    cfg.fix_from_memory = False
+    return cfg
+
+
 def _parse_macho(data: bytes, sha: str, file_name: str, slice_name: str | None) -> Image:
-    cfg = lief.MachO.ParserConfig.quick
-    fat = lief.MachO.parse(data, cfg)
+    fat = lief.MachO.parse(data, _macho_config())
     if fat is None or fat.size == 0:
         raise BinlensError("invalid_argument", "malformed Mach-O file: no slice could be parsed")
     binaries = [fat.at(i) for i in range(fat.size)]
@@ -394,14 +405,7 @@ def _parse_macho(data: bytes, sha: str, file_name: str, slice_name: str | None) 
         symbols.append(Symbol(demangle(name), raw, s.value, 0, kind, binding, "macho"))
         if s.description & N_ARM_THUMB_DEF and arch == "arm":
             thumb.add(s.value)
-    imports = []
-    for bi in b.bindings:
-        if not bi.has_symbol:
-            continue
-        raw = _text(bi.symbol.name)
-        name = raw[1:] if raw.startswith("_") else raw
-        lib = _text(bi.library.name) if bi.has_library else None
-        imports.append(Import(demangle(name), raw, lib, slot=bi.address))
+    imports = _macho_imports(b)
     exports = []
     for s in b.exported_symbols:
         name = _text(s.name)[1:] if _text(s.name).startswith("_") else _text(s.name)
@@ -423,6 +427,44 @@ def _parse_macho(data: bytes, sha: str, file_name: str, slice_name: str | None) 
         slice=slices[index] if fat.size > 1 else None,
     )
     return Image(ident, data, segments, sections, symbols, imports, exports, [], slices=slices, function_hints=hints)
+
+
+def _macho_imports(b: Any) -> list[Import]:
+    """One import per bound slot: chained-fixup binds, or the bind, lazy-bind and weak-bind
+    opcodes of `LC_DYLD_INFO(_ONLY)`; each with the stub that jumps through its slot."""
+    stubs = _macho_stubs(b)
+    imports = []
+    for bi in b.bindings:
+        if not bi.has_symbol:
+            continue
+        raw = _text(bi.symbol.name)
+        name = raw[1:] if raw.startswith("_") else raw
+        lib = _library_name(bi.library) if bi.has_library else None
+        imports.append(Import(demangle(name), raw, lib, slot=bi.address, stub=stubs.get(bi.address)))
+    return imports
+
+
+def _library_name(lib: Any) -> str:
+    """A dylib load command's path; read from the command's bytes when it is not UTF-8 (LIEF
+    raises on such a path rather than handing back bytes)."""
+    try:
+        return _text(lib.name)
+    except UnicodeDecodeError:
+        raw = bytes(lib.data)[lib.name_offset :]
+        return _text(raw.split(b"\0", 1)[0])
+
+
+def _macho_stubs(b: Any) -> dict[int, int]:
+    """Import slot -> its stub, from the indirect symbol table ({} where LIEF read only part of it)."""
+    if not b.has_dynamic_symbol_command:
+        return {}
+    table = b.dynamic_symbol_command
+    indirect = list(table.indirect_symbols)
+    if not indirect or len(indirect) != table.nb_indirect_symbols:
+        return {}
+    names = [_text(s.name) for s in indirect]
+    sections = [IndirectSection(int(s.type), s.reserved1, s.reserved2, s.virtual_address, s.size) for s in b.sections]
+    return stubs_by_slot(sections, names, 8 if b.header.is_64bit else 4)
 
 
 def _in_slice(base: int, end: int, offset: int, size: int) -> tuple[int, int]:
