@@ -168,7 +168,7 @@ def _parse_elf(data: bytes, sha: str, file_name: str) -> Image:
     hints: dict[str, list[int]] = {}
     hints["init_array"] = sorted({f.address for f in b.ctor_functions if f.address})
     hints["fini_array"] = sorted({f.address for f in b.dtor_functions if f.address})
-    image_base = b.imagebase
+    image_base = b.imagebase if segments else None  # (LIEF's is 2**64 - 1 without PT_LOAD)
     entry = hdr.entrypoint
     if is_elfv1(arch, bits, hdr.processor_flag):
         code_of = descriptors(data, sections, endian == "big")
