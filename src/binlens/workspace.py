@@ -143,7 +143,7 @@ class Program:
             "arch": i.arch,
             "bits": i.bits,
             "endian": i.endian,
-            "image_base": hex(i.image_base),
+            "image_base": None if i.image_base is None else hex(i.image_base),
             "entry": hex(i.entry),
             "file_name": i.file_name,
         }

@@ -65,7 +65,7 @@ def jump_table_targets(
             d = ins.memory_displacement
             if d:
                 bases.append(d & ((1 << (ptr * 8)) - 1))
-                if d < 0x80000000:
+                if d < 0x80000000 and base is not None:
                     bases.append(base + d)
                 if got is not None and ins.memory_base != ix.Register.NONE:
                     gotrel.add((got + d) & 0xFFFFFFFF)  # i386 PIC: [ebx + idx*4 + disp], entries relative to GOT
@@ -97,7 +97,7 @@ def jump_table_targets(
             # table lies in a section (not in the file's headers)
             continue
         seen.add(t)
-        for fmt in ["gotrel32"] if t in gotrel else _formats(ptr, scale):
+        for fmt in ["gotrel32"] if t in gotrel else _formats(ptr, scale, base is not None):
             targets = _read(image, region, t, fmt, count or limit, jump_va, got if fmt == "gotrel32" else base)
             if len(targets) > len(best):
                 best, best_base = targets, t
@@ -144,9 +144,11 @@ def _writable(image: object, va: int) -> bool:
     return sec.perms[1] == "w" and sec.kind != "code"
 
 
-def _formats(ptr: int, scale: int) -> list[str]:
+def _formats(ptr: int, scale: int, has_base: bool) -> list[str]:
+    """Entry formats to try, most likely first; image-base-relative entries need an image base."""
     if ptr == 8:
-        return ["rel32", "abs64", "rva32"] if scale != 8 else ["abs64", "rel32", "rva32"]
+        formats = ["rel32", "abs64", "rva32"] if scale != 8 else ["abs64", "rel32", "rva32"]
+        return formats if has_base else formats[:2]
     return ["abs32", "rel32"]
 
 

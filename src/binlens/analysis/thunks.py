@@ -61,6 +61,10 @@ def find_thunks(image: Image, codemap: CodeMap) -> dict[int, str]:
                     _x86_thunks(image, s.va, data, by_slot, out)
                 elif arch in _ELF_PLT:
                     _ELF_PLT[arch](image, s.va, data, by_slot, out)
+    if fmt == "MachO":  # the loader found each stub from the indirect symbol table
+        for imp in image.imports:
+            if imp.stub is not None:
+                out.setdefault(imp.stub, imp.name)
     if arch == "mips":
         for va, name in mips_stubs(image, codemap).items():
             out.setdefault(va, name)

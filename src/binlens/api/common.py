@@ -17,7 +17,9 @@ class ProgramIdentity(Result):
     arch: str
     bits: int
     endian: str
-    image_base: HexAddress
+    image_base: HexAddress | None = Field(
+        description="The preferred load address; null when nothing is loadable (an ELF file without PT_LOAD)."
+    )
     entry: HexAddress
     file_name: str
     slice: str | None = None

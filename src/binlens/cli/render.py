@@ -75,7 +75,7 @@ def print_info(data: dict[str, Any], full: bool = False) -> None:
     """`binlens info`: identity, sections, counts (`full`: long values whole)."""
     ident = data["identity"]
     ident_rows = [
-        [k, str(ident[k])]
+        [k, "none" if ident[k] is None else str(ident[k])]
         for k in ("file_name", "format", "arch", "bits", "endian", "image_base", "entry", "size", "sha256", "program")
         if k in ident
     ]

@@ -24,7 +24,7 @@ class Identity:
     arch: str  # "x86-64", "x86", "aarch64", "arm", "mips", "ppc", "riscv", ... or "unknown"
     bits: int
     endian: str  # "little" | "big"
-    image_base: int
+    image_base: int | None  # None: nothing loadable (an ELF file without PT_LOAD)
     entry: int
     file_name: str
     slice: str | None = None  # the chosen slice of a fat Mach-O

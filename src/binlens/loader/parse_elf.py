@@ -137,7 +137,7 @@ def parse_elf(data: bytes, file_name: str, sha256: str | None = None) -> Image:
         "fini_array": _array_functions(rd, dyn, (DT_FINI_ARRAY, DT_FINI_ARRAYSZ), None, DT_FINI),
     }
     loads = [p for p in phdrs if p[0] == 1]
-    image_base = min(((p[2] - p[1]) & 0xFFFFFFFFFFFFFFFF for p in loads), default=0)  # as LIEF: in uint64
+    image_base = min(((p[2] - p[1]) & 0xFFFFFFFFFFFFFFFF for p in loads), default=None)  # as LIEF: in uint64
     ident = Identity(
         sha256=sha256 or sha256_hex(data),
         size=len(data),

@@ -14,6 +14,8 @@ from binlens.errors import BinlensError
 from binlens.loader.demangle import demangle
 from binlens.loader.formats import sniff_format
 from binlens.loader.image import Export, Identity, Image, Import, Relocation, Section, Segment, Symbol
+from binlens.loader.macho_slices import fat_ranges, pick_slice, slice_names
+from binlens.loader.macho_stubs import IndirectSection, stubs_by_slot
 from binlens.loader.mips_got import global_got_imports
 from binlens.loader.ppc64_opd import descriptors, is_elfv1
 
@@ -166,7 +168,7 @@ def _parse_elf(data: bytes, sha: str, file_name: str) -> Image:
     hints: dict[str, list[int]] = {}
     hints["init_array"] = sorted({f.address for f in b.ctor_functions if f.address})
     hints["fini_array"] = sorted({f.address for f in b.dtor_functions if f.address})
-    image_base = b.imagebase
+    image_base = b.imagebase if segments else None  # (LIEF's is 2**64 - 1 without PT_LOAD)
     entry = hdr.entrypoint
     if is_elfv1(arch, bits, hdr.processor_flag):
         code_of = descriptors(data, sections, endian == "big")
@@ -338,42 +340,51 @@ def _macho_arch(b: Any) -> tuple[str, int]:
     return MACHO_ARCH.get(_enum_name(b.header.cpu_type), ("unknown", 64 if b.header.is_64bit else 32))
 
 
+def _macho_config() -> Any:
+    """LIEF's quick parse plus the bind opcodes of `LC_DYLD_INFO(_ONLY)` (the imports of a file
+    without chained fixups); rebase opcodes, which binlens does not read, stay unparsed."""
+    cfg = lief.MachO.ParserConfig()
+    cfg.parse_dyld_bindings = True
+    cfg.parse_dyld_exports = False
+    cfg.parse_dyld_rebases = False
+    cfg.fix_from_memory = False
+    return cfg
+
+
 def _parse_macho(data: bytes, sha: str, file_name: str, slice_name: str | None) -> Image:
-    cfg = lief.MachO.ParserConfig.quick
-    fat = lief.MachO.parse(data, cfg)
+    fat = lief.MachO.parse(data, _macho_config())
     if fat is None or fat.size == 0:
         raise BinlensError("invalid_argument", "malformed Mach-O file: no slice could be parsed")
-    slices = [_macho_arch(fat.at(i))[0] for i in range(fat.size)]
-    if slice_name is not None:
-        if slice_name not in slices:
-            raise BinlensError(
-                "not_found",
-                f"no slice {slice_name!r} in this universal file",
-                target="/params/slice",
-                details={"slices": slices},
-            )
-        index = slices.index(slice_name)
-    else:
-        index = slices.index("x86-64") if "x86-64" in slices else 0
-    b = fat.at(index)
+    binaries = [fat.at(i) for i in range(fat.size)]
+    archs = [_macho_arch(b)[0] for b in binaries]
+    slices = slice_names(
+        [(a, int(b.header.cpu_type), b.header.cpu_subtype) for a, b in zip(archs, binaries, strict=True)]
+    )
+    index = pick_slice(slices, archs, slice_name)
+    b = binaries[index]
     arch, bits = _macho_arch(b)
     endian = "big" if arch == "ppc" else "little"
+    # LIEF's file offsets count from the slice's start; the Image keeps the whole file's bytes
+    base = b.fat_offset
+    end = base + fat_ranges(data).get(base, len(data) - base) if base else len(data)
     segments, sections = [], []
     for s in b.segments:
         p = int(s.init_protection)
         perms = _perms(bool(p & 1), bool(p & 2), bool(p & 4))
         if s.virtual_size:
-            segments.append(Segment(s.name, s.virtual_address, s.virtual_size, s.file_offset, s.file_size, perms))
+            offset, fsize = _in_slice(base, end, s.file_offset, s.file_size)
+            segments.append(Segment(s.name, s.virtual_address, s.virtual_size, offset, fsize, perms))
         for sec in s.sections:
             t = _enum_name(sec.type)
             nobits = t in ("ZEROFILL", "GB_ZEROFILL", "THREAD_LOCAL_ZEROFILL")
+            offset, fsize = _in_slice(base, end, sec.offset, 0 if nobits else sec.size)
             sections.append(
                 Section(
                     f"{_text(s.name)},{_text(sec.name)}",
                     sec.virtual_address,
                     sec.size,
-                    sec.offset,
-                    0 if nobits else sec.size,
+                    offset,
+                    fsize,
                     perms,
                     _kind(perms, nobits),
                     _text(s.name),
@@ -394,14 +405,7 @@ def _parse_macho(data: bytes, sha: str, file_name: str, slice_name: str | None) 
         symbols.append(Symbol(demangle(name), raw, s.value, 0, kind, binding, "macho"))
         if s.description & N_ARM_THUMB_DEF and arch == "arm":
             thumb.add(s.value)
-    imports = []
-    for bi in b.bindings:
-        if not bi.has_symbol:
-            continue
-        raw = _text(bi.symbol.name)
-        name = raw[1:] if raw.startswith("_") else raw
-        lib = _text(bi.library.name) if bi.has_library else None
-        imports.append(Import(demangle(name), raw, lib, slot=bi.address))
+    imports = _macho_imports(b)
     exports = []
     for s in b.exported_symbols:
         name = _text(s.name)[1:] if _text(s.name).startswith("_") else _text(s.name)
@@ -422,12 +426,52 @@ def _parse_macho(data: bytes, sha: str, file_name: str, slice_name: str | None) 
         file_name=file_name,
         slice=slices[index] if fat.size > 1 else None,
     )
-    offset = b.fat_offset if fat.size > 1 else 0
-    slice_data = data[offset : offset + len(data)] if offset else data
-    img = Image(
-        ident, slice_data, segments, sections, symbols, imports, exports, [], slices=slices, function_hints=hints
-    )
-    return img
+    return Image(ident, data, segments, sections, symbols, imports, exports, [], slices=slices, function_hints=hints)
+
+
+def _macho_imports(b: Any) -> list[Import]:
+    """One import per bound slot: chained-fixup binds, or the bind, lazy-bind and weak-bind
+    opcodes of `LC_DYLD_INFO(_ONLY)`; each with the stub that jumps through its slot."""
+    stubs = _macho_stubs(b)
+    imports = []
+    for bi in b.bindings:
+        if not bi.has_symbol:
+            continue
+        raw = _text(bi.symbol.name)
+        name = raw[1:] if raw.startswith("_") else raw
+        lib = _library_name(bi.library) if bi.has_library else None
+        imports.append(Import(demangle(name), raw, lib, slot=bi.address, stub=stubs.get(bi.address)))
+    return imports
+
+
+def _library_name(lib: Any) -> str:
+    """A dylib load command's path; read from the command's bytes when it is not UTF-8 (LIEF
+    raises on such a path rather than handing back bytes)."""
+    try:
+        return _text(lib.name)
+    except UnicodeDecodeError:
+        raw = bytes(lib.data)[lib.name_offset :]
+        return _text(raw.split(b"\0", 1)[0])
+
+
+def _macho_stubs(b: Any) -> dict[int, int]:
+    """Import slot -> its stub, from the indirect symbol table ({} where LIEF read only part of it)."""
+    if not b.has_dynamic_symbol_command:
+        return {}
+    table = b.dynamic_symbol_command
+    indirect = list(table.indirect_symbols)
+    if not indirect or len(indirect) != table.nb_indirect_symbols:
+        return {}
+    names = [_text(s.name) for s in indirect]
+    sections = [IndirectSection(int(s.type), s.reserved1, s.reserved2, s.virtual_address, s.size) for s in b.sections]
+    return stubs_by_slot(sections, names, 8 if b.header.is_64bit else 4)
+
+
+def _in_slice(base: int, end: int, offset: int, size: int) -> tuple[int, int]:
+    """(file offset, bytes in the file) of a range at `offset` in the slice at `base`, cut at the
+    slice's end `end` (a thin file is one slice at 0)."""
+    start = base + offset
+    return start, max(0, min(size, end - start))
 
 
 def parse_path(path: str, slice_name: str | None = None) -> Image:
