@@ -27,8 +27,12 @@ _EOF = object()
 _OVERSIZE = object()
 
 
-def _reader(fd: int, limit: int, put: Callable[[Any], None]) -> None:
-    """Read `fd` until EOF, handing complete lines (bytes) or _OVERSIZE markers to `put`."""
+def _reader(fd: int, limit: int, put: Callable[[list[Any]], None]) -> None:
+    """Read `fd` until EOF, handing the complete lines (bytes) and _OVERSIZE markers of each read to `put`.
+
+    One `put` per read: the loop then serves a request and a cancel written right behind it in one
+    pass, before the request's task starts.
+    """
     buf = bytearray()
     dropping = False
     while True:
@@ -38,30 +42,39 @@ def _reader(fd: int, limit: int, put: Callable[[Any], None]) -> None:
             chunk = b""
         if not chunk:
             if buf and not dropping:
-                put(bytes(buf))
-            put(_EOF)
-            return
-        start = 0
-        while True:
-            nl = chunk.find(b"\n", start)
-            if nl < 0:
-                if not dropping:
-                    buf += chunk[start:]
-                    if len(buf) > limit:
-                        buf.clear()
-                        dropping = True
-                        put(_OVERSIZE)
-                break
-            if dropping:
-                dropping = False
+                put([bytes(buf), _EOF])
             else:
-                buf += chunk[start:nl]
+                put([_EOF])
+            return
+        items: list[Any] = []
+        dropping = _cut(chunk, buf, dropping, limit, items.append)
+        if items:
+            put(items)
+
+
+def _cut(chunk: bytes, buf: bytearray, dropping: bool, limit: int, put: Callable[[Any], None]) -> bool:
+    """Append `chunk` to `buf`, handing out each complete line; returns whether an oversize line is being dropped."""
+    start = 0
+    while True:
+        nl = chunk.find(b"\n", start)
+        if nl < 0:
+            if not dropping:
+                buf += chunk[start:]
                 if len(buf) > limit:
+                    buf.clear()
+                    dropping = True
                     put(_OVERSIZE)
-                elif buf.strip():
-                    put(bytes(buf))
-                buf.clear()
-            start = nl + 1
+            return dropping
+        if dropping:
+            dropping = False
+        else:
+            buf += chunk[start:nl]
+            if len(buf) > limit:
+                put(_OVERSIZE)
+            elif buf.strip():
+                put(bytes(buf))
+            buf.clear()
+        start = nl + 1
 
 
 class StdioServer:
@@ -96,23 +109,28 @@ class StdioServer:
         queue: asyncio.Queue[Any] = asyncio.Queue()
         thread = threading.Thread(
             target=_reader,
-            args=(fd, self.limit, lambda item: loop.call_soon_threadsafe(queue.put_nowait, item)),
+            args=(fd, self.limit, lambda items: loop.call_soon_threadsafe(queue.put_nowait, items)),
             name="binlens-stdin",
             daemon=True,
         )
         thread.start()
-        while True:
-            item = await queue.get()
+        while await self._items(await queue.get()):
+            pass
+        self.session.cancel_all()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _items(self, items: list[Any]) -> bool:
+        """Serve the frames of one read in order; False at EOF."""
+        for item in items:
             if item is _EOF:
-                break
+                return False
             if item is _OVERSIZE:
                 err = RpcError(INVALID_REQUEST, f"frame over the {self.limit}-byte limit; dropped up to the newline")
                 self._write(error_response(err, None, self.session.negotiated, identifiable=False))
                 continue
             await self._frame(item)
-        self.session.cancel_all()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        return True
 
     async def _frame(self, data: bytes) -> None:
         version = self.session.negotiated
@@ -135,10 +153,15 @@ class StdioServer:
                 return
             self.core.handle_notification(inbound, self.session)
             return
+        if self.session.running(inbound.id):
+            err = RpcError(INVALID_REQUEST, f"id {inbound.id!r} is already used by a running request")
+            self._write(error_response(err, inbound.id, version))
+            return
         if inbound.method not in _CONCURRENT:
             await self._request(inbound)  # cheap and in order: initialize settles the era before the next frame
             return
         task = asyncio.ensure_future(self._request(inbound))
+        self.session.begin(inbound.id, task)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
