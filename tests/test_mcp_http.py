@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from mcp_support import start_http_server, stop
+from mcp_support import SseReader, start_http_server, stop
 
 MODERN = "2026-07-28"
 META = {
@@ -323,45 +322,6 @@ def test_progress_streams_as_sse_scoped_to_the_request(base: str) -> None:
 
 
 # --- legacy HTTP+SSE --------------------------------------------------------------------------
-
-
-class SseReader:
-    """A GET /sse stream read on a thread: events (name, data) and comments."""
-
-    def __init__(self, url: str) -> None:
-        self.events: list[tuple[str, str]] = []
-        self.comments: list[str] = []
-        self.cond = threading.Condition()
-        self.client = httpx.Client(timeout=None)
-        self._cm = self.client.stream("GET", url, headers={"Accept": "text/event-stream"})
-        self.response = self._cm.__enter__()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        name = "message"
-        try:
-            for line in self.response.iter_lines():
-                with self.cond:
-                    if line.startswith(":"):
-                        self.comments.append(line)
-                    elif line.startswith("event: "):
-                        name = line[7:]
-                    elif line.startswith("data: "):
-                        self.events.append((name, line[6:]))
-                        name = "message"
-                    self.cond.notify_all()
-        except httpx.HTTPError:
-            pass
-
-    def wait(self, pred: Any, timeout: float = 30) -> Any:
-        with self.cond:
-            assert self.cond.wait_for(pred, timeout), "timed out waiting on the SSE stream"
-            return pred()
-
-    def close(self) -> None:
-        self._cm.__exit__(None, None, None)
-        self.client.close()
 
 
 def test_sse_endpoint_event_then_202_and_message_event(base: str) -> None:

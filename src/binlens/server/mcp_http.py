@@ -22,11 +22,21 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER, find_duplicated_routing_header
-from mcp_types import HEADER_MISMATCH, INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR
+from mcp_types import HEADER_MISMATCH, INTERNAL_ERROR, INVALID_REQUEST
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from binlens.server.mcp_protocol import MODERN, McpCore, RpcError, Session, classify, error_response, modern_meta
+from binlens.server.mcp_protocol import (
+    MODERN,
+    McpCore,
+    RpcError,
+    Session,
+    classify,
+    error_response,
+    internal_error,
+    modern_meta,
+)
+from binlens.server.wire import FrameError, decode, dump_bytes
 
 log = logging.getLogger("binlens.mcp")
 
@@ -86,7 +96,32 @@ async def _respond(
 
 
 def _dump(message: dict[str, Any]) -> bytes:
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+    return dump_bytes(message)
+
+
+class _Tracked:
+    """A `send` that remembers whether the response has started (to answer a failure properly)."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+
+    async def __call__(self, message: Any) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self._send(message)
+
+
+async def _guarded(handler: Any, scope: Scope, receive: Receive, send: Send) -> None:
+    """Run an HTTP handler; a failure inside it is logged and answered with a JSON-RPC -32603 (500)."""
+    tracked = _Tracked(send)
+    try:
+        await handler(scope, receive, tracked)
+    except Exception:  # noqa: BLE001 - nothing internal crosses the wire, and the server keeps serving
+        log.exception("internal error serving %s %s", scope.get("method"), scope.get("path"))
+        if not tracked.started:
+            body = _dump(error_response(internal_error(), None, None, identifiable=False))
+            await _respond(send, 500, body, "application/json", _cors(_headers(scope)))
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:
@@ -131,6 +166,10 @@ class McpEndpoint:
             log.info("cancelled /mcp request %r", rid)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve one HTTP request to /mcp; a failure inside is answered with -32603."""
+        await _guarded(self._serve, scope, receive, send)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = _headers(scope)
         cors = _cors(headers)
         method = scope["method"]
@@ -171,9 +210,9 @@ class McpEndpoint:
             await fail(413, RpcError(INVALID_REQUEST, f"request body over {MAX_BODY} bytes"))
             return
         try:
-            msg = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            await fail(400, RpcError(PARSE_ERROR, "Parse error"))
+            msg = decode(raw)
+        except FrameError as err:
+            await fail(400, RpcError(err.code, err.message), err.id, err.identifiable)
             return
         try:
             inbound = classify(msg, header_version)
@@ -395,6 +434,9 @@ class LegacySse:
 
     async def messages(self, scope: Scope, receive: Receive, send: Send) -> None:
         """`POST /messages?sessionId=...`: 202, the answer goes to that session's stream."""
+        await _guarded(self._messages, scope, receive, send)
+
+    async def _messages(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = _headers(scope)
         cors = _cors(headers)
         if scope["method"] != "POST":
@@ -425,9 +467,10 @@ class LegacySse:
             )
             return
         try:
-            msg = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            body = _dump(error_response(RpcError(PARSE_ERROR, "Parse error"), None, version, identifiable=False))
+            msg = decode(raw)
+        except FrameError as err:
+            rpc = RpcError(err.code, err.message)
+            body = _dump(error_response(rpc, err.id, version, identifiable=err.identifiable))
             await _respond(send, 400, body, "application/json", cors)
             return
         try:
@@ -460,6 +503,9 @@ class LegacySse:
             response = await self.core.handle_request(inbound, version, session=sess.session, notify=notify)
         except asyncio.CancelledError:
             return
+        except Exception:  # noqa: BLE001 - the request is answered and the session keeps serving
+            log.exception("internal error serving %s", inbound.method)
+            response = error_response(internal_error(), inbound.id, version)
         await sess.queue.put(response)
 
 

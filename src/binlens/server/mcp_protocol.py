@@ -119,6 +119,11 @@ def unsupported_version(requested: Any) -> RpcError:
     )
 
 
+def internal_error() -> RpcError:
+    """-32603 for a failure inside the server (logged with its trace; nothing internal crosses the wire)."""
+    return RpcError(INTERNAL_ERROR, "Internal error: see the server log")
+
+
 def error_response(err: RpcError, msg_id: Any, version: str | None, *, identifiable: bool = True) -> dict[str, Any]:
     """A JSON-RPC error response. Without an identifiable id: `id: null` for 2025-06-18, omitted after."""
     out: dict[str, Any] = {"jsonrpc": "2.0"}
@@ -474,6 +479,7 @@ __all__ = [
     "Session",
     "classify",
     "error_response",
+    "internal_error",
     "modern_meta",
     "negotiate",
 ]

@@ -8,16 +8,16 @@ whatever is still running and ends the loop.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import threading
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from mcp_types import INVALID_REQUEST, PARSE_ERROR
+from mcp_types import INVALID_REQUEST
 
-from binlens.server.mcp_protocol import McpCore, RpcError, Session, classify, error_response
+from binlens.server.mcp_protocol import McpCore, RpcError, Session, classify, error_response, internal_error
+from binlens.server.wire import FrameError, decode, dump_bytes
 
 log = logging.getLogger("binlens.mcp")
 
@@ -88,8 +88,12 @@ class StdioServer:
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def _write(self, message: dict[str, Any]) -> None:
-        data = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
         assert self.out is not None
+        try:
+            data = dump_bytes(message) + b"\n"
+        except Exception:  # noqa: BLE001 - one message the encoder refuses must not end the server
+            log.exception("could not encode a message; dropped")
+            return
         try:
             self.out.write(data)
             self.out.flush()
@@ -129,15 +133,20 @@ class StdioServer:
                 err = RpcError(INVALID_REQUEST, f"frame over the {self.limit}-byte limit; dropped up to the newline")
                 self._write(error_response(err, None, self.session.negotiated, identifiable=False))
                 continue
-            await self._frame(item)
+            try:
+                await self._frame(item)
+            except Exception:  # noqa: BLE001 - every frame gets an answer and the server keeps serving
+                log.exception("internal error serving a frame")
+                self._write(error_response(internal_error(), None, self.session.negotiated, identifiable=False))
         return True
 
     async def _frame(self, data: bytes) -> None:
         version = self.session.negotiated
         try:
-            msg = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            self._write(error_response(RpcError(PARSE_ERROR, "Parse error"), None, version, identifiable=False))
+            msg = decode(data)
+        except FrameError as err:
+            rpc = RpcError(err.code, err.message)
+            self._write(error_response(rpc, err.id, version, identifiable=err.identifiable))
             return
         try:
             inbound = classify(msg, version)
@@ -175,6 +184,9 @@ class StdioServer:
             response = await self.core.handle_request(inbound, version, session=self.session, notify=self._notify)
         except asyncio.CancelledError:
             return  # cancelled by the client (or EOF): no response, as MCP asks
+        except Exception:  # noqa: BLE001 - the request is answered and the server keeps serving
+            log.exception("internal error serving %s", inbound.method)
+            response = error_response(internal_error(), inbound.id, version)
         self._write(response)
 
 
