@@ -45,6 +45,7 @@ CORS_HEADERS = "Content-Type, Accept, Authorization, MCP-Protocol-Version, Mcp-M
 MAX_BODY = 4 << 20
 SSE_KEEPALIVE_S = 15.0
 MAX_SSE_SESSIONS = 64
+SSE_QUEUE = 64  # messages waiting for one legacy SSE stream; beyond, the session is dropped
 
 
 def _headers(scope: Scope) -> dict[str, str]:
@@ -371,24 +372,66 @@ async def _until_disconnect(task: asyncio.Future[Any], receive: Receive) -> Any:
         watcher.cancel()
 
 
-class SseSession:
-    """One legacy HTTP+SSE connection."""
+async def _end_dropped(send: Send, receive: Receive) -> None:
+    """End a dropped session's stream; when its client does not read, wait until the server's idle
+    timeout cuts the connection (which also frees what is buffered for it)."""
+    try:
+        await asyncio.wait_for(send({"type": "http.response.body", "body": b"", "more_body": False}), 1.0)
+        return
+    except (TimeoutError, OSError, RuntimeError):
+        pass
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
-    def __init__(self) -> None:
+
+class SseSession:
+    """One legacy HTTP+SSE connection: its messages wait in a bounded queue for the stream."""
+
+    def __init__(self, max_queue: int = SSE_QUEUE) -> None:
         self.id = uuid.uuid4().hex
         self.session = Session()
-        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(max(1, max_queue))
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.dropped = asyncio.Event()  # set when the client fell too far behind
 
 
 class LegacySse:
     """`GET /sse` and `POST /messages?sessionId=` (the 2024-11-05 HTTP+SSE transport)."""
 
-    def __init__(self, core: McpCore, keepalive_s: float = SSE_KEEPALIVE_S, max_sessions: int = MAX_SSE_SESSIONS):
+    def __init__(
+        self,
+        core: McpCore,
+        keepalive_s: float = SSE_KEEPALIVE_S,
+        max_sessions: int = MAX_SSE_SESSIONS,
+        max_queue: int = SSE_QUEUE,
+    ) -> None:
         self.core = core
         self.keepalive_s = keepalive_s
         self.max_sessions = max_sessions
+        self.max_queue = max_queue
         self.sessions: dict[str, SseSession] = {}
+
+    def _deliver(self, sess: SseSession, message: dict[str, Any]) -> None:
+        """Queue a message for the stream; a full queue (the client is not reading) drops the session."""
+        if sess.dropped.is_set():
+            return
+        try:
+            sess.queue.put_nowait(message)
+        except asyncio.QueueFull:
+            self._drop(sess)
+
+    def _drop(self, sess: SseSession) -> None:
+        """Forget a session whose client does not read: its calls are cancelled, its queue freed."""
+        log.warning(
+            "SSE session %s dropped: %d messages are waiting and its client is not reading", sess.id, self.max_queue
+        )
+        sess.dropped.set()
+        self.sessions.pop(sess.id, None)
+        sess.session.cancel_all()
+        for task in list(sess.tasks):
+            task.cancel()
+        while not sess.queue.empty():
+            sess.queue.get_nowait()
 
     async def sse(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The event stream: `endpoint` first, then `message` events and keep-alive comments."""
@@ -401,7 +444,7 @@ class LegacySse:
             body = _dump({"error": f"{self.max_sessions} SSE sessions are open; retry later"})
             await _respond(send, 503, body, "application/json", [*cors, (b"retry-after", b"5")])
             return
-        sess = SseSession()
+        sess = SseSession(self.max_queue)
         self.sessions[sess.id] = sess
         root = scope.get("root_path", "")
         await _start_event_stream(send, cors)
@@ -420,17 +463,21 @@ class LegacySse:
                 chunk = b"event: message\ndata: " + _dump(message) + b"\n\n"
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
-        pumper = asyncio.ensure_future(pump())
+        async def until_gone() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        watchers = [asyncio.ensure_future(c) for c in (pump(), until_gone(), sess.dropped.wait())]
         try:
-            while True:
-                msg = await receive()
-                if msg["type"] == "http.disconnect":
-                    break
+            await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            pumper.cancel()
+            for watcher in watchers:
+                watcher.cancel()
             self.sessions.pop(sess.id, None)
             sess.session.cancel_all()
             log.info("SSE session %s closed", sess.id)
+        if sess.dropped.is_set():
+            await _end_dropped(send, receive)
 
     async def messages(self, scope: Scope, receive: Receive, send: Send) -> None:
         """`POST /messages?sessionId=...`: 202, the answer goes to that session's stream."""
@@ -492,12 +539,12 @@ class LegacySse:
 
     async def _request(self, sess: SseSession, inbound: Any) -> None:
         async def notify(message: dict[str, Any]) -> None:
-            await sess.queue.put(message)
+            self._deliver(sess, message)
 
         try:
             version = self.core.request_version(inbound, sess.session, None)
         except RpcError as err:
-            await sess.queue.put(error_response(err, inbound.id, sess.session.negotiated))
+            self._deliver(sess, error_response(err, inbound.id, sess.session.negotiated))
             return
         try:
             response = await self.core.handle_request(inbound, version, session=sess.session, notify=notify)
@@ -506,7 +553,7 @@ class LegacySse:
         except Exception:  # noqa: BLE001 - the request is answered and the session keeps serving
             log.exception("internal error serving %s", inbound.method)
             response = error_response(internal_error(), inbound.id, version)
-        await sess.queue.put(response)
+        self._deliver(sess, response)
 
 
 class _Asgi:
@@ -531,6 +578,7 @@ def mcp_routes(ws: Any, opts: Any) -> list[Route]:
         core,
         keepalive_s=getattr(opts, "sse_keepalive_s", SSE_KEEPALIVE_S),
         max_sessions=getattr(opts, "max_sse_sessions", MAX_SSE_SESSIONS),
+        max_queue=getattr(opts, "sse_queue", SSE_QUEUE),
     )
     methods = ["GET", "POST", "OPTIONS", "DELETE", "PUT", "PATCH", "HEAD"]
     return [
