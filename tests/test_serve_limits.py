@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +25,29 @@ from serve_support import ServerProcess, env_for, rss_mb
 pytestmark = pytest.mark.timeout(240)
 
 INIT = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--max-connections", "0"],
+        ["--header-timeout", "0"],
+        ["--idle-timeout", "-1"],
+        ["--keep-alive", "nan"],
+        ["--idle-timeout", "inf"],
+        ["--sse-queue", "x"],
+    ],
+)
+def test_bad_limits_are_usage_errors(tmp_path: Path, args: list[str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "binlens", "serve", "--port", "0", *args],
+        capture_output=True,
+        text=True,
+        env=env_for(tmp_path),
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert args[0] in proc.stderr
 
 
 def _closed_by_server(sock: socket.socket, timeout: float) -> bool:
@@ -76,7 +101,7 @@ def test_half_open_connections_are_capped_and_closed(tmp_path: Path) -> None:
     socks: list[socket.socket] = []
     try:
         socks = _open_many(srv.port, 200)
-        assert len(socks) >= 150
+        assert len(socks) > 100  # well over the cap
         # a request body that stops arriving is cut by the idle timeout
         stalled = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
         stalled.sendall(
