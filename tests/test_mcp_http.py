@@ -464,3 +464,33 @@ def test_serve_tool_separator_underscore(compile_c, tmp_path: Path) -> None:  # 
         assert not any("." in n for n in names)
     finally:
         stop(proc)
+
+
+def test_sse_refuses_a_second_request_with_a_running_id(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
+    big = compile_c("mcp_big.c")
+    proc, base = start_http_server(tmp_path, [big])
+    sse = SseReader(base + "/sse")
+    try:
+        _, endpoint = sse.wait(lambda: sse.events and sse.events[0])
+        url = base + endpoint
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {**INIT, "protocolVersion": "2025-11-25"}}
+        assert httpx.post(url, json=init).status_code == 202
+        params = {"regex": r"\x00{0,20}[^\x00]\x00{3}z", "scan": {"timeout_ms": 60000}}
+        call = {"name": "binlens.memory", "arguments": {"operation": "search", "params": params}}
+        search = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call}
+        assert httpx.post(url, json=search).status_code == 202
+        assert httpx.post(url, json={"jsonrpc": "2.0", "id": 2, "method": "ping"}).status_code == 202
+
+        def answers(rid: Any) -> list[dict[str, Any]]:
+            return [m for m in (json.loads(d) for n, d in sse.events if n == "message") if m.get("id") == rid]
+
+        refusal = sse.wait(lambda: answers(2))[0]
+        assert refusal["error"]["code"] == -32600 and "already used" in refusal["error"]["message"]
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}}
+        assert httpx.post(url, json=cancel).status_code == 202
+        assert httpx.post(url, json={"jsonrpc": "2.0", "id": 3, "method": "ping"}).status_code == 202
+        assert sse.wait(lambda: answers(3))[0]["result"] == {}
+        assert len(answers(2)) == 1  # the refusal only: the cancelled search is not answered
+    finally:
+        sse.close()
+        stop(proc)
