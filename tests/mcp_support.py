@@ -6,8 +6,10 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -60,3 +62,42 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+class SseReader:
+    """A GET /sse stream read on a thread: events (name, data) and comments."""
+
+    def __init__(self, url: str) -> None:
+        self.events: list[tuple[str, str]] = []
+        self.comments: list[str] = []
+        self.cond = threading.Condition()
+        self.client = httpx.Client(timeout=None)
+        self._cm = self.client.stream("GET", url, headers={"Accept": "text/event-stream"})
+        self.response = self._cm.__enter__()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        name = "message"
+        try:
+            for line in self.response.iter_lines():
+                with self.cond:
+                    if line.startswith(":"):
+                        self.comments.append(line)
+                    elif line.startswith("event: "):
+                        name = line[7:]
+                    elif line.startswith("data: "):
+                        self.events.append((name, line[6:]))
+                        name = "message"
+                    self.cond.notify_all()
+        except httpx.HTTPError:
+            pass
+
+    def wait(self, pred: Any, timeout: float = 30) -> Any:
+        with self.cond:
+            assert self.cond.wait_for(pred, timeout), "timed out waiting on the SSE stream"
+            return pred()
+
+    def close(self) -> None:
+        self._cm.__exit__(None, None, None)
+        self.client.close()

@@ -59,6 +59,21 @@ def env_for(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def _limit_files(n: int) -> None:
+    """In the child before exec: at most `n` open files (soft and hard), as `ulimit -n n` would."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process (Linux /proc), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
 class ServerProcess:
     """`python -m binlens serve ARGS --port 0`, started and waited for (its ready line names the port)."""
 
@@ -69,6 +84,7 @@ class ServerProcess:
         env: dict[str, str] | None = None,
         timeout: float = 60,
         cwd: Path | None = None,
+        nofile: int | None = None,
     ) -> None:
         self.args = [sys.executable, "-m", "binlens", "serve", *args]
         if "--port" not in args:
@@ -80,6 +96,7 @@ class ServerProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=None if nofile is None else lambda: _limit_files(nofile),
         )
         self.stderr_lines: list[str] = []
         self.stdout_lines: list[str] = []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from mcp_support import start_http_server, stop
+from mcp_support import SseReader, start_http_server, stop
 
 MODERN = "2026-07-28"
 META = {
@@ -325,45 +324,6 @@ def test_progress_streams_as_sse_scoped_to_the_request(base: str) -> None:
 # --- legacy HTTP+SSE --------------------------------------------------------------------------
 
 
-class SseReader:
-    """A GET /sse stream read on a thread: events (name, data) and comments."""
-
-    def __init__(self, url: str) -> None:
-        self.events: list[tuple[str, str]] = []
-        self.comments: list[str] = []
-        self.cond = threading.Condition()
-        self.client = httpx.Client(timeout=None)
-        self._cm = self.client.stream("GET", url, headers={"Accept": "text/event-stream"})
-        self.response = self._cm.__enter__()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        name = "message"
-        try:
-            for line in self.response.iter_lines():
-                with self.cond:
-                    if line.startswith(":"):
-                        self.comments.append(line)
-                    elif line.startswith("event: "):
-                        name = line[7:]
-                    elif line.startswith("data: "):
-                        self.events.append((name, line[6:]))
-                        name = "message"
-                    self.cond.notify_all()
-        except httpx.HTTPError:
-            pass
-
-    def wait(self, pred: Any, timeout: float = 30) -> Any:
-        with self.cond:
-            assert self.cond.wait_for(pred, timeout), "timed out waiting on the SSE stream"
-            return pred()
-
-    def close(self) -> None:
-        self._cm.__exit__(None, None, None)
-        self.client.close()
-
-
 def test_sse_endpoint_event_then_202_and_message_event(base: str) -> None:
     sse = SseReader(base + "/sse")
     try:
@@ -503,4 +463,34 @@ def test_serve_tool_separator_underscore(compile_c, tmp_path: Path) -> None:  # 
         assert {"binlens_help", "binlens_symbol"} <= names
         assert not any("." in n for n in names)
     finally:
+        stop(proc)
+
+
+def test_sse_refuses_a_second_request_with_a_running_id(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
+    big = compile_c("mcp_big.c")
+    proc, base = start_http_server(tmp_path, [big])
+    sse = SseReader(base + "/sse")
+    try:
+        _, endpoint = sse.wait(lambda: sse.events and sse.events[0])
+        url = base + endpoint
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {**INIT, "protocolVersion": "2025-11-25"}}
+        assert httpx.post(url, json=init).status_code == 202
+        params = {"regex": r"\x00{0,20}[^\x00]\x00{3}z", "scan": {"timeout_ms": 60000}}
+        call = {"name": "binlens.memory", "arguments": {"operation": "search", "params": params}}
+        search = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call}
+        assert httpx.post(url, json=search).status_code == 202
+        assert httpx.post(url, json={"jsonrpc": "2.0", "id": 2, "method": "ping"}).status_code == 202
+
+        def answers(rid: Any) -> list[dict[str, Any]]:
+            return [m for m in (json.loads(d) for n, d in sse.events if n == "message") if m.get("id") == rid]
+
+        refusal = sse.wait(lambda: answers(2))[0]
+        assert refusal["error"]["code"] == -32600 and "already used" in refusal["error"]["message"]
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}}
+        assert httpx.post(url, json=cancel).status_code == 202
+        assert httpx.post(url, json={"jsonrpc": "2.0", "id": 3, "method": "ping"}).status_code == 202
+        assert sse.wait(lambda: answers(3))[0]["result"] == {}
+        assert len(answers(2)) == 1  # the refusal only: the cancelled search is not answered
+    finally:
+        sse.close()
         stop(proc)

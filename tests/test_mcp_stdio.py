@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import queue
 import subprocess
 import sys
 import threading
@@ -317,3 +318,118 @@ def test_underscore_tool_separator_for_strict_clients(compile_c, tmp_path: Path)
     assert got[5]["result"]["prompts"][0]["name"] == "binlens_triage"
     _, err, code = run_stdio(tmp_path, [], "--tool-separator", "/")
     assert code == 2 and "tool-separator" in err
+
+
+class StdioClient:
+    """An interactive `binlens mcp` child: write frames, read answers one by one (with a deadline)."""
+
+    def __init__(self, home: Path, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "binlens", "mcp", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env_for(home),
+            cwd=ROOT,
+        )
+        self.frames: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.seen: list[dict[str, Any]] = []
+        self.err = bytearray()
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=lambda: self.err.extend(self.proc.stderr.read()), daemon=True).start()  # type: ignore[union-attr]
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            self.frames.put(json.loads(line))
+        self.frames.put(None)
+
+    def send(self, *lines: bytes) -> None:
+        """Write `lines` in one write (a request and its cancel arrive together)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"".join(lines))
+        self.proc.stdin.flush()
+
+    def answer(self, rid: Any, timeout: float = 60) -> dict[str, Any]:
+        """The next frame with id `rid` (frames before it are kept in `seen`)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            frame = self.frames.get(timeout=max(0.01, deadline - time.monotonic()))
+            assert frame is not None, f"binlens mcp exited: {self.err.decode()[-2000:]}"
+            self.seen.append(frame)
+            if frame.get("id") == rid:
+                return frame
+
+    def close(self, timeout: float = 30) -> int:
+        """EOF on stdin; the exit status."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+
+def _search_call(rid: Any, timeout_ms: int = 60000) -> bytes:
+    """A tools/call running a backtracking memory.search for many seconds over mcp_big."""
+    params = {"regex": r"\x00{0,20}[^\x00]\x00{3}z", "scan": {"timeout_ms": timeout_ms}}
+    call = {"name": "binlens.memory", "arguments": {"operation": "search", "params": params}}
+    return msg({"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": call})
+
+
+def _quick_call(rid: Any) -> bytes:
+    call = {"name": "binlens.symbol", "arguments": {"operation": "list", "params": {"page": {"limit": 1}}}}
+    return msg({"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": call})
+
+
+def _cancel(rid: Any) -> bytes:
+    return msg({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": rid}})
+
+
+def test_cancel_written_right_behind_its_request_stops_it(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
+    big = compile_c("mcp_big.c")
+    client = StdioClient(tmp_path, str(big), "--max-concurrent", "1")
+    try:
+        client.send(msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}))
+        client.answer(1)
+        client.send(_search_call(2), _cancel(2))
+        # With one call slot, a quick call gets it only once the search has let it go: at once when
+        # the cancel reached it, after the whole search (many seconds, then answered) when it did not.
+        deadline = time.monotonic() + 60
+        rid = 100
+        while True:
+            rid += 1
+            client.send(_quick_call(rid))
+            result = client.answer(rid)["result"]
+            if "busy" not in json.dumps(result) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert result["isError"] is False, result
+        client.send(msg({"jsonrpc": "2.0", "id": 3, "method": "ping"}))
+        client.answer(3)
+        assert [f for f in client.seen if f.get("id") == 2] == []  # cancelled: no response, as MCP asks
+    finally:
+        code = client.close()
+    assert code == 0
+
+
+def test_second_request_with_a_running_id_is_refused(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
+    big = compile_c("mcp_big.c")
+    client = StdioClient(tmp_path, str(big))
+    try:
+        client.send(msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}))
+        client.answer(1)
+        client.send(_search_call(2))
+        client.send(msg({"jsonrpc": "2.0", "id": 2, "method": "ping"}))
+        ping = client.answer(2)
+        client.send(_quick_call(2))
+        call = client.answer(2)
+        for frame in (ping, call):
+            assert frame["error"]["code"] == -32600, frame
+            assert "already used" in frame["error"]["message"]
+        client.send(_cancel(2), msg({"jsonrpc": "2.0", "id": 3, "method": "ping"}))
+        assert client.answer(3)["result"] == {}
+        assert len([f for f in client.seen if f.get("id") == 2]) == 2  # the two refusals, nothing else
+    finally:
+        code = client.close()
+    assert code == 0

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from binlens.cli.main import command, make_workspace
-from binlens.cli.server_args import add_mcp_options, positive
+from binlens.cli.server_args import add_mcp_options, positive, seconds
 
 log = logging.getLogger("binlens.server")
 
@@ -63,6 +63,48 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--print-mcp-config", action="store_true", help="print the mcpServers entries (stdio and HTTP) on stdout"
+    )
+    _limit_args(p)
+
+
+def _limit_args(p: argparse.ArgumentParser) -> None:
+    """Connection bounds: cap, timeouts, legacy SSE queue."""
+    p.add_argument(
+        "--max-connections",
+        metavar="N",
+        type=positive,
+        default=256,
+        help="open connections at once (default 256); at the cap the oldest one still waiting for its "
+        "request head is closed, else the new one gets 503",
+    )
+    p.add_argument(
+        "--header-timeout",
+        metavar="S",
+        type=seconds,
+        default=10.0,
+        help="seconds a client has to send a complete request head (default 10)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        metavar="S",
+        type=seconds,
+        default=30.0,
+        help="seconds a request body may stall or a client may stop reading a response (default 30)",
+    )
+    p.add_argument(
+        "--keep-alive",
+        metavar="S",
+        type=seconds,
+        default=5.0,
+        help="seconds an idle kept-alive connection stays open between requests (default 5)",
+    )
+    p.add_argument(
+        "--sse-queue",
+        metavar="N",
+        type=positive,
+        default=64,
+        help="messages waiting for a legacy /sse client that does not read; beyond, its session is dropped "
+        "(default 64)",
     )
 
 
@@ -132,6 +174,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         allowed_origins=list(args.allow_origin),
         max_concurrent=args.max_concurrent,
         host_is_loopback=loopback,
+        sse_queue=args.sse_queue,
+        max_connections=args.max_connections,
+        header_timeout_s=args.header_timeout,
+        idle_timeout_s=args.idle_timeout,
+        keep_alive_s=args.keep_alive,
     )
     if not opts.loopback and not token:
         sys.stderr.write(
@@ -162,19 +209,41 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return _run_server(ws, opts, args, opened)
 
 
+def _connection_limits(opts: Any) -> tuple[Any, int]:
+    """The connection bounds, with the cap lowered to what the descriptor limit allows (and said so)."""
+    from binlens.server.connections import ConnectionLimits, fit_fd_limit, install_log_rate_limit
+
+    install_log_rate_limit()
+    cap, backlog = fit_fd_limit(opts.max_connections)
+    if cap < opts.max_connections:
+        sys.stderr.write(
+            f"binlens serve: warning: --max-connections {opts.max_connections} does not fit the open-file "
+            f"limit (ulimit -n); using {cap}\n"
+        )
+    limits = ConnectionLimits(
+        max_connections=cap, header_timeout_s=opts.header_timeout_s, idle_timeout_s=opts.idle_timeout_s
+    )
+    return limits, backlog
+
+
 def _run_server(ws: Any, opts: Any, args: argparse.Namespace, opened: list[Path]) -> int:
     import uvicorn
 
     from binlens.server.app import build_app
+    from binlens.server.connections import http_protocol
     from binlens.server.ws import WsHub
     from binlens.server.ws_protocol import BinlensWebSocketProtocol
 
     hub = WsHub(ws, opts)
     app = build_app(ws, opts, hub)
+    limits, backlog = _connection_limits(opts)
     config = uvicorn.Config(
         app,
         host=opts.host,
         port=opts.port,
+        http=http_protocol(limits),
+        backlog=backlog,
+        timeout_keep_alive=opts.keep_alive_s,  # type: ignore[arg-type]  # a float works: it feeds call_later
         ws=BinlensWebSocketProtocol,
         ws_max_size=opts.max_frame_bytes,
         lifespan="off",

@@ -33,6 +33,17 @@ def positive(value: str) -> int:
     return n
 
 
+def seconds(value: str) -> float:
+    """argparse type of a duration in seconds: a number above 0."""
+    try:
+        n = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not n > 0 or n == float("inf"):
+        raise argparse.ArgumentTypeError("must be a number of seconds above 0")
+    return n
+
+
 def separator(value: str) -> str:
     """argparse type of `--tool-separator` (also applied to the $BINLENS_TOOL_SEPARATOR default)."""
     if value not in (".", "_"):

@@ -22,11 +22,21 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER, find_duplicated_routing_header
-from mcp_types import HEADER_MISMATCH, INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR
+from mcp_types import HEADER_MISMATCH, INTERNAL_ERROR, INVALID_REQUEST
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from binlens.server.mcp_protocol import MODERN, McpCore, RpcError, Session, classify, error_response, modern_meta
+from binlens.server.mcp_protocol import (
+    MODERN,
+    McpCore,
+    RpcError,
+    Session,
+    classify,
+    error_response,
+    internal_error,
+    modern_meta,
+)
+from binlens.server.wire import FrameError, decode, dump_bytes
 
 log = logging.getLogger("binlens.mcp")
 
@@ -35,6 +45,7 @@ CORS_HEADERS = "Content-Type, Accept, Authorization, MCP-Protocol-Version, Mcp-M
 MAX_BODY = 4 << 20
 SSE_KEEPALIVE_S = 15.0
 MAX_SSE_SESSIONS = 64
+SSE_QUEUE = 64  # messages waiting for one legacy SSE stream; beyond, the session is dropped
 
 
 def _headers(scope: Scope) -> dict[str, str]:
@@ -86,7 +97,32 @@ async def _respond(
 
 
 def _dump(message: dict[str, Any]) -> bytes:
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+    return dump_bytes(message)
+
+
+class _Tracked:
+    """A `send` that remembers whether the response has started (to answer a failure properly)."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+
+    async def __call__(self, message: Any) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self._send(message)
+
+
+async def _guarded(handler: Any, scope: Scope, receive: Receive, send: Send) -> None:
+    """Run an HTTP handler; a failure inside it is logged and answered with a JSON-RPC -32603 (500)."""
+    tracked = _Tracked(send)
+    try:
+        await handler(scope, receive, tracked)
+    except Exception:  # noqa: BLE001 - nothing internal crosses the wire, and the server keeps serving
+        log.exception("internal error serving %s %s", scope.get("method"), scope.get("path"))
+        if not tracked.started:
+            body = _dump(error_response(internal_error(), None, None, identifiable=False))
+            await _respond(send, 500, body, "application/json", _cors(_headers(scope)))
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:
@@ -131,6 +167,10 @@ class McpEndpoint:
             log.info("cancelled /mcp request %r", rid)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve one HTTP request to /mcp; a failure inside is answered with -32603."""
+        await _guarded(self._serve, scope, receive, send)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = _headers(scope)
         cors = _cors(headers)
         method = scope["method"]
@@ -171,9 +211,9 @@ class McpEndpoint:
             await fail(413, RpcError(INVALID_REQUEST, f"request body over {MAX_BODY} bytes"))
             return
         try:
-            msg = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            await fail(400, RpcError(PARSE_ERROR, "Parse error"))
+            msg = decode(raw)
+        except FrameError as err:
+            await fail(400, RpcError(err.code, err.message), err.id, err.identifiable)
             return
         try:
             inbound = classify(msg, header_version)
@@ -332,24 +372,66 @@ async def _until_disconnect(task: asyncio.Future[Any], receive: Receive) -> Any:
         watcher.cancel()
 
 
-class SseSession:
-    """One legacy HTTP+SSE connection."""
+async def _end_dropped(send: Send, receive: Receive) -> None:
+    """End a dropped session's stream; when its client does not read, wait until the server's idle
+    timeout cuts the connection (which also frees what is buffered for it)."""
+    try:
+        await asyncio.wait_for(send({"type": "http.response.body", "body": b"", "more_body": False}), 1.0)
+        return
+    except (TimeoutError, OSError, RuntimeError):
+        pass
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
-    def __init__(self) -> None:
+
+class SseSession:
+    """One legacy HTTP+SSE connection: its messages wait in a bounded queue for the stream."""
+
+    def __init__(self, max_queue: int = SSE_QUEUE) -> None:
         self.id = uuid.uuid4().hex
         self.session = Session()
-        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(max(1, max_queue))
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.dropped = asyncio.Event()  # set when the client fell too far behind
 
 
 class LegacySse:
     """`GET /sse` and `POST /messages?sessionId=` (the 2024-11-05 HTTP+SSE transport)."""
 
-    def __init__(self, core: McpCore, keepalive_s: float = SSE_KEEPALIVE_S, max_sessions: int = MAX_SSE_SESSIONS):
+    def __init__(
+        self,
+        core: McpCore,
+        keepalive_s: float = SSE_KEEPALIVE_S,
+        max_sessions: int = MAX_SSE_SESSIONS,
+        max_queue: int = SSE_QUEUE,
+    ) -> None:
         self.core = core
         self.keepalive_s = keepalive_s
         self.max_sessions = max_sessions
+        self.max_queue = max_queue
         self.sessions: dict[str, SseSession] = {}
+
+    def _deliver(self, sess: SseSession, message: dict[str, Any]) -> None:
+        """Queue a message for the stream; a full queue (the client is not reading) drops the session."""
+        if sess.dropped.is_set():
+            return
+        try:
+            sess.queue.put_nowait(message)
+        except asyncio.QueueFull:
+            self._drop(sess)
+
+    def _drop(self, sess: SseSession) -> None:
+        """Forget a session whose client does not read: its calls are cancelled, its queue freed."""
+        log.warning(
+            "SSE session %s dropped: %d messages are waiting and its client is not reading", sess.id, self.max_queue
+        )
+        sess.dropped.set()
+        self.sessions.pop(sess.id, None)
+        sess.session.cancel_all()
+        for task in list(sess.tasks):
+            task.cancel()
+        while not sess.queue.empty():
+            sess.queue.get_nowait()
 
     async def sse(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The event stream: `endpoint` first, then `message` events and keep-alive comments."""
@@ -362,7 +444,7 @@ class LegacySse:
             body = _dump({"error": f"{self.max_sessions} SSE sessions are open; retry later"})
             await _respond(send, 503, body, "application/json", [*cors, (b"retry-after", b"5")])
             return
-        sess = SseSession()
+        sess = SseSession(self.max_queue)
         self.sessions[sess.id] = sess
         root = scope.get("root_path", "")
         await _start_event_stream(send, cors)
@@ -381,20 +463,27 @@ class LegacySse:
                 chunk = b"event: message\ndata: " + _dump(message) + b"\n\n"
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
-        pumper = asyncio.ensure_future(pump())
+        async def until_gone() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        watchers = [asyncio.ensure_future(c) for c in (pump(), until_gone(), sess.dropped.wait())]
         try:
-            while True:
-                msg = await receive()
-                if msg["type"] == "http.disconnect":
-                    break
+            await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            pumper.cancel()
+            for watcher in watchers:
+                watcher.cancel()
             self.sessions.pop(sess.id, None)
             sess.session.cancel_all()
             log.info("SSE session %s closed", sess.id)
+        if sess.dropped.is_set():
+            await _end_dropped(send, receive)
 
     async def messages(self, scope: Scope, receive: Receive, send: Send) -> None:
         """`POST /messages?sessionId=...`: 202, the answer goes to that session's stream."""
+        await _guarded(self._messages, scope, receive, send)
+
+    async def _messages(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = _headers(scope)
         cors = _cors(headers)
         if scope["method"] != "POST":
@@ -425,9 +514,10 @@ class LegacySse:
             )
             return
         try:
-            msg = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            body = _dump(error_response(RpcError(PARSE_ERROR, "Parse error"), None, version, identifiable=False))
+            msg = decode(raw)
+        except FrameError as err:
+            rpc = RpcError(err.code, err.message)
+            body = _dump(error_response(rpc, err.id, version, identifiable=err.identifiable))
             await _respond(send, 400, body, "application/json", cors)
             return
         try:
@@ -442,25 +532,32 @@ class LegacySse:
         await _respond(send, 202, b"Accepted", "text/plain", cors)
         if inbound.kind == "notification":
             self.core.handle_notification(inbound, sess.session)
+        elif inbound.kind == "request" and sess.session.running(inbound.id):
+            err = RpcError(INVALID_REQUEST, f"id {inbound.id!r} is already used by a running request")
+            self._deliver(sess, error_response(err, inbound.id, sess.session.negotiated))
         elif inbound.kind == "request":
             task = asyncio.ensure_future(self._request(sess, inbound))
+            sess.session.begin(inbound.id, task)
             sess.tasks.add(task)
             task.add_done_callback(sess.tasks.discard)
 
     async def _request(self, sess: SseSession, inbound: Any) -> None:
         async def notify(message: dict[str, Any]) -> None:
-            await sess.queue.put(message)
+            self._deliver(sess, message)
 
         try:
             version = self.core.request_version(inbound, sess.session, None)
         except RpcError as err:
-            await sess.queue.put(error_response(err, inbound.id, sess.session.negotiated))
+            self._deliver(sess, error_response(err, inbound.id, sess.session.negotiated))
             return
         try:
             response = await self.core.handle_request(inbound, version, session=sess.session, notify=notify)
         except asyncio.CancelledError:
             return
-        await sess.queue.put(response)
+        except Exception:  # noqa: BLE001 - the request is answered and the session keeps serving
+            log.exception("internal error serving %s", inbound.method)
+            response = error_response(internal_error(), inbound.id, version)
+        self._deliver(sess, response)
 
 
 class _Asgi:
@@ -485,6 +582,7 @@ def mcp_routes(ws: Any, opts: Any) -> list[Route]:
         core,
         keepalive_s=getattr(opts, "sse_keepalive_s", SSE_KEEPALIVE_S),
         max_sessions=getattr(opts, "max_sse_sessions", MAX_SSE_SESSIONS),
+        max_queue=getattr(opts, "sse_queue", SSE_QUEUE),
     )
     methods = ["GET", "POST", "OPTIONS", "DELETE", "PUT", "PATCH", "HEAD"]
     return [

@@ -119,6 +119,11 @@ def unsupported_version(requested: Any) -> RpcError:
     )
 
 
+def internal_error() -> RpcError:
+    """-32603 for a failure inside the server (logged with its trace; nothing internal crosses the wire)."""
+    return RpcError(INTERNAL_ERROR, "Internal error: see the server log")
+
+
 def error_response(err: RpcError, msg_id: Any, version: str | None, *, identifiable: bool = True) -> dict[str, Any]:
     """A JSON-RPC error response. Without an identifiable id: `id: null` for 2025-06-18, omitted after."""
     out: dict[str, Any] = {"jsonrpc": "2.0"}
@@ -179,7 +184,23 @@ class Session:
     """Per-connection state of stdio and legacy SSE (none on /mcp): the negotiated era, live calls."""
 
     negotiated: str | None = None
-    inflight: dict[Any, tuple[CallContext, asyncio.Task[Any] | None]] = field(default_factory=dict)
+    # request id -> (the call's context once its tool runs, the task serving it)
+    inflight: dict[Any, tuple[CallContext | None, asyncio.Task[Any] | None]] = field(default_factory=dict)
+
+    def running(self, request_id: Any) -> bool:
+        """True while a request with this id is being served (a second one must be refused)."""
+        return request_id in self.inflight
+
+    def begin(self, request_id: Any, task: asyncio.Task[Any]) -> None:
+        """Track a request from the moment its task exists, so a cancel written right behind it finds it."""
+        self.inflight[request_id] = (None, task)
+
+        def forget(done: asyncio.Task[Any]) -> None:
+            entry = self.inflight.get(request_id)
+            if entry is not None and entry[1] is done:
+                del self.inflight[request_id]
+
+        task.add_done_callback(forget)
 
     def cancel(self, request_id: Any) -> bool:
         """Cancel one in-flight request (a `notifications/cancelled`)."""
@@ -187,7 +208,8 @@ class Session:
         if entry is None:
             return False
         ctx, task = entry
-        ctx.cancel()
+        if ctx is not None:
+            ctx.cancel()
         if task is not None:
             task.cancel()
         return True
@@ -457,6 +479,7 @@ __all__ = [
     "Session",
     "classify",
     "error_response",
+    "internal_error",
     "modern_meta",
     "negotiate",
 ]

@@ -8,16 +8,16 @@ whatever is still running and ends the loop.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import threading
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from mcp_types import INVALID_REQUEST, PARSE_ERROR
+from mcp_types import INVALID_REQUEST
 
-from binlens.server.mcp_protocol import McpCore, RpcError, Session, classify, error_response
+from binlens.server.mcp_protocol import McpCore, RpcError, Session, classify, error_response, internal_error
+from binlens.server.wire import FrameError, decode, dump_bytes
 
 log = logging.getLogger("binlens.mcp")
 
@@ -27,8 +27,12 @@ _EOF = object()
 _OVERSIZE = object()
 
 
-def _reader(fd: int, limit: int, put: Callable[[Any], None]) -> None:
-    """Read `fd` until EOF, handing complete lines (bytes) or _OVERSIZE markers to `put`."""
+def _reader(fd: int, limit: int, put: Callable[[list[Any]], None]) -> None:
+    """Read `fd` until EOF, handing the complete lines (bytes) and _OVERSIZE markers of each read to `put`.
+
+    One `put` per read: the loop then serves a request and a cancel written right behind it in one
+    pass, before the request's task starts.
+    """
     buf = bytearray()
     dropping = False
     while True:
@@ -38,30 +42,39 @@ def _reader(fd: int, limit: int, put: Callable[[Any], None]) -> None:
             chunk = b""
         if not chunk:
             if buf and not dropping:
-                put(bytes(buf))
-            put(_EOF)
-            return
-        start = 0
-        while True:
-            nl = chunk.find(b"\n", start)
-            if nl < 0:
-                if not dropping:
-                    buf += chunk[start:]
-                    if len(buf) > limit:
-                        buf.clear()
-                        dropping = True
-                        put(_OVERSIZE)
-                break
-            if dropping:
-                dropping = False
+                put([bytes(buf), _EOF])
             else:
-                buf += chunk[start:nl]
+                put([_EOF])
+            return
+        items: list[Any] = []
+        dropping = _cut(chunk, buf, dropping, limit, items.append)
+        if items:
+            put(items)
+
+
+def _cut(chunk: bytes, buf: bytearray, dropping: bool, limit: int, put: Callable[[Any], None]) -> bool:
+    """Append `chunk` to `buf`, handing out each complete line; returns whether an oversize line is being dropped."""
+    start = 0
+    while True:
+        nl = chunk.find(b"\n", start)
+        if nl < 0:
+            if not dropping:
+                buf += chunk[start:]
                 if len(buf) > limit:
+                    buf.clear()
+                    dropping = True
                     put(_OVERSIZE)
-                elif buf.strip():
-                    put(bytes(buf))
-                buf.clear()
-            start = nl + 1
+            return dropping
+        if dropping:
+            dropping = False
+        else:
+            buf += chunk[start:nl]
+            if len(buf) > limit:
+                put(_OVERSIZE)
+            elif buf.strip():
+                put(bytes(buf))
+            buf.clear()
+        start = nl + 1
 
 
 class StdioServer:
@@ -75,8 +88,12 @@ class StdioServer:
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def _write(self, message: dict[str, Any]) -> None:
-        data = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
         assert self.out is not None
+        try:
+            data = dump_bytes(message) + b"\n"
+        except Exception:  # noqa: BLE001 - one message the encoder refuses must not end the server
+            log.exception("could not encode a message; dropped")
+            return
         try:
             self.out.write(data)
             self.out.flush()
@@ -96,30 +113,40 @@ class StdioServer:
         queue: asyncio.Queue[Any] = asyncio.Queue()
         thread = threading.Thread(
             target=_reader,
-            args=(fd, self.limit, lambda item: loop.call_soon_threadsafe(queue.put_nowait, item)),
+            args=(fd, self.limit, lambda items: loop.call_soon_threadsafe(queue.put_nowait, items)),
             name="binlens-stdin",
             daemon=True,
         )
         thread.start()
-        while True:
-            item = await queue.get()
-            if item is _EOF:
-                break
-            if item is _OVERSIZE:
-                err = RpcError(INVALID_REQUEST, f"frame over the {self.limit}-byte limit; dropped up to the newline")
-                self._write(error_response(err, None, self.session.negotiated, identifiable=False))
-                continue
-            await self._frame(item)
+        while await self._items(await queue.get()):
+            pass
         self.session.cancel_all()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    async def _items(self, items: list[Any]) -> bool:
+        """Serve the frames of one read in order; False at EOF."""
+        for item in items:
+            if item is _EOF:
+                return False
+            if item is _OVERSIZE:
+                err = RpcError(INVALID_REQUEST, f"frame over the {self.limit}-byte limit; dropped up to the newline")
+                self._write(error_response(err, None, self.session.negotiated, identifiable=False))
+                continue
+            try:
+                await self._frame(item)
+            except Exception:  # noqa: BLE001 - every frame gets an answer and the server keeps serving
+                log.exception("internal error serving a frame")
+                self._write(error_response(internal_error(), None, self.session.negotiated, identifiable=False))
+        return True
+
     async def _frame(self, data: bytes) -> None:
         version = self.session.negotiated
         try:
-            msg = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            self._write(error_response(RpcError(PARSE_ERROR, "Parse error"), None, version, identifiable=False))
+            msg = decode(data)
+        except FrameError as err:
+            rpc = RpcError(err.code, err.message)
+            self._write(error_response(rpc, err.id, version, identifiable=err.identifiable))
             return
         try:
             inbound = classify(msg, version)
@@ -135,10 +162,15 @@ class StdioServer:
                 return
             self.core.handle_notification(inbound, self.session)
             return
+        if self.session.running(inbound.id):
+            err = RpcError(INVALID_REQUEST, f"id {inbound.id!r} is already used by a running request")
+            self._write(error_response(err, inbound.id, version))
+            return
         if inbound.method not in _CONCURRENT:
             await self._request(inbound)  # cheap and in order: initialize settles the era before the next frame
             return
         task = asyncio.ensure_future(self._request(inbound))
+        self.session.begin(inbound.id, task)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -152,6 +184,9 @@ class StdioServer:
             response = await self.core.handle_request(inbound, version, session=self.session, notify=self._notify)
         except asyncio.CancelledError:
             return  # cancelled by the client (or EOF): no response, as MCP asks
+        except Exception:  # noqa: BLE001 - the request is answered and the server keeps serving
+            log.exception("internal error serving %s", inbound.method)
+            response = error_response(internal_error(), inbound.id, version)
         self._write(response)
 
 

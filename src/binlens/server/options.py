@@ -22,6 +22,12 @@ class ServerOptions:
     max_concurrent: int | None = None
     sse_keepalive_s: float = field(default_factory=lambda: float(os.environ.get("BINLENS_SSE_KEEPALIVE_S", "15")))
     max_sse_sessions: int = 64  # legacy /sse sessions at once; a client that goes away frees its slot
+    sse_queue: int = 64  # messages waiting for one legacy /sse client; beyond, its session is dropped
+    # connections (binlens.server.connections): cap, header and idle timeouts
+    max_connections: int = 256
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 30.0
+    keep_alive_s: float = 5.0
     # MCP tool names are {prefix}{sep}{domain}: "." per SPEC §3; "_" for clients (Claude Desktop,
     # claude.ai) that accept only ^[a-zA-Z0-9_-]{1,64}$
     tool_separator: str = field(default_factory=lambda: os.environ.get("BINLENS_TOOL_SEPARATOR", "."))

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import json
 import logging
 import uuid
 from typing import Any
@@ -42,11 +41,12 @@ from binlens.errors import BinlensError
 from binlens.server.auth import refuse
 from binlens.server.options import ServerOptions
 from binlens.server.slots import shared_slots
+from binlens.server.wire import FrameError, decode, dumps
 
 log = logging.getLogger("binlens.ws")
 
-PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
+INTERNAL_ERROR = -32603
 METHOD_NOT_FOUND = -32601
 METHOD_FAILED = -32000
 CANCEL_METHOD = "$/cancelRequest"
@@ -59,11 +59,7 @@ CLOSE_UNSUPPORTED = 1003
 
 
 def _dump(message: dict[str, Any]) -> str:
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False)
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+    return dumps(message)
 
 
 def rpc_error(msg_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
@@ -276,14 +272,18 @@ class WsSession:
                 continue  # wait for the disconnect that follows our close
             if self.closing:
                 continue
-            await self.handle_text(text)
+            try:
+                await self.handle_text(text)
+            except Exception:  # noqa: BLE001 - every frame gets an answer and the socket stays open
+                log.exception("internal error serving a frame of %s", self.id)
+                await self.send(rpc_error(None, INTERNAL_ERROR, "Internal error: see the server log"))
 
     async def handle_text(self, text: str) -> None:
         """Parse and validate one frame, then answer it or start its call."""
         try:
-            msg = json.loads(text, parse_constant=_reject_constant)
-        except (ValueError, RecursionError) as err:
-            await self.send(rpc_error(None, PARSE_ERROR, f"Parse error: {err}"))
+            msg = decode(text, reject_constants=True)
+        except FrameError as err:
+            await self.send(rpc_error(err.id if err.identifiable else None, err.code, err.message))
             return
         if isinstance(msg, list):
             await self.send(rpc_error(None, INVALID_REQUEST, "Invalid Request: batches are not supported"))
