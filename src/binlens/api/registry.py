@@ -93,13 +93,25 @@ class MethodSpec:
     @cached_property
     def _adapter(self) -> TypeAdapter[Any]:
         """The result type's serializer, built on first use (building 65 of them cost ~20 ms at import)."""
-        return TypeAdapter(self.result_type)
+        with _SCHEMA_LOCK:
+            return TypeAdapter(self.result_type)
 
     def input_schema(self) -> dict[str, Any]:
-        return inline_schema(self.params_model.model_json_schema())
+        """The params model's JSON Schema, `$ref`s inlined."""
+        with _SCHEMA_LOCK:
+            return inline_schema(self.params_model.model_json_schema())
 
     def output_schema(self) -> dict[str, Any]:
-        return inline_schema(self._adapter.json_schema(mode="serialization"))
+        """The result type's JSON Schema (serialization mode), `$ref`s inlined."""
+        adapter = self._adapter
+        with _SCHEMA_LOCK:
+            return inline_schema(adapter.json_schema(mode="serialization"))
+
+
+# pydantic builds schemas and serializers through caches shared by every model (generic models are
+# parametrised once), which are not safe across threads: two concurrent first `interface.get` calls
+# failed inside pydantic ("this is a bug!"). Building them one at a time costs nothing after the first.
+_SCHEMA_LOCK = threading.RLock()
 
 
 # The domain modules of `binlens.api` (every module but these registers methods when imported).
