@@ -38,6 +38,9 @@ class CallContext:
     ) -> None:
         self.client = client
         self._progress = progress
+        # the byte budget of the running call's result (set by `invoke`): a method that gathers
+        # the results of others (batch.execute) checks it before it commits anything
+        self.response_budget: int | None = None
         self._cancelled = threading.Event()
         self._last_progress = 0.0
 
@@ -284,6 +287,8 @@ def invoke(
     except ValidationError as err:
         raise validation_error(err) from None
     ctx = ctx or CallContext()
+    budget = max_response_bytes if max_response_bytes is not None else ws.limits.max_response_bytes
+    outer_budget, ctx.response_budget = ctx.response_budget, budget
     try:
         if spec.long_running:
             with ws.work_slot():
@@ -297,17 +302,29 @@ def invoke(
     except Exception:  # noqa: BLE001 - nothing internal crosses the wire
         log.exception("internal error in %s", name)
         raise BinlensError("internal", f"internal error in {name}; see the server log") from None
+    finally:
+        ctx.response_budget = outer_budget
     data = spec._adapter.dump_python(result, mode="json")
-    budget = max_response_bytes if max_response_bytes is not None else ws.limits.max_response_bytes
-    size = len(json.dumps(data, separators=(",", ":")))
+    size = response_size(data)
     if size > budget:
-        raise BinlensError(
-            "response_too_large",
-            f"the result is {size} bytes, over the {budget}-byte response budget; ask for less "
-            "(a smaller page.limit or range)",
-            details={"limit": budget, "size": size},
-        )
+        raise response_too_large(size, budget)
     return data
+
+
+def response_size(data: Any) -> int:
+    """The bytes of `data` (JSON-ready) as compact JSON: what the response budget counts."""
+    return len(json.dumps(data, separators=(",", ":")))
+
+
+def response_too_large(size: int, budget: int, *, at_least: bool = False) -> BinlensError:
+    """The `response_too_large` error of a `size`-byte result (`at_least`: counted so far) over `budget`."""
+    amount = f"at least {size}" if at_least else str(size)
+    return BinlensError(
+        "response_too_large",
+        f"the result is {amount} bytes, over the {budget}-byte response budget; ask for less "
+        "(a smaller page.limit or range)",
+        details={"limit": budget, "size": size},
+    )
 
 
 def program_identity(ws: Any, name: str, params: Any, result: Any = None) -> dict[str, Any] | None:
