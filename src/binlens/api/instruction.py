@@ -103,7 +103,7 @@ def instruction_list(ws: Any, p: InstructionListParams, ctx: CallContext) -> Lis
     prog, view = need_view(ws, p, ctx)
     start, end = scan_bounds(prog, p.scan)
     qkey = query_key(p)
-    pos = decode_cursor(p.page.cursor, prog.image.identity.sha256, qkey)
+    pos = decode_cursor(p.page.cursor, prog, qkey)
     cur = max(start, int(pos, 16)) if isinstance(pos, str) else start
     deadline = time.monotonic() + p.scan.timeout_ms / 1000
     dec = decoder(prog)
@@ -137,7 +137,7 @@ def instruction_list(ws: Any, p: InstructionListParams, ctx: CallContext) -> Lis
         if nxt is not None:
             break
         ctx.check_cancelled()
-    cursor = encode_cursor(prog.image.identity.sha256, qkey, hex(nxt)) if nxt is not None else None
+    cursor = encode_cursor(prog, qkey, hex(nxt)) if nxt is not None else None
     report = ScanReport(complete=nxt is None, stop_reason=stop, scanned_to=hex(nxt) if nxt is not None else None)
     return Listing[InstructionItem](items=out, next_cursor=cursor, scan=report)
 
