@@ -16,6 +16,9 @@ from binlens.errors import BinlensError
 from binlens.loader import Image, load_image
 from binlens.loader.image import Symbol
 from binlens.store import ProgramDatabase, database_path, default_home
+from binlens.store.secret import home_key
+
+CURSOR_KEY_FILE = "cursor.key"  # under the home: the key that signs page cursors, shared by its processes
 
 _ADDR_RE = re.compile(r"^\s*(0[xX][0-9a-fA-F]+)\s*$")
 _OFFSET_RE = re.compile(r"^(.+?)\s*([+-])\s*(0[xX][0-9a-fA-F]+|\d+)$")
@@ -102,11 +105,12 @@ class NameMap(dict[int, str]):
 class Program:
     """One open program: its Image, database, and name index."""
 
-    def __init__(self, handle: str, path: Path, image: Image, db: ProgramDatabase) -> None:
+    def __init__(self, handle: str, path: Path, image: Image, db: ProgramDatabase, cursor_key: bytes) -> None:
         self.handle = handle
         self.path = path
         self.image = image
         self.db = db
+        self.cursor_key = cursor_key  # signs this program's page cursors (see binlens.api.cursor)
         self.lock = threading.RLock()
         self.extensions: dict[str, Any] = {}  # per-program state owned by other layers (analysis, ...)
         self.name_resolvers: list[Callable[[str], int | None]] = []
@@ -271,7 +275,7 @@ class Workspace:
                     "INSERT OR IGNORE INTO image(sha256, file_name, size, format, arch, slice) VALUES(?,?,?,?,?,?)",
                     (ident.sha256, ident.file_name, ident.size, ident.format, ident.arch, ident.slice),
                 )
-            prog = Program(handle, real, image, db)
+            prog = Program(handle, real, image, db, home_key(self.config.home, CURSOR_KEY_FILE))
             self.programs[handle] = prog
             for hook in OPEN_HOOKS:
                 hook(self, prog)
