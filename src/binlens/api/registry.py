@@ -297,17 +297,59 @@ def invoke(
     except Exception:  # noqa: BLE001 - nothing internal crosses the wire
         log.exception("internal error in %s", name)
         raise BinlensError("internal", f"internal error in {name}; see the server log") from None
-    data = spec._adapter.dump_python(result, mode="json")
     budget = max_response_bytes if max_response_bytes is not None else ws.limits.max_response_bytes
+    # Counted on the built objects before any copy is serialised: a page of 1,000 items that share
+    # one 1 MiB string is a few MB of references but GBs of JSON, and is refused after a few items.
+    at_least = json_size_at_least(result, budget)
+    if at_least > budget:
+        raise BinlensError(
+            "response_too_large",
+            f"the result is over {at_least} bytes, past the {budget}-byte response budget; ask for less "
+            "(a smaller page.limit or range)",
+            details={"limit": budget, "size_at_least": at_least},
+        )
+    data = spec._adapter.dump_python(result, mode="json")
     size = len(json.dumps(data, separators=(",", ":")))
     if size > budget:
         raise BinlensError(
             "response_too_large",
             f"the result is {size} bytes, over the {budget}-byte response budget; ask for less "
             "(a smaller page.limit or range)",
-            details={"limit": budget, "size": size},
+            details={"limit": budget, "size": size, "size_at_least": size},
         )
     return data
+
+
+def json_size_at_least(value: Any, budget: int) -> int:
+    """A lower bound of `value`'s compact JSON size, counted until it passes `budget`.
+
+    Strings count their characters and quotes, other leaves but None one byte, model keys and
+    punctuation nothing, so a result under the bound never fails here; the walk stops as soon as the count
+    is over `budget`, without serialising anything.
+    """
+    total = 0
+    stack: list[Any] = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            total += len(v) + 2
+        elif isinstance(v, (bytes, bytearray)):
+            total += len(v)
+        elif isinstance(v, BaseModel):
+            stack.extend(getattr(v, name, None) for name in type(v).model_fields)
+            continue
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+            continue
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+            continue
+        elif v is not None:  # (None may be left out of the document)
+            total += 1
+        if total > budget:
+            break
+    return total
 
 
 def program_identity(ws: Any, name: str, params: Any, result: Any = None) -> dict[str, Any] | None:
