@@ -302,7 +302,7 @@ class Workspace:
             existing = self.programs.get(handle)
             if existing is not None:
                 return existing
-            db = ProgramDatabase(database_path(self.config.home, ident.sha256, ident.slice))
+            db = ProgramDatabase(database_path(self.config.home, ident.sha256, ident.slice), ident.size)
             with db.transaction() as conn:
                 conn.execute(
                     "INSERT OR IGNORE INTO image(sha256, file_name, size, format, arch, slice) VALUES(?,?,?,?,?,?)",
