@@ -91,6 +91,28 @@ def test_huge_page_is_refused_before_it_is_built(tmp_path: Path) -> None:
     assert peak < PEAK_LIMIT_KB, f"server peak RSS {peak // 1024} MB"
 
 
+def test_listing_stops_building_at_the_budget(tmp_path: Path) -> None:
+    """listing.get renders new text per line (names included): it stops once the budget is passed."""
+    from crafted_elf import BASE
+
+    crafted = shared_name_elf(tmp_path / "many-names", symbols=10_000, name_bytes=4000)
+    server = StdioServer(tmp_path / "home", str(crafted))
+    try:
+        server.request("initialize", INIT)
+        assert server.tool("binlens.function", "list", {"page": {"limit": 1}})["isError"] is False
+        before = _peak_rss_kb(server.proc.pid)
+        text_start = BASE + 64 + 56  # crafted_elf: the functions follow the ELF and program headers
+        span = {"start": hex(text_start), "end": hex(text_start + 2 * 10_000)}
+        listing = server.tool("binlens.listing", "get", {"range": span, "max_instructions": 20_000})
+        assert listing["isError"] is True
+        assert listing["structuredContent"]["error"]["code"] == "response_too_large"
+        grown = _peak_rss_kb(server.proc.pid) - before
+    finally:
+        server.close()
+    # Building all 10,000 lines (40 MB of labels, twice: lines and text) grew the server ~155 MB.
+    assert grown < 60 * 1024, f"listing.get grew the server's peak by {grown // 1024} MB"
+
+
 def test_size_lower_bound_never_refuses_what_fits(home: Path, compile_c) -> None:  # noqa: ANN001
     from binlens.api.registry import REGISTRY, CallContext, _run, invoke, json_size_at_least
     from binlens.workspace import Config, Workspace

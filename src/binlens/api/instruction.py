@@ -225,6 +225,7 @@ def listing_get(ws: Any, p: ListingParams, ctx: CallContext) -> ListingResult:
     strings = _strings(prog, view)
     lines: list[ListingLine] = []
     count = 0
+    charged = 0
     truncated = False
     dec = decoder(prog)
     thumb_spans(dec, view, _merged(spans))
@@ -254,6 +255,9 @@ def listing_get(ws: Any, p: ListingParams, ctx: CallContext) -> ListingResult:
                 ListingLine(address=hex(va), kind="instruction", text=text, bytes=ins.bytes.hex(), comment=comment)
             )
             count += 1
+            # Each line is in `lines` and again in `text`: stop once that passes the budget.
+            ctx.charge(2 * sum(len(ln.text) + len(ln.comment or "") for ln in lines[charged:]))
+            charged = len(lines)
         if truncated:
             break
     start = spans[0][0] if spans else 0

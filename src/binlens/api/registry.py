@@ -10,6 +10,7 @@ import threading
 import time
 import typing
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -40,6 +41,27 @@ class CallContext:
         self._progress = progress
         self._cancelled = threading.Event()
         self._last_progress = 0.0
+        self.response_budget: int | None = None  # the running call's, set by `invoke`
+        self._charged = 0
+
+    @contextmanager
+    def budget(self, limit: int) -> typing.Iterator[None]:
+        """Count `charge`s against `limit` for one call (a nested call counts its own result)."""
+        outer = self.response_budget, self._charged
+        self.response_budget, self._charged = limit, 0
+        try:
+            yield
+        finally:
+            self.response_budget, self._charged = outer
+
+    def charge(self, nbytes: int) -> None:
+        """Count `nbytes` (a lower bound) of the result being built; fail with `response_too_large`
+        as soon as the call's budget is passed, before the rest is built."""
+        if self.response_budget is None:
+            return
+        self._charged += nbytes
+        if self._charged > self.response_budget:
+            raise too_large(self.response_budget, self._charged)
 
     def cancel(self) -> None:
         """Ask the running method to stop at its next check."""
@@ -284,12 +306,14 @@ def invoke(
     except ValidationError as err:
         raise validation_error(err) from None
     ctx = ctx or CallContext()
+    budget = max_response_bytes if max_response_bytes is not None else ws.limits.max_response_bytes
     try:
-        if spec.long_running:
-            with ws.work_slot():
+        with ctx.budget(budget):
+            if spec.long_running:
+                with ws.work_slot():
+                    result = _run(spec, ws, parsed, ctx)
+            else:
                 result = _run(spec, ws, parsed, ctx)
-        else:
-            result = _run(spec, ws, parsed, ctx)
     except BinlensError:
         raise
     except ValidationError as err:  # a nested model built from client data
@@ -297,17 +321,11 @@ def invoke(
     except Exception:  # noqa: BLE001 - nothing internal crosses the wire
         log.exception("internal error in %s", name)
         raise BinlensError("internal", f"internal error in {name}; see the server log") from None
-    budget = max_response_bytes if max_response_bytes is not None else ws.limits.max_response_bytes
     # Counted on the built objects before any copy is serialised: a page of 1,000 items that share
     # one 1 MiB string is a few MB of references but GBs of JSON, and is refused after a few items.
     at_least = json_size_at_least(result, budget)
     if at_least > budget:
-        raise BinlensError(
-            "response_too_large",
-            f"the result is over {at_least} bytes, past the {budget}-byte response budget; ask for less "
-            "(a smaller page.limit or range)",
-            details={"limit": budget, "size_at_least": at_least},
-        )
+        raise too_large(budget, at_least)
     data = spec._adapter.dump_python(result, mode="json")
     size = len(json.dumps(data, separators=(",", ":")))
     if size > budget:
@@ -318,6 +336,16 @@ def invoke(
             details={"limit": budget, "size": size, "size_at_least": size},
         )
     return data
+
+
+def too_large(budget: int, at_least: int) -> BinlensError:
+    """`response_too_large` for a result known to pass `at_least` bytes."""
+    return BinlensError(
+        "response_too_large",
+        f"the result is over {at_least} bytes, past the {budget}-byte response budget; ask for less "
+        "(a smaller page.limit or range)",
+        details={"limit": budget, "size_at_least": at_least},
+    )
 
 
 def json_size_at_least(value: Any, budget: int) -> int:
