@@ -39,7 +39,11 @@ class Config:
     """How this workspace was started."""
 
     home: Path = field(default_factory=default_home)
-    roots: list[Path] = field(default_factory=list)  # empty: any path the user named on the command line
+    roots: list[Path] = field(default_factory=list)  # empty: see `files`
+    # With no roots: None lets program.open read any path (the one-shot CLI, library use); a list
+    # (a server started on FILEs) lets it open exactly those files and confines exports to
+    # `export_dir` beside the program's database.
+    files: list[Path] | None = None
     read_only: bool = False
     limits: Limits = field(default_factory=Limits)
     server_name: str = "binlens"
@@ -246,15 +250,48 @@ class Workspace:
             return prog
 
     def check_root(self, path: Path, target: str = "/params/path") -> Path:
-        """Refuse a path outside the configured roots (symlinks resolved first)."""
+        """Refuse a path outside the configured roots or started files (symlinks resolved first)."""
         real = path.expanduser().resolve()
         roots = self.config.roots
-        if roots and not any(real == r or r in real.parents for r in (x.resolve() for x in roots)):
+        if roots:
+            if not any(real == r or r in real.parents for r in (x.resolve() for x in roots)):
+                raise BinlensError(
+                    "invalid_argument",
+                    f"{path} is outside the allowed roots",
+                    target=target,
+                    details={"roots": [str(r) for r in roots]},
+                )
+        elif self.config.files is not None and real not in {f.expanduser().resolve() for f in self.config.files}:
             raise BinlensError(
                 "invalid_argument",
-                f"{path} is outside the allowed roots",
+                f"{path} is not one of the files this server was started on (start it with --root DIR "
+                "to let clients open other files)",
                 target=target,
-                details={"roots": [str(r) for r in roots]},
+                details={"files": [str(f) for f in self.config.files]},
+            )
+        return real
+
+    def export_dir(self, prog: Program) -> Path:
+        """Where a server started on files (no roots) writes exports: a folder beside the database."""
+        return prog.db.path.parent / "exports"
+
+    def check_export(self, path: Path, prog: Program, target: str = "/params/path") -> Path:
+        """The real path an export of `prog` may write: under the roots, or in `export_dir` when
+        the server is confined to its started files (a relative path is taken from there)."""
+        if self.config.roots or self.config.files is None:
+            return self.check_root(path, target)
+        folder = self.export_dir(prog)
+        folder.mkdir(parents=True, exist_ok=True)
+        base = folder.resolve()
+        p = path.expanduser()
+        real = (p if p.is_absolute() else base / p).resolve()
+        if base not in real.parents:
+            raise BinlensError(
+                "invalid_argument",
+                f"{path} is outside {base}: a server started on files without --root writes exports "
+                "only there (give a file name)",
+                target=target,
+                details={"export_dir": str(base)},
             )
         return real
 
@@ -269,7 +306,7 @@ class Workspace:
             existing = self.programs.get(handle)
             if existing is not None:
                 return existing
-            db = ProgramDatabase(database_path(self.config.home, ident.sha256, ident.slice))
+            db = ProgramDatabase(database_path(self.config.home, ident.sha256, ident.slice), ident.size)
             with db.transaction() as conn:
                 conn.execute(
                     "INSERT OR IGNORE INTO image(sha256, file_name, size, format, arch, slice) VALUES(?,?,?,?,?,?)",

@@ -300,6 +300,7 @@ def listing_get(ws: Any, p: ListingParams, ctx: CallContext) -> ListingResult:
     strings = _strings(prog, view)
     lines: list[ListingLine] = []
     count = 0
+    charged = 0
     truncated = False
     dec = decoder(prog)
     thumb_spans(dec, view, _merged(spans))
@@ -328,6 +329,9 @@ def listing_get(ws: Any, p: ListingParams, ctx: CallContext) -> ListingResult:
             kind: Literal["instruction", "data"] = "data" if ins.flow == "data" else "instruction"
             lines.append(ListingLine(address=hex(va), kind=kind, text=text, bytes=ins.bytes.hex(), comment=comment))
             count += 1
+            # Each line is in `lines` and again in `text`: stop once that passes the budget.
+            ctx.charge(2 * sum(len(ln.text) + len(ln.comment or "") for ln in lines[charged:]))
+            charged = len(lines)
         if truncated:
             break
     start = spans[0][0] if spans else 0

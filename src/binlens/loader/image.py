@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import operator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 EF_ARM_BE8 = 0x00800000  # ELF e_flags: a big-endian ARM image whose instructions are little-endian
 
@@ -249,6 +249,46 @@ def build_regions(segments: list[Segment], sections: list[Section]) -> list[Regi
             r = Region(r.va + cut, r.vsize - cut, r.offset + cut, max(0, r.fsize - cut))
         out.append(r)
     return out
+
+
+# --- bounded names ------------------------------------------------------------------------
+# A name (symbol, import, export, section, segment, library, relocation target) is cut to
+# NAME_CAP characters plus a marker: every symbol of a file may point at one shared string, so
+# without a cap a 1 MB file names 1,500 symbols with 1 MiB each, and every layer that stores or
+# returns a name per symbol (database, pages, listings) multiplies it.
+NAME_CAP = 4096
+
+
+def capped_name(name: str) -> str:
+    """`name`, or its first NAME_CAP characters and a marker saying how many were cut."""
+    if len(name) <= NAME_CAP:
+        return name
+    return f"{name[:NAME_CAP]}...[{len(name) - NAME_CAP} more characters cut]"
+
+
+def cap_names(img: Image) -> Image:
+    """Cut every name of `img` longer than NAME_CAP (see `capped_name`), with a warning saying so."""
+    cut: dict[str, str] = {}  # one capped copy per distinct long name, shared by its users
+    count = 0
+    for attr in ("segments", "sections", "symbols", "imports", "exports", "relocations"):
+        items = getattr(img, attr)
+        names = [f.name for f in fields(type(items[0]))] if items else []
+        for i, item in enumerate(items):
+            long = {n: v for n in names if isinstance(v := getattr(item, n), str) and len(v) > NAME_CAP}
+            if not long:
+                continue
+            count += 1
+            for n, v in long.items():
+                if v not in cut:
+                    cut[v] = capped_name(v)
+                long[n] = cut[v]
+            items[i] = replace(item, **long)
+    if count:
+        img.warnings.append(
+            f"{count} entries (symbols, imports, exports, sections, relocations) carry names longer than "
+            f"{NAME_CAP} characters; they are cut to {NAME_CAP} and marked '...[N more characters cut]'"
+        )
+    return img
 
 
 # --- compact transfer ---------------------------------------------------------------------

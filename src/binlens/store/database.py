@@ -65,6 +65,19 @@ def default_home() -> Path:
     return Path(xdg) / "binlens"
 
 
+# Analysis output is bounded per input byte: a program's database may grow to this many times the
+# size of its file, and to at least DB_MIN_BYTES (small files have fixed costs: schema, indexes,
+# the annotations a user adds). SQLite enforces it (`PRAGMA max_page_count`); a write past it fails
+# and rolls back whole, so the database keeps its last complete state.
+DB_BYTES_PER_INPUT_BYTE = 100
+DB_MIN_BYTES = 64 << 20
+
+
+def database_byte_cap(input_size: int) -> int:
+    """The most bytes the database of a `input_size`-byte file may hold."""
+    return max(DB_MIN_BYTES, DB_BYTES_PER_INPUT_BYTE * input_size)
+
+
 def database_path(home: Path, sha256: str, slice_name: str | None = None) -> Path:
     """Where the database of the image `sha256` (and slice) lives under `home`."""
     key = sha256 if not slice_name else f"{sha256}-{slice_name}"
@@ -74,8 +87,11 @@ def database_path(home: Path, sha256: str, slice_name: str | None = None) -> Pat
 class ProgramDatabase:
     """A program's SQLite database. Connections are per thread; writes go through `transaction()`."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, input_size: int | None = None) -> None:
+        """Open (creating and migrating) the database at `path`, capped for a file of `input_size`
+        bytes (None: the size recorded in its `image` row, when there is one)."""
         self.path = path
+        self.max_bytes: int | None = None
         path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._opened: list[sqlite3.Connection] = []  # every thread's connection, for `close`
@@ -84,6 +100,44 @@ class ProgramDatabase:
         self.write_lock = threading.RLock()
         with self.write_lock:
             self._migrate()
+        if input_size is None:
+            row = self.connect().execute("SELECT max(size) FROM image").fetchone()
+            input_size = row[0] if row and isinstance(row[0], int) else None
+        if input_size is not None:
+            self.max_bytes = database_byte_cap(input_size)
+            with self._opened_lock:
+                opened = list(self._opened)
+            for conn in opened:
+                self._apply_cap(conn)
+
+    def _apply_cap(self, conn: sqlite3.Connection) -> None:
+        if self.max_bytes is not None:
+            (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+            conn.execute(f"PRAGMA max_page_count={max(1, self.max_bytes // page_size)}")
+
+    def _at_cap(self, conn: sqlite3.Connection) -> bool:
+        """Whether a write SQLite refused as full reached the cap (not the disk's end)."""
+        if self.max_bytes is None:
+            return False
+        if conn.in_transaction:  # the refused transaction's pages are still counted
+            (pages,) = conn.execute("PRAGMA page_count").fetchone()
+            (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+            if (pages + 64) * page_size >= self.max_bytes:
+                return True
+        st = os.statvfs(self.path.parent)
+        return st.f_bavail * st.f_frsize > 64 << 20  # the disk still has room: the cap stopped it
+
+    def _full(self, at_cap: bool) -> BinlensError:
+        """The error for a write SQLite refused as full: past the cap, or the disk itself."""
+        if at_cap:
+            return BinlensError(
+                "unsupported",
+                f"stopped: this program's database would grow past {self.max_bytes} bytes "
+                f"({DB_BYTES_PER_INPUT_BYTE}x its file, at least {DB_MIN_BYTES}); "
+                "the write was rolled back and the database keeps its previous state",
+                details={"max_database_bytes": self.max_bytes},
+            )
+        return BinlensError("unavailable", f"the disk holding {self.path.parent} is full; the write was rolled back")
 
     def connect(self) -> sqlite3.Connection:
         """This thread's connection (WAL, foreign keys on, 5 s busy timeout)."""
@@ -95,6 +149,7 @@ class ProgramDatabase:
             retry_busy(lambda: conn.execute("PRAGMA journal_mode=WAL"), "open the program database")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
+            self._apply_cap(conn)
             self._local.conn, self._local.generation = conn, self._generation
             with self._opened_lock:
                 self._opened.append(conn)
@@ -117,8 +172,9 @@ class ProgramDatabase:
                 try:
                     yield conn
                 except BaseException:
-                    conn.execute(f"ROLLBACK TO {name}")
-                    conn.execute(f"RELEASE {name}")
+                    if conn.in_transaction:  # (SQLite may have rolled back the whole transaction itself)
+                        conn.execute(f"ROLLBACK TO {name}")
+                        conn.execute(f"RELEASE {name}")
                     raise
                 else:
                     conn.execute(f"RELEASE {name}")
@@ -128,11 +184,15 @@ class ProgramDatabase:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            else:
                 conn.execute("COMMIT")
+            except BaseException as err:
+                full = isinstance(err, sqlite3.OperationalError) and err.sqlite_errorcode == sqlite3.SQLITE_FULL
+                at_cap = full and self._at_cap(conn)
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if full:
+                    raise self._full(at_cap) from None
+                raise
 
     def get_meta(self, key: str) -> str | None:
         """The `meta` value of `key`, or None."""
