@@ -13,8 +13,10 @@ from typing import Any
 
 from binlens import __version__
 from binlens.errors import BinlensError
-from binlens.loader import Image, load_image
+from binlens.loader import Image
 from binlens.loader.image import Symbol
+from binlens.loader.input_file import DEFAULT_MAX_FILE_BYTES, check_within, read_input
+from binlens.loader.isolate import parse_bytes
 from binlens.store import ProgramDatabase, database_path, default_home
 
 _ADDR_RE = re.compile(r"^\s*(0[xX][0-9a-fA-F]+)\s*$")
@@ -29,6 +31,7 @@ class Limits:
     max_concurrent: int = 4
     parse_timeout_s: float = 8.0
     max_read_bytes: int = 64 * 1024
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES  # input files above this are refused before being read
 
 
 @dataclass
@@ -243,22 +246,14 @@ class Workspace:
 
     def check_root(self, path: Path, target: str = "/params/path") -> Path:
         """Refuse a path outside the configured roots (symlinks resolved first)."""
-        real = path.expanduser().resolve()
-        roots = self.config.roots
-        if roots and not any(real == r or r in real.parents for r in (x.resolve() for x in roots)):
-            raise BinlensError(
-                "invalid_argument",
-                f"{path} is outside the allowed roots",
-                target=target,
-                details={"roots": [str(r) for r in roots]},
-            )
-        return real
+        return check_within(path, self.config.roots, target)
 
     def open(self, path: str | Path, slice_name: str | None = None, *, check_roots: bool = True) -> Program:
-        """Open (or return the already open) program for the file at `path`."""
-        p = Path(path)
-        real = self.check_root(p) if check_roots else p.expanduser().resolve()
-        image = load_image(str(real), slice_name, timeout=self.limits.parse_timeout_s)
+        """Open (or return the already open) program for the file at `path` (`input_file.read_input`:
+        a regular file, under the roots unless `check_roots` is off, of at most `max_file_bytes`)."""
+        opened = read_input(path, max_bytes=self.limits.max_file_bytes, roots=self.config.roots if check_roots else ())
+        real = opened.path
+        image = parse_bytes(opened.data, real.name, slice_name, timeout=self.limits.parse_timeout_s)
         ident = image.identity
         handle = "p" + ident.sha256[:8] + (f"-{ident.slice}" if ident.slice else "")
         with self._lock:
