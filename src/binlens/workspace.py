@@ -253,7 +253,13 @@ class Workspace:
         a regular file, under the roots unless `check_roots` is off, of at most `max_file_bytes`)."""
         opened = read_input(path, max_bytes=self.limits.max_file_bytes, roots=self.config.roots if check_roots else ())
         real = opened.path
-        image = parse_bytes(opened.data, real.name, slice_name, timeout=self.limits.parse_timeout_s)
+        try:
+            image = parse_bytes(opened.data, real.name, slice_name, timeout=self.limits.parse_timeout_s)
+        except BinlensError as err:
+            if err.target is not None:
+                raise
+            # what is wrong is the file the path names (not an executable, malformed, ...)
+            raise BinlensError(err.code, err.message, target="/params/path", details=err.details) from None
         ident = image.identity
         handle = "p" + ident.sha256[:8] + (f"-{ident.slice}" if ident.slice else "")
         with self._lock:
