@@ -183,3 +183,32 @@ def test_program_open_race_never_opens_outside(tmp_path: Path, home: Path, compi
     finally:
         stop.set()
         t.join()
+
+
+def test_mcp_fifo_opens_do_not_hold_the_call_slots(tmp_path: Path, compile_c) -> None:
+    """`binlens mcp --root R`: five opens of a FIFO (one more than the call slots) are all refused,
+    and an open of a real file after them still runs."""
+    from test_mcp_stdio import INIT, by_id, msg, run_stdio
+
+    root = tmp_path / "root"
+    root.mkdir()
+    os.mkfifo(root / "pipe")
+    shutil.copy(compile_c("sample.c"), root / "sample")
+
+    def open_call(rid: int, path: Path) -> bytes:
+        args = {"operation": "open", "params": {"path": str(path)}}
+        call = {"name": "binlens.program", "arguments": args}
+        return msg({"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": call})
+
+    lines = [msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT})]
+    lines += [open_call(rid, root / "pipe") for rid in range(2, 7)]
+    lines.append(open_call(7, root / "sample"))
+    frames, stderr, code = run_stdio(tmp_path, lines, "--root", str(root))
+    assert code == 0, stderr
+    replies = by_id(frames)
+    for rid in range(2, 7):
+        result = replies[rid]["result"]
+        assert result["isError"] is True
+        error = result["structuredContent"]["error"]
+        assert (error["code"], error["target"]) == ("invalid_argument", "/params/path") and "FIFO" in error["message"]
+    assert replies[7]["result"]["isError"] is False

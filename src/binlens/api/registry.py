@@ -257,7 +257,7 @@ def _server_built(err: ValidationError) -> bool:
     from binlens.api.models import Params, Result
 
     def names(cls: type) -> set[str]:
-        out = set()
+        out: set[str] = set()
         for sub in cls.__subclasses__():
             out.add(sub.__name__)
             out |= names(sub)
