@@ -476,7 +476,8 @@ def _in_slice(base: int, end: int, offset: int, size: int) -> tuple[int, int]:
 
 
 def parse_path(path: str, slice_name: str | None = None) -> Image:
-    """Read and parse a file (used by tests and tools that run in-process)."""
-    with open(path, "rb") as fh:
-        data = fh.read()
-    return parse_image(data, os.path.basename(path), slice_name)
+    """Read (`input_file.read_input`) and parse a file (used by tests and tools that run in-process)."""
+    from binlens.loader.input_file import read_input
+
+    opened = read_input(path)
+    return parse_image(opened.data, os.path.basename(path), slice_name)
