@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,8 +13,10 @@ from typing import Any
 
 from binlens import __version__
 from binlens.errors import BinlensError
-from binlens.loader import Image, load_image
+from binlens.loader import Image
 from binlens.loader.image import Symbol
+from binlens.loader.input_file import DEFAULT_MAX_FILE_BYTES, check_within, read_input, resolved_roots
+from binlens.loader.isolate import parse_bytes
 from binlens.store import ProgramDatabase, database_path, default_home
 from binlens.store.secret import home_key
 
@@ -32,6 +34,7 @@ class Limits:
     max_concurrent: int = 4
     parse_timeout_s: float = 8.0
     max_read_bytes: int = 64 * 1024
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES  # input files above this are refused before being read
 
 
 @dataclass
@@ -251,17 +254,9 @@ class Workspace:
 
     def check_root(self, path: Path, target: str = "/params/path") -> Path:
         """Refuse a path outside the configured roots or started files (symlinks resolved first)."""
-        real = path.expanduser().resolve()
         roots = self.config.roots
-        if roots:
-            if not any(real == r or r in real.parents for r in (x.resolve() for x in roots)):
-                raise BinlensError(
-                    "invalid_argument",
-                    f"{path} is outside the allowed roots",
-                    target=target,
-                    details={"roots": [str(r) for r in roots]},
-                )
-        elif self.config.files is not None and real not in {f.expanduser().resolve() for f in self.config.files}:
+        real = check_within(path, roots, target)
+        if not roots and self.config.files is not None and real not in set(resolved_roots(self.config.files)):
             raise BinlensError(
                 "invalid_argument",
                 f"{path} is not one of the files this server was started on (start it with --root DIR "
@@ -296,10 +291,22 @@ class Workspace:
         return real
 
     def open(self, path: str | Path, slice_name: str | None = None, *, check_roots: bool = True) -> Program:
-        """Open (or return the already open) program for the file at `path`."""
-        p = Path(path)
-        real = self.check_root(p) if check_roots else p.expanduser().resolve()
-        image = load_image(str(real), slice_name, timeout=self.limits.parse_timeout_s)
+        """Open (or return the already open) program for the file at `path` (`input_file.read_input`:
+        a regular file, under the roots unless `check_roots` is off, of at most `max_file_bytes`)."""
+        confine: Sequence[Path] = ()
+        if check_roots:
+            self.check_root(Path(path))  # (the clearer refusal, before anything is opened)
+            # the opened file is checked again: a started file is a root with nothing inside it
+            confine = self.config.roots or (self.config.files or ())
+        opened = read_input(path, max_bytes=self.limits.max_file_bytes, roots=confine)
+        real = opened.path
+        try:
+            image = parse_bytes(opened.data, real.name, slice_name, timeout=self.limits.parse_timeout_s)
+        except BinlensError as err:
+            if err.target is not None:
+                raise
+            # what is wrong is the file the path names (not an executable, malformed, ...)
+            raise BinlensError(err.code, err.message, target="/params/path", details=err.details) from None
         ident = image.identity
         handle = "p" + ident.sha256[:8] + (f"-{ident.slice}" if ident.slice else "")
         with self._lock:

@@ -276,6 +276,20 @@ def validation_error(err: ValidationError) -> BinlensError:
     )
 
 
+def _server_built(err: ValidationError) -> bool:
+    """Did `err` come from a result model (named by `err.title`), which the server fills itself?"""
+    from binlens.api.models import Params, Result
+
+    def names(cls: type) -> set[str]:
+        out: set[str] = set()
+        for sub in cls.__subclasses__():
+            out.add(sub.__name__)
+            out |= names(sub)
+        return out
+
+    return err.title in names(Result) and err.title not in names(Params)
+
+
 def lookup(name: Any) -> MethodSpec:
     """Find a method by name or raise `not_found` pointing at `/method`."""
     if not isinstance(name, str) or name not in REGISTRY:
@@ -319,6 +333,9 @@ def invoke(
     except BinlensError:
         raise
     except ValidationError as err:  # a nested model built from client data
+        if _server_built(err):  # a result model the method filled from the file: not the client's doing
+            log.error("internal error in %s: %s", name, err)
+            raise BinlensError("internal", f"internal error in {name}; see the server log") from None
         raise validation_error(err) from None
     except Exception:  # noqa: BLE001 - nothing internal crosses the wire
         log.exception("internal error in %s", name)

@@ -294,8 +294,9 @@ def _parse_pe(data: bytes, sha: str, file_name: str) -> Image:
         nobits = s.size == 0 or bool(ch & 0x80) and not ch & 0x40
         va = base + s.virtual_address
         fsize = min(s.size, vsize) if s.offset < len(data) else 0
-        sections.append(Section(s.name, va, vsize, s.offset, fsize, perms, _kind(perms, nobits), _text(s.name)))
-        segments.append(Segment(s.name, va, vsize, s.offset, fsize, perms))
+        name = _text(s.name)
+        sections.append(Section(name, va, vsize, s.offset, fsize, perms, _kind(perms, nobits), name))
+        segments.append(Segment(name, va, vsize, s.offset, fsize, perms))
     symbols = []
     for s in b.symbols:
         name = _text(s.name)
@@ -373,7 +374,7 @@ def _parse_macho(data: bytes, sha: str, file_name: str, slice_name: str | None) 
         perms = _perms(bool(p & 1), bool(p & 2), bool(p & 4))
         if s.virtual_size:
             offset, fsize = _in_slice(base, end, s.file_offset, s.file_size)
-            segments.append(Segment(s.name, s.virtual_address, s.virtual_size, offset, fsize, perms))
+            segments.append(Segment(_text(s.name), s.virtual_address, s.virtual_size, offset, fsize, perms))
         for sec in s.sections:
             t = _enum_name(sec.type)
             nobits = t in ("ZEROFILL", "GB_ZEROFILL", "THREAD_LOCAL_ZEROFILL")
@@ -475,7 +476,8 @@ def _in_slice(base: int, end: int, offset: int, size: int) -> tuple[int, int]:
 
 
 def parse_path(path: str, slice_name: str | None = None) -> Image:
-    """Read and parse a file (used by tests and tools that run in-process)."""
-    with open(path, "rb") as fh:
-        data = fh.read()
-    return parse_image(data, os.path.basename(path), slice_name)
+    """Read (`input_file.read_input`) and parse a file (used by tests and tools that run in-process)."""
+    from binlens.loader.input_file import read_input
+
+    opened = read_input(path)
+    return parse_image(opened.data, os.path.basename(path), slice_name)
