@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -94,10 +95,15 @@ def test_symlink_swapped_at_last_component_never_escapes(tmp_path: Path) -> None
 
     stop = threading.Event()
     swap()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # (the swapper runs between the reader's steps, not once per 5 ms)
     t = _swapper(stop, swap)
     seen: dict[str, int] = {}
     try:
-        for _ in range(3000):
+        # at least 3,000 reads, and on until the race was seen both ways (at most 30,000)
+        for i in range(30_000):
+            if i >= 3000 and seen.get("inside", 0) and seen.get("outside roots", 0):
+                break
             try:
                 data = read_input(root / "x", roots=[root]).data
             except BinlensError as err:
@@ -110,6 +116,7 @@ def test_symlink_swapped_at_last_component_never_escapes(tmp_path: Path) -> None
     finally:
         stop.set()
         t.join()
+        sys.setswitchinterval(interval)
     assert seen.get("inside", 0) > 0 and seen.get("outside roots", 0) > 0, seen
 
 
