@@ -39,6 +39,7 @@ from binlens.analysis.version import ENGINE_VERSION
 from binlens.analysis.xrefs import collect_refs, pointers_in_data
 from binlens.errors import BinlensError
 from binlens.loader.image import Image
+from binlens.loader.pe_data import looks_like_data
 
 # Discovery walks each body without its edges (`Explorer.record_edges`; `None`: with them, as the
 # tests compare): they are walked once when it ends, and on demand for the non-returning test.
@@ -237,6 +238,7 @@ def explore(
     # what may not become a function start: the user's removed starts, and in an ARM32 Mach-O section
     # that LC_FUNCTION_STARTS covers, any address the linker did not list there
     refused = _Refused(image, excluded)
+    data_like = _data_like(image)
     noret_slots = {imp.slot for imp in image.imports if imp.name in NORETURN_NAMES}
     named_noret = {va for va, name in thunks.items() if name in NORETURN_NAMES}
     named_noret |= {s.address for s in image.symbols if s.name in NORETURN_NAMES and codemap.contains(s.address)}
@@ -276,7 +278,7 @@ def explore(
             continue
         report(0.7, 1.0, f"{len(bodies)} functions; heuristics: {stage}")
         extra = heuristic_starts(image, codemap, explorer, backend, starts, known, bodies, stage, gaps)
-        extra = {va: src for va, src in extra.items() if va not in refused}
+        extra = {va: src for va, src in extra.items() if va not in refused and not data_like(va)}
         if not extra:
             exhausted.add(stage)
         else:
@@ -460,6 +462,17 @@ def _discover(
     # with `noret` (no edge after a call to a function flagged as not returning) and the fragments
     bodies, _new = explorer.partition(set(starts), extents, frag, noret)
     return bodies, starts, noret
+
+
+def _data_like(image: Image) -> Callable[[int], bool]:
+    """A test for a guessed start (a heuristic's) whose bytes read as data: in a PE, a string or
+    zeros (`pe_data.looks_like_data`; x64 code outside the functions `.pdata` lists is a small leaf,
+    so there a string of two characters is data); elsewhere none."""
+    if image.identity.format != "PE":
+        return lambda va: False
+    listed = set(image.function_hints.get("pdata", ()))
+    short = image.identity.arch == "x86-64" and bool(listed)
+    return lambda va: va not in listed and looks_like_data(image.read, va, short)
 
 
 class _Refused:
