@@ -41,15 +41,15 @@ Reader = Callable[[int, int], bytes | None]  # (va, size) -> bytes, or None wher
 
 _ASCII_IN = rb"[\x20-\x7e\t\n\r]"
 _SHAPE_ASCII = re.compile(rb"(?<=\x00)" + _ASCII_IN + rb"{5,}\x00")
-_SHAPE_UTF16 = re.compile(rb"(?<=\x00\x00)(?:" + _ASCII_IN + rb"\x00){4,}\x00\x00")
+_SHAPE_UTF16 = re.compile(rb"(?<=\x00)(?:" + _ASCII_IN + rb"\x00){4,}\x00\x00")
 _AT_ASCII = re.compile(_ASCII_IN + rb"{4,}\x00")
 _AT_UTF16 = re.compile(rb"(?:" + _ASCII_IN + rb"\x00){4,}\x00\x00")
 # at a relocated word's target outside every function `.pdata` describes (x64): any string
 _AT_ASCII_SHORT = re.compile(_ASCII_IN + rb"{2,}\x00")
 _AT_UTF16_SHORT = re.compile(rb"(?:" + _ASCII_IN + rb"\x00)+\x00\x00")
 _MAX_STRING = 4096  # bytes read at a pointer's target to test for a string
-_UNWIND_GAP = 4096
-SMALL_GAP = 16  # bytes between two data items outside every function that are taken as data too  # handler data between two unwind records that no function separates
+_UNWIND_GAP = 4096  # handler data between two unwind records that no function separates
+SMALL_GAP = 16  # bytes between two data items outside every function that are taken as data too
 UNW_FLAG_EHANDLER, UNW_FLAG_UHANDLER, UNW_FLAG_CHAININFO = 1, 2, 4
 
 
@@ -173,9 +173,10 @@ def looks_like_data(read: Reader, va: int, short: bool) -> bool:
 
 
 def shape_strings(data: bytes, va: int) -> list[DataRange]:
-    """Strings in `data` (at `va`) that start after a NUL: 5 ASCII characters at least, or 4 UTF-16LE."""
+    """Strings in `data` (at `va`) that start after a NUL: 5 ASCII characters at least, or 4 UTF-16LE
+    (at an even address)."""
     out = [(va + m.start(), va + m.end(), "string") for m in _SHAPE_ASCII.finditer(data)]
-    out += [(va + m.start(), va + m.end(), "string") for m in _SHAPE_UTF16.finditer(data)]
+    out += [(va + m.start(), va + m.end(), "string") for m in _SHAPE_UTF16.finditer(data) if not (va + m.start()) % 2]
     return out
 
 
@@ -321,7 +322,7 @@ def _close_gaps(ranges: list[DataRange], functions: list[tuple[int, int]], fstar
     and small fields (lengths, flags, GUID parts) between the data items found, which would
     otherwise be left as islands of "code" a few bytes long."""
     out = list(ranges)
-    for (lo, hi, kind), (nlo, _nhi, _k) in zip(ranges, ranges[1:], strict=False):
+    for (_lo, hi, kind), (nlo, _nhi, _k) in zip(ranges, ranges[1:], strict=False):
         if 0 < nlo - hi < SMALL_GAP and _none_between(fstarts, hi, nlo) and not in_spans(functions, fstarts, hi):
             out.append((hi, nlo, kind))
     return out
