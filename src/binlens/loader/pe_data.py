@@ -16,13 +16,18 @@ found here are data with evidence:
 - `pointer`: relocated words: every 64-bit (`DIR64`) relocation (x64 and AArch64 code holds no
   absolute address), and runs of three or more 32-bit (`HIGHLOW`) relocations four bytes apart
   (no x86 instruction holds more than two addresses, so such a run is a table).
-- `string`: NUL-terminated ASCII or UTF-16LE strings that a relocated word points to (4 characters
-  at least; in an x64 file with `.pdata`, 2 ASCII or 1 UTF-16 character where the target lies outside
-  every function `.pdata` describes: code without unwind data is a small leaf, and one that
-  starts with two printable bytes and a zero is none seen in the corpus), and, in an
-  x64 file with `.pdata`, those outside every function `.pdata` describes (a string there starts
-  after a NUL and has 5 ASCII or 4 UTF-16 characters at least: inside the functions of the corpus's
-  x64 files such a run occurs at most once per file).
+- `string`: NUL-terminated strings that a relocated word points to (8 ASCII or 4 UTF-16LE
+  characters at least; in an x64 file with `.pdata`, where the target lies outside every function
+  `.pdata` describes, 2 ASCII or 1 UTF-16 character: code without unwind data there is a small
+  leaf, none of which starts with two printable bytes and a zero in the corpus); and in an x64
+  file with `.pdata`, strings outside its functions found by their shape (after a NUL, 5 ASCII or
+  4 UTF-16 characters at least: inside the functions of the corpus's x64 files such a run occurs
+  at most once per file).
+
+The file's claims of code win over its claims of data: no range overlaps a function `.pdata`
+describes or the first 15 bytes at the entry point, an export or a TLS callback (hand-made files
+lay code over their import and header structures). Between two ranges outside every `.pdata`
+function, fewer than 16 bytes are data too (`_close_gaps`).
 
 Every range is cut to the executable sections (data elsewhere is data already); the result is
 sorted and has no overlaps (`merge`).
@@ -42,7 +47,9 @@ Reader = Callable[[int, int], bytes | None]  # (va, size) -> bytes, or None wher
 _ASCII_IN = rb"[\x20-\x7e\t\n\r]"
 _SHAPE_ASCII = re.compile(rb"(?<=\x00)" + _ASCII_IN + rb"{5,}\x00")
 _SHAPE_UTF16 = re.compile(rb"(?<=\x00)(?:" + _ASCII_IN + rb"\x00){4,}\x00\x00")
-_AT_ASCII = re.compile(_ASCII_IN + rb"{4,}\x00")
+# (8 ASCII characters: i386 code holds shorter runs before a zero, `push offset x` being "h" and
+# three bytes of an address, `cmp ecx, [abs]` five, `push 0x41; push offset x` six)
+_AT_ASCII = re.compile(_ASCII_IN + rb"{8,}\x00")
 _AT_UTF16 = re.compile(rb"(?:" + _ASCII_IN + rb"\x00){4,}\x00\x00")
 # at a relocated word's target outside every function `.pdata` describes (x64): any string
 _AT_ASCII_SHORT = re.compile(_ASCII_IN + rb"{2,}\x00")
@@ -147,8 +154,8 @@ def relocation_ranges(places: Iterable[tuple[int, str]]) -> list[DataRange]:
 
 
 def string_at(read: Reader, va: int, short: bool = False) -> int:
-    """The size (terminator included) of the ASCII or UTF-16LE string of 4 characters or more at
-    `va` (`short`: of 2 ASCII characters or 1 UTF-16 character or more), or 0."""
+    """The size (terminator included) of the ASCII string of 8 characters or more or UTF-16LE string
+    of 4 or more at `va` (`short`: of 2 ASCII characters or 1 UTF-16 character or more), or 0."""
     raw = read(va, 16)
     if not raw:
         return 0
@@ -163,13 +170,11 @@ def string_at(read: Reader, va: int, short: bool = False) -> int:
 
 def looks_like_data(read: Reader, va: int, short: bool) -> bool:
     """Do the bytes at `va` read as data rather than as a function's first instruction: eight zero
-    bytes, or a string (`short`: of 2 ASCII or 1 UTF-16 characters or more, as outside the functions
-    of an x64 `.pdata`; else of 6 characters or more: two x86 pushes and a `push 0` are 3)?"""
+    bytes, or a string (`string_at`; `short` as outside the functions of an x64 `.pdata`)?"""
     raw = read(va, 8)
-    if raw is None or raw == bytes(8):
-        return raw is not None
-    size = string_at(read, va, short)
-    return bool(size) and (short or size - (2 if raw[1:2] == b"\x00" else 1) >= (12 if raw[1:2] == b"\x00" else 6))
+    if raw is None:
+        return False
+    return raw == bytes(8) or bool(string_at(read, va, short))
 
 
 def shape_strings(data: bytes, va: int) -> list[DataRange]:
@@ -310,10 +315,38 @@ def pe_data_ranges(b: Any, base: int, sections: list[Any], read: Reader, bits: i
             for s in shape_strings(raw, lo):
                 if not in_spans(functions, fstarts, s[0]) and not in_spans(functions, fstarts, s[1] - 1):
                     found.append(s)
+    # the file's claims of code win over its claims of data: hand-made files lay their entry point
+    # and code over import and header structures, and x64 code may hold a relocated `mov r64, imm64`
+    # (a claimed start's first instruction, up to 15 bytes, is code: hand-made files put the TLS
+    # index slot in the operand of the entry point's `call`)
+    claims = _code_claims(b, base) | set(fstarts)
+    code = merge([(lo, hi, "code") for lo, hi in functions] + [(va, va + 15, "code") for va in claims])
+    code_starts = [lo for lo, _hi, _k in code]
+    found = [r for r in found if not _claimed(r, code, code_starts)]
     ranges = merge(found)
     if functions:  # (no function lies between: the few bytes between two data items are data too)
         ranges = merge(_close_gaps(ranges, functions, fstarts))
+    ranges = [r for r in ranges if not _claimed(r, code, code_starts)]
     return merge(clip(ranges, spans))
+
+
+def _code_claims(b: Any, base: int) -> set[int]:
+    """Addresses the file names as code: its entry point, exports, TLS callbacks."""
+    out = set()
+    if b.optional_header.addressof_entrypoint:
+        out.add(base + b.optional_header.addressof_entrypoint)
+    if b.has_exports:
+        out.update(base + e.address for e in b.get_export().entries if e.address and not e.is_extern)
+    if b.has_tls:
+        out.update(va for va in b.tls.callbacks if va)
+    return out
+
+
+def _claimed(r: DataRange, code: list[DataRange], code_starts: list[int]) -> bool:
+    """Does the range overlap a range of `code` (sorted, disjoint; `code_starts`: their first addresses)?"""
+    lo, hi, _k = r
+    j = bisect.bisect_right(code_starts, lo) - 1
+    return any(code[k][0] < hi and lo < code[k][1] for k in (j, j + 1) if 0 <= k < len(code))
 
 
 def _close_gaps(ranges: list[DataRange], functions: list[tuple[int, int]], fstarts: list[int]) -> list[DataRange]:
