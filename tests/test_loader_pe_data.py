@@ -58,7 +58,7 @@ def test_relocations_each_dir64_and_only_runs_of_three_highlow() -> None:
     places = [(0x1000, "DIR64"), (0x2000, "HIGHLOW"), (0x2004, "HIGHLOW"), (0x3000, "HIGHLOW")]
     places += [(0x3004, "HIGHLOW"), (0x3008, "HIGHLOW"), (0x300C, "HIGHLOW"), (0x4000, "ABSOLUTE")]
     # two relocated dwords four bytes apart fit one x86 instruction (`mov dword [abs], offset x`)
-    assert relocation_ranges(places) == [(0x1000, 0x1008, "pointer"), (0x3000, 0x3010, "pointer")]
+    assert relocation_ranges(places) == [(0x1000, 0x1008, "pointer"), (0x3000, 0x3010, "table")]
 
 
 def test_unwind_records_sized_from_their_header_and_joined_without_a_function_between() -> None:

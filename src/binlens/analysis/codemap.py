@@ -58,8 +58,11 @@ class CodeMap:
                 if self.regions and s.va < self.regions[-1].end:
                     continue  # overlapping section headers: keep the first
                 self.regions.append(CodeRegion(s.name, s.va, bytes(data)))
-        if image.data_ranges:
-            self.regions = _without_data(self.regions, image.data_ranges)
+        # (an i386 switch table lies inside its function, after the code: the code around it stays
+        # one region, so that a gap trial sees the whole function; no start is taken in it: `_Refused`)
+        cut = [r for r in image.data_ranges if r[2] != "table"]
+        if cut:
+            self.regions = _without_data(self.regions, cut)
         self._starts = [r.va for r in self.regions]
         self._last: CodeRegion | None = None
         # `xrefs.pointers_in_data(image, self, set())`, once: the words in data that hold a code

@@ -476,7 +476,8 @@ def _data_like(image: Image) -> Callable[[int], bool]:
 
 
 class _Refused:
-    """Addresses that may not become function starts (`in`): the user's removed starts (`user`), and
+    """Addresses that may not become function starts (`in`): the user's removed starts (`user`), data
+    the loader located in code sections (`Image.data_ranges`), and
     in an ARM32 Mach-O section that LC_FUNCTION_STARTS covers, every address it does not list. On
     armv7 the starts found there besides the linker's list were labels inside functions and ARM
     code decoded as Thumb or the reverse (armv7 BatteryLife of the corpus: 8.5k of them, tail-call
@@ -498,10 +499,16 @@ class _Refused:
 
         self.spans = sorted((s.va, s.va + s.size) for s in image.sections if s.size and holds_one(s.va, s.va + s.size))
         self.starts = [lo for lo, _hi in self.spans]
+        self.data = image.data_ranges  # (sorted, disjoint)
+        self.data_starts = [lo for lo, _hi, _k in self.data]
 
     def __contains__(self, va: object) -> bool:
         if va in self.user:
             return True
+        if self.data and isinstance(va, int):
+            i = bisect.bisect_right(self.data_starts, va) - 1
+            if i >= 0 and va < self.data[i][1]:
+                return True
         if not self.spans or va in self.listed or not isinstance(va, int):
             return False
         i = bisect.bisect_right(self.starts, va) - 1

@@ -13,9 +13,11 @@ found here are data with evidence:
   arrays, index and template.
 - `unwind`: x64 `UNWIND_INFO` records that `.pdata` names (with their chained entry or handler
   address), merged with the handler data between neighbours where no function lies between.
-- `pointer`: relocated words: every 64-bit (`DIR64`) relocation (x64 and AArch64 code holds no
-  absolute address), and runs of three or more 32-bit (`HIGHLOW`) relocations four bytes apart
-  (no x86 instruction holds more than two addresses, so such a run is a table).
+- `pointer`: every 64-bit (`DIR64`) relocated word (x64 and AArch64 code holds no absolute
+  address); `table`: runs of three or more 32-bit (`HIGHLOW`) relocated words four bytes apart (no
+  x86 instruction holds more than two addresses, so such a run is a table). MSVC puts an i386
+  function's switch tables inside the function, after its code: the analysis refuses starts in a
+  `table` but decodes around it as code (`CodeMap`), so that a gap trial sees the function whole.
 - `string`: NUL-terminated strings that a relocated word points to (8 ASCII or 4 UTF-16LE
   characters at least; in an x64 file with `.pdata`, where the target lies outside every function
   `.pdata` describes, 2 ASCII or 1 UTF-16 character: code without unwind data there is a small
@@ -132,8 +134,8 @@ def _none_between(begins: list[int], lo: int, hi: int) -> bool:
 
 
 def relocation_ranges(places: Iterable[tuple[int, str]]) -> list[DataRange]:
-    """Relocated words that are data: each `DIR64` place (8 bytes), and runs of three or more
-    `HIGHLOW` places four bytes apart."""
+    """Relocated words that are data: each `DIR64` place (8 bytes, `pointer`), and runs of three or
+    more `HIGHLOW` places four bytes apart (`table`)."""
     out: list[DataRange] = []
     low: list[int] = []
     for at, kind in places:
@@ -148,7 +150,7 @@ def relocation_ranges(places: Iterable[tuple[int, str]]) -> list[DataRange]:
         while j + 1 < len(low) and low[j + 1] == low[j] + 4:
             j += 1
         if j - i >= 2:
-            out.append((low[i], low[j] + 4, "pointer"))
+            out.append((low[i], low[j] + 4, "table"))
         i = j + 1
     return out
 
