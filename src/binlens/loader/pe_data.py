@@ -31,8 +31,8 @@ describes or the first 15 bytes at the entry point, an export or a TLS callback 
 lay code over their import and header structures). Between two ranges outside every `.pdata`
 function, fewer than 16 bytes are data too (`_close_gaps`).
 
-Every range is cut to the executable sections (data elsewhere is data already); the result is
-sorted and has no overlaps (`merge`).
+Every range is cut to the file-backed part of the executable sections (data elsewhere is data
+already); the result is sorted and has no overlaps (`merge`).
 """
 
 from __future__ import annotations
@@ -194,7 +194,9 @@ def _enum(value: Any) -> str:
 def pe_data_ranges(b: Any, base: int, sections: list[Any], read: Reader, bits: int, arch: str) -> list[DataRange]:
     """Data ranges inside the executable sections of the LIEF PE binary `b` (see the module's
     docstring); `sections`: the Image's sections; `read(va, size)`: the image's bytes."""
-    spans = sorted((s.va, s.end) for s in sections if s.kind == "code" and s.size and s.fsize)
+    # (the file-backed part of each code section: the code map decodes no more, and a range in a
+    # virtual tail would be zeros that a hostile size could make gigabytes of)
+    spans = sorted((s.va, s.va + min(s.size, s.fsize)) for s in sections if s.kind == "code" and s.size and s.fsize)
     if not spans:
         return []
     starts = [lo for lo, _hi in spans]
