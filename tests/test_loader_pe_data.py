@@ -19,6 +19,7 @@ from binlens.analysis import analyze
 from binlens.loader.image import decode_image, encode_image
 from binlens.loader.parse_lief import parse_path
 from binlens.loader.pe_data import (
+    _close_gaps,
     clip,
     looks_like_data,
     merge,
@@ -79,6 +80,24 @@ def test_unwind_records_sized_from_their_header_and_joined_without_a_function_be
     assert unwind_ranges(rows, read, sorted(functions)) == [
         (base, base + 0x2C, "unwind"),
         (base + 0x100, base + 0x114, "unwind"),
+    ]
+
+
+def test_gaps_between_data_filled_only_where_no_code_lies() -> None:
+    functions = [(0x5000, 0x5100), (0x5200, 0x5300)]
+    fstarts = [lo for lo, _hi in functions]
+    claimed = [(0x1800, 0x180F, "code")]  # (the entry point's first bytes)
+    ranges = [(0x1000, 0x1100, "a"), (0x1108, 0x1200, "b"), (0x1400, 0x1500, "c"), (0x1700, 0x1750, "d")]
+    ranges += [(0x1900, 0x1A00, "e"), (0x5100, 0x5108, "f"), (0x5110, 0x5120, "g"), (0x5180, 0x5190, "h")]
+    ranges += [(0x6000, 0x6010, "i"), (0x6100, 0x6110, "j")]
+    got = _close_gaps(ranges, functions, fstarts, claimed, [0x1800])
+    filled = sorted(set(got) - set(ranges))
+    assert filled == [
+        (0x1100, 0x1108, "a"),  # before the first function
+        (0x1200, 0x1400, "b"),
+        (0x1500, 0x1700, "c"),  # (not 0x1750..0x1900: the entry point lies there)
+        (0x5108, 0x5110, "f"),  # between two functions: only a gap of less than 16 bytes
+        (0x6010, 0x6100, "i"),  # after the last function
     ]
 
 
@@ -151,6 +170,9 @@ def test_dhcpssvc_data_ranges_cover_every_directory_in_text() -> None:
     base = image.identity.image_base
     for f in b.exceptions:
         assert not any(lo < base + f.rva_end and base + f.rva_start < hi for lo, hi, _k in ranges), hex(f.rva_start)
+    # the delay-load thunks (`lea rax, [slot]; jmp __tailMerge_...`), which its delay-import
+    # address table names, stay code
+    assert not _inside(ranges, base + 0x99254) and image.read(base + 0x99254, 3) == b"H\x8d\x05"
     # the worker sends the ranges with the rest of the image
     assert decode_image(encode_image(image), image.data).data_ranges == ranges
 
@@ -166,6 +188,7 @@ def test_dhcpssvc_no_function_starts_in_data_and_pdata_functions_kept() -> None:
     assert len(result.functions) < 1500
     base = image.identity.image_base
     assert {base + f.rva_start for f in b.exceptions} <= starts  # every function .pdata lists
+    assert base + 0x99254 in starts  # a delay-load thunk (no .pdata entry; its delay IAT slot names it)
     # no function starts at a string
     strings = {s.address for s in result.strings}
     assert not starts & strings

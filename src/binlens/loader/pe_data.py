@@ -28,8 +28,10 @@ found here are data with evidence:
 
 The file's claims of code win over its claims of data: no range overlaps a function `.pdata`
 describes or the first 15 bytes at the entry point, an export or a TLS callback (hand-made files
-lay code over their import and header structures). Between two ranges outside every `.pdata`
-function, fewer than 16 bytes are data too (`_close_gaps`).
+lay code over their import and header structures), nor the delay-load thunks a delay-import
+address table holds. On x64 with `.pdata`, the bytes between two ranges that no function or
+claimed code separates are data too when they are fewer than 16 or lie before the first function
+or after the last (`_close_gaps`).
 
 Every range is cut to the file-backed part of the executable sections (data elsewhere is data
 already); the result is sorted and has no overlaps (`merge`).
@@ -323,20 +325,29 @@ def pe_data_ranges(b: Any, base: int, sections: list[Any], read: Reader, bits: i
     # and code over import and header structures, and x64 code may hold a relocated `mov r64, imm64`
     # (a claimed start's first instruction, up to 15 bytes, is code: hand-made files put the TLS
     # index slot in the operand of the entry point's `call`)
-    claims = _code_claims(b, base) | set(fstarts)
+    claims = _code_claims(b, base, read, ptr) | set(fstarts)
     code = merge([(lo, hi, "code") for lo, hi in functions] + [(va, va + 15, "code") for va in claims])
     code_starts = [lo for lo, _hi, _k in code]
     found = [r for r in found if not _claimed(r, code, code_starts)]
     ranges = merge(found)
-    if functions:  # (no function lies between: the few bytes between two data items are data too)
-        ranges = merge(_close_gaps(ranges, functions, fstarts))
+    if functions:  # (the bytes between two data items that no function separates are data too)
+        ranges = merge(_close_gaps(ranges, functions, fstarts, code, code_starts))
     ranges = [r for r in ranges if not _claimed(r, code, code_starts)]
     return merge(clip(ranges, spans))
 
 
-def _code_claims(b: Any, base: int) -> set[int]:
-    """Addresses the file names as code: its entry point, exports, TLS callbacks."""
+def _code_claims(b: Any, base: int, read: Reader, ptr: int) -> set[int]:
+    """Addresses the file names as code: its entry point, exports, TLS callbacks, and the delay-load
+    thunks a delay-import address table holds before the first call binds it."""
     out = set()
+    word = struct.Struct("<Q" if ptr == 8 else "<I")
+    if b.has_delay_imports:
+        for di in b.delay_imports:
+            iat = (base + di.iat if di.attribute & 1 else di.iat) if di.iat else 0  # (VC6: addresses)
+            for i in range(len(di.entries) if iat else 0):
+                raw = read(iat + i * ptr, ptr)
+                if raw is not None and len(raw) == ptr and word.unpack(raw)[0]:
+                    out.add(word.unpack(raw)[0])
     if b.optional_header.addressof_entrypoint:
         out.add(base + b.optional_header.addressof_entrypoint)
     if b.has_exports:
@@ -353,13 +364,30 @@ def _claimed(r: DataRange, code: list[DataRange], code_starts: list[int]) -> boo
     return any(code[k][0] < hi and lo < code[k][1] for k in (j, j + 1) if 0 <= k < len(code))
 
 
-def _close_gaps(ranges: list[DataRange], functions: list[tuple[int, int]], fstarts: list[int]) -> list[DataRange]:
-    """`ranges` with each gap of less than `SMALL_GAP` bytes to the next range filled, where no
-    function of `functions` (sorted (begin, end); `fstarts` their begins) lies in it: the padding
-    and small fields (lengths, flags, GUID parts) between the data items found, which would
-    otherwise be left as islands of "code" a few bytes long."""
+def _close_gaps(
+    ranges: list[DataRange],
+    functions: list[tuple[int, int]],
+    fstarts: list[int],
+    code: list[DataRange],
+    code_starts: list[int],
+) -> list[DataRange]:
+    """`ranges` with the gap to the next range filled where no function of `functions` (sorted
+    (begin, end), `fstarts` their begins) and no claimed code (`code`, `_claimed`) lies in it, and
+    the gap is less than `SMALL_GAP` bytes (padding and small fields between the data items found:
+    lengths, flags, GUID parts, which would otherwise be left as islands of "code" a few bytes
+    long) or lies before the first function or after the last one (MSVC lays out the merged data
+    around the code: dhcpssvc's constant tables between its strings, before its first function)."""
+    first = functions[0][0]
+    last = max(hi for _lo, hi in functions)
     out = list(ranges)
     for (_lo, hi, kind), (nlo, _nhi, _k) in zip(ranges, ranges[1:], strict=False):
-        if 0 < nlo - hi < SMALL_GAP and _none_between(fstarts, hi, nlo) and not in_spans(functions, fstarts, hi):
-            out.append((hi, nlo, kind))
+        if not 0 < nlo - hi < SMALL_GAP and not (nlo <= first or hi >= last):
+            continue
+        gap = (hi, nlo, kind)
+        if (
+            _none_between(fstarts, hi, nlo)
+            and not in_spans(functions, fstarts, hi)
+            and not _claimed(gap, code, code_starts)
+        ):
+            out.append(gap)
     return out
