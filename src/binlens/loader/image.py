@@ -139,6 +139,9 @@ class Image:
     warnings: list[str] = field(default_factory=list)
     # ELF `e_flags` (processor-specific: ARM EABI version, BE8, float ABI, MIPS ISA...); 0 for PE and Mach-O
     machine_flags: int = 0
+    # Data inside executable sections, as [va, end) with the kind of evidence (PE: `pe_data.py`):
+    # sorted, disjoint; the analysis decodes no code there and the string scanner reads it
+    data_ranges: list[tuple[int, int, str]] = field(default_factory=list)
     _regions: list[Region] = field(default_factory=list, repr=False)
     _starts: list[int] = field(default_factory=list, repr=False)
     _sections_by_va: list[Section] = field(default_factory=list, repr=False)
@@ -308,13 +311,21 @@ def encode_image(img: Image) -> tuple:
             strict=True,
         )
     )
-    return (_ROW[Identity](img.identity), *rows, img.slices, img.function_hints, img.warnings, img.machine_flags)
+    head = (_ROW[Identity](img.identity), *rows, img.slices, img.function_hints, img.warnings, img.machine_flags)
+    return (*head, img.data_ranges)
 
 
 def decode_image(encoded: tuple, data: bytes) -> Image:
     """Rebuild an Image from `encode_image`'s tuples and the file's bytes."""
-    ident, *rows, slices, hints, warnings, flags = encoded
+    ident, *rows, slices, hints, warnings, flags, data_ranges = encoded
     lists = [[cls(*r) for r in rs] for cls, rs in zip(_ROW_TYPES, rows, strict=True)]
     return Image(
-        Identity(*ident), data, *lists, slices=slices, function_hints=hints, warnings=warnings, machine_flags=flags
+        Identity(*ident),
+        data,
+        *lists,
+        slices=slices,
+        function_hints=hints,
+        warnings=warnings,
+        machine_flags=flags,
+        data_ranges=[(lo, hi, kind) for lo, hi, kind in data_ranges],
     )
