@@ -78,6 +78,18 @@ def _swapper(stop: threading.Event, swap: Callable[[], None]) -> threading.Threa
     return t
 
 
+def _file_link_swap(root: Path, secret: Path) -> Callable[[], None]:
+    """One round of `root/x` becoming a hard link to `root/inside`, then a symbolic link to `secret`."""
+
+    def swap() -> None:
+        os.link(root / "inside", root / ".f")
+        os.replace(root / ".f", root / "x")
+        os.symlink(secret, root / ".l")
+        os.replace(root / ".l", root / "x")
+
+    return swap
+
+
 def test_symlink_swapped_at_last_component_never_escapes(tmp_path: Path) -> None:
     """`root/x` flips between a regular file inside and a symbolic link to a file outside."""
     root, out = tmp_path / "root", tmp_path / "outside"
@@ -87,11 +99,7 @@ def test_symlink_swapped_at_last_component_never_escapes(tmp_path: Path) -> None
     (root / "inside").write_bytes(inside_bytes)
     (out / "secret").write_bytes(outside_bytes)
 
-    def swap() -> None:
-        os.link(root / "inside", root / ".f")
-        os.replace(root / ".f", root / "x")
-        os.symlink(out / "secret", root / ".l")
-        os.replace(root / ".l", root / "x")
+    swap = _file_link_swap(root, out / "secret")
 
     stop = threading.Event()
     swap()
@@ -170,11 +178,7 @@ def test_program_open_race_never_opens_outside(tmp_path: Path, home: Path, compi
     ws = Workspace(Config(home=home, roots=[root]))
     inside_sha = invoke(ws, "program.open", {"path": str(root / "inside")})["identity"]["sha256"]
 
-    def swap() -> None:
-        os.link(root / "inside", root / ".f")
-        os.replace(root / ".f", root / "x")
-        os.symlink(out / "secret", root / ".l")
-        os.replace(root / ".l", root / "x")
+    swap = _file_link_swap(root, out / "secret")
 
     stop = threading.Event()
     swap()
