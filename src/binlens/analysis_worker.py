@@ -332,6 +332,7 @@ class _Rows:
     figures: tuple[str, int, int, float]
     functions: Any  # FunctionRows
     references: Any  # ReferenceRows
+    warnings: list[str] = field(default_factory=list)  # what of the image was not analysed, and why
 
 
 def _parallel() -> bool:
@@ -390,12 +391,13 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
         # the save then fit in the memory it frees (libc: this process's peak 50.5 -> 48.1 MiB, for
         # ~9 ms). One collection: the explorer and its backend hold each other.
         facts = (explored.codemap.total_bytes, explored.covered, explored.t0)
+        warnings = explored.warnings
         _retained.remove(explored)
         del explored
         gc.collect()
         rrows = reference_rows(refs, strings, frows.spans)
         frows.spans = ([], [], [])  # (three arrays of ~70k entries for libc, of no further use)
-        return _Rows(_figures(facts, frows, progress), frows, rrows)
+        return _Rows(_figures(facts, frows, progress), frows, rrows, warnings)
 
 
 def _in_two_processes(explored: Any) -> tuple[list, Any, Any]:
@@ -506,7 +508,7 @@ def _save(req: AnalysisRequest, rows: _Rows, send: Callable[[Any], None]) -> Non
     conn = db.connect()
     conn.execute("PRAGMA wal_autocheckpoint=0")
     with gc_paused():
-        write_analysis(db, rows.figures, rows.functions, rows.references)
+        write_analysis(db, rows.figures, rows.functions, rows.references, rows.warnings)
     if rows.functions.spool is not None:
         rows.functions.spool.close()  # (a temporary file: gone once closed)
     _retained.append(rows)  # freed by the exit, not object by object as the frames unwind

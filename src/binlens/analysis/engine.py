@@ -131,6 +131,7 @@ class Explored:
     report: Progress
     t0: float
     chunk_count: int = 0
+    warnings: list[str] = dataclasses.field(default_factory=list)  # what of the image was not analysed, and why
 
     def references(self) -> tuple[list[StringItem], Refs]:
         """(strings, references packed): what `ProgramAnalysis` holds of them (`Refs.xrefs` gives the
@@ -196,6 +197,7 @@ class Explored:
             code_bytes=self.codemap.total_bytes,
             covered_bytes=self.covered,
             stats=stats,
+            warnings=list(self.warnings),
         )
 
 
@@ -320,6 +322,7 @@ def explore(
         report,
         t0,
         chunk_count=len(explorer.chunks),
+        warnings=list(codemap.warnings),
     )
 
 

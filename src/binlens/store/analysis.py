@@ -8,11 +8,12 @@ cache is stale and the analysis runs again. Addresses are stored as signed 64-bi
 from __future__ import annotations
 
 import bisect
+import json
 import sqlite3
 import sys
 from array import array
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate, chain
 from operator import attrgetter, itemgetter
 
@@ -74,6 +75,11 @@ ANALYSIS_MIGRATIONS = [
     CREATE TABLE xref_pack (function INTEGER, data BLOB NOT NULL, kinds BLOB NOT NULL);
     CREATE INDEX xref_pack_by_function ON xref_pack(function);
     DELETE FROM analysis_run
+    """,
+    # What of the image the analysis left out or cut, and why (odd section or segment tables):
+    # a JSON list of lines, NULL when there is nothing to say.
+    """
+    ALTER TABLE analysis_run ADD COLUMN warnings TEXT
     """,
 ]
 register_migrations("analysis", ANALYSIS_MIGRATIONS)
@@ -174,6 +180,7 @@ class RunInfo:
     covered_bytes: int
     seconds: float
     finished_at: str | None
+    warnings: list[str] = field(default_factory=list)
 
 
 def load_run(db: ProgramDatabase) -> RunInfo | None:
@@ -182,7 +189,19 @@ def load_run(db: ProgramDatabase) -> RunInfo | None:
     if row is None:
         return None
     keys = ("functions", "blocks", "instructions", "xrefs", "strings")
-    return RunInfo(row[1], row[2], dict(zip(keys, row[3:8], strict=True)), row[8], row[9], row[10], row[11])
+    counts = dict(zip(keys, row[3:8], strict=True))
+    return RunInfo(row[1], row[2], counts, row[8], row[9], row[10], row[11], _warnings(row[12]))
+
+
+def _warnings(text: str | None) -> list[str]:
+    """`analysis_run.warnings` as a list (empty when NULL or not a JSON list of strings)."""
+    if not text:
+        return []
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return []
+    return [str(w) for w in value] if isinstance(value, list) else []
 
 
 def user_functions(db: ProgramDatabase) -> dict[int, bool]:
