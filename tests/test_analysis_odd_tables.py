@@ -193,3 +193,21 @@ def test_functions_command_prints_the_warnings(home, sample, tmp_path):
     out = run_cli("functions", str(path), home=home)
     assert out.returncode == 0, out.stderr
     assert "binlens: warning: code section '.text' at 0xffffffffffffff00: runs past" in out.stderr
+
+
+def test_no_disassembler_error_names_the_program(workspace, sample, tmp_path):
+    from binlens.errors import BinlensError
+
+    data = bytearray(sample.read_bytes())
+    struct.pack_into("<H", data, 0x12, 22)  # e_machine: IBM S/390, which no decoder here reads
+    path = tmp_path / "s390"
+    path.write_bytes(data)
+    workspace.open(path, check_roots=False)
+    for method in ("analysis.start", "function.list"):
+        params = {"wait": True} if method == "analysis.start" else {}
+        with pytest.raises(BinlensError) as err:
+            invoke(workspace, method, params)
+        assert "no disassembler for architecture" in err.value.message
+        assert err.value.target == "/params/program", (method, err.value.code, err.value.target)
+    status = invoke(workspace, "analysis.get", {})
+    assert status["status"] == "failed" and "no disassembler" in status["error"]

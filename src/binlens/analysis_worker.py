@@ -7,7 +7,7 @@ forked) loads the image itself through the loader's forked parser child (the fas
 else LIEF), checks that the bytes are the ones the caller opened, runs `analyze` and writes the
 result with `save_analysis` (one SQLite transaction, in WAL mode beside the caller's readers).
 It streams `("progress", done, total, message)` frames back and ends with `("done", functions)`
-or `("error", code, message)`. The caller kills it on cancellation and past a time budget; a
+or `("error", code, message, target)`. The caller kills it on cancellation and past a time budget; a
 crash or kill leaves the database as it was, since nothing is committed before the end.
 
 `prestart()` starts a spare analysis process early (the CLI does it before importing the API),
@@ -227,8 +227,8 @@ class AnalysisProcess:
                     progress(frame[1], frame[2], frame[3])
                 elif kind == "done":  # (committed; the process checkpoints and ends on its own)
                     return int(frame[1])
-                else:
-                    raise BinlensError(frame[1], frame[2])
+                else:  # ("error", code, message, target)
+                    raise BinlensError(frame[1], frame[2], target=frame[3] if len(frame) > 3 else None)
         except BaseException:
             self.kill()
             raise
@@ -555,14 +555,14 @@ def main() -> None:
         else:
             analyse_and_save(req, lambda frame: write_frame(out, frame))
     except BinlensError as err:
-        write_frame(out, ("error", err.code, err.message))
+        write_frame(out, ("error", err.code, err.message, err.target))
     except BrokenPipeError:
         return
     except Exception as err:  # noqa: BLE001 - reported to the caller as a clean error, the trace goes to stderr
         import traceback
 
         traceback.print_exc(file=sys.stderr)
-        write_frame(out, ("error", "internal", f"the analysis failed: internal error ({type(err).__name__})"))
+        write_frame(out, ("error", "internal", f"the analysis failed: internal error ({type(err).__name__})", None))
 
 
 if __name__ == "__main__":

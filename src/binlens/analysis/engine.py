@@ -90,7 +90,7 @@ def make_backend(image: Image, codemap: CodeMap) -> object:
 
     if capstone_backend.supported(image):
         return capstone_backend.CapstoneBackend(image, codemap)
-    raise BinlensError("unsupported", f"no disassembler for architecture {arch!r}")
+    raise BinlensError("unsupported", f"no disassembler for architecture {arch!r}", target="/params/program")
 
 
 def analyze(
