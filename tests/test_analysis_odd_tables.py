@@ -86,6 +86,11 @@ ODD_TABLES = {
     "overlapping": (lambda e: e.section(".plt", size=0x100), ["'.text'", "overlaps code section '.plt'"]),
     # a size far past the end of the file
     "huge_size": (lambda e: e.section(".text", size=0x7FFFFFFFFFFF), ["'.text'", "the file holds"]),
+    # data sections whose strings and words would lie past 2**64
+    "data_wrapping": (
+        lambda e: e.section(".rodata", addr=TOP - 0x20).section(".data", addr=TOP - 0x8),
+        ["data section '.rodata'", "data section '.data'", "what lies past it is not read"],
+    ),
 }
 
 

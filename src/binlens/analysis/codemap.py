@@ -111,7 +111,7 @@ def code_ranges(image: Image, warnings: list[str]) -> list[tuple[str, int, bytes
     end = 0  # where the last range kept ends
     last = ""
     for name, va, offset, size in sorted(cands, key=lambda c: (c[1], -c[3])):
-        label = f"code {what} {_printable(name)} at {va:#x}"
+        label = f"code {what} {warning_name(name)} at {va:#x}"
         data = image.data[offset : offset + size]
         if not data:
             said.append(f"{label}: its bytes (file offset {offset:#x}) lie past the end of the file; not analysed")
@@ -127,9 +127,9 @@ def code_ranges(image: Image, warnings: list[str]) -> list[tuple[str, int, bytes
             notes.append(f"runs past the end of the address space; cut at {ADDRESS_END:#x}")
         if va < end:
             if va + len(data) <= end:
-                said.append(f"{label}: lies inside code {what} {_printable(last)}; analysed once, as that one")
+                said.append(f"{label}: lies inside code {what} {warning_name(last)}; analysed once, as that one")
                 continue
-            notes.append(f"overlaps code {what} {_printable(last)}; analysed from {end:#x} on")
+            notes.append(f"overlaps code {what} {warning_name(last)}; analysed from {end:#x} on")
             data = data[end - va :]
             va = end
         said += [f"{label}: {note}" for note in notes]
@@ -141,7 +141,7 @@ def code_ranges(image: Image, warnings: list[str]) -> list[tuple[str, int, bytes
     return out
 
 
-def _printable(name: object) -> str:
+def warning_name(name: object) -> str:
     """A section name for a warning: text, without control characters, at most 64 characters."""
     text = name.decode("latin-1") if isinstance(name, bytes | bytearray) else str(name)
     text = "".join(c if c.isprintable() else "?" for c in text)

@@ -33,7 +33,7 @@ from binlens.analysis.model import (
 from binlens.analysis.native import native
 from binlens.analysis.noreturn import noret_callers, returning_functions
 from binlens.analysis.seeds import Seeds, with_source
-from binlens.analysis.strings import find_strings
+from binlens.analysis.strings import find_strings, past_the_top
 from binlens.analysis.thunks import find_thunks
 from binlens.analysis.version import ENGINE_VERSION
 from binlens.analysis.xrefs import collect_refs, pointers_in_data
@@ -322,7 +322,7 @@ def explore(
         report,
         t0,
         chunk_count=len(explorer.chunks),
-        warnings=list(codemap.warnings),
+        warnings=codemap.warnings + past_the_top(image),
     )
 
 
