@@ -216,3 +216,21 @@ def test_no_disassembler_error_names_the_program(workspace, sample, tmp_path):
         assert err.value.target == "/params/program", (method, err.value.code, err.value.target)
     status = invoke(workspace, "analysis.get", {})
     assert status["status"] == "failed" and "no disassembler" in status["error"]
+
+
+def test_pe_image_base_at_the_top_wraps(workspace, tmp_path):
+    source = corpus_dir() / "pe" / "WindowsUI-App.exe"
+    if not source.is_file():
+        pytest.skip(f"{source} is absent")
+    data = bytearray(source.read_bytes())
+    pe = struct.unpack_from("<I", data, 0x3C)[0]
+    assert struct.unpack_from("<H", data, pe + 24)[0] == 0x20B  # PE32+: ImageBase is 8 bytes at +24
+    struct.pack_into("<Q", data, pe + 24 + 24, TOP)
+    path = tmp_path / source.name
+    path.write_bytes(data)
+    status = _analysis(workspace, path)
+    assert status["counts"]["functions"] >= 1 and status["counts"]["strings"] >= 1
+    info = invoke(workspace, "program.get", {})
+    assert any("wrap around" in w for w in info["warnings"]), info["warnings"]
+    starts = [int(s["start"], 16) for s in info["sections"]]
+    assert all(0 <= a < 1 << 64 for a in starts) and min(starts) < 0x100000
