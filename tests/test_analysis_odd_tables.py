@@ -113,16 +113,19 @@ def test_overlapping_and_wrapping_segments_are_analysed(workspace, sample, tmp_p
 
 
 def test_code_segments_alone_out_of_order_and_overlapping(workspace, sample, tmp_path):
-    # no code sections (flags cleared): the executable segments place the code, here two that
-    # overlap, one of them running past the top of the address space
+    # no code sections (their flags cleared): the executable segments place the code, here the first
+    # one made executable over the code one, and the third made executable just below 2**64
     elf = Elf64(sample)
     for name in (".init", ".plt", ".plt.got", ".text", ".fini"):
         elf.section(name, flags=0x2)  # allocated, not executable
-    elf.load(0, vaddr=0x1000)  # the read-only first segment over the code one
-    text = struct.unpack_from("<I", elf.data, elf.phoff + 56 * 3 + 4)[0]
-    struct.pack_into("<I", elf.data, elf.phoff + 56 * 2 + 4, text)  # ... and executable too
-    elf.load(2, vaddr=TOP - 0x80)  # the rodata segment executable, at the top
+    loads = [i for i in range(elf.phnum) if struct.unpack_from("<I", elf.data, elf.phoff + 56 * i)[0] == 1]
+    for n in (0, 2):
+        struct.pack_into("<I", elf.data, elf.phoff + 56 * loads[n] + 4, 5)  # p_flags: r-x
+    elf.load(0, vaddr=0x1000).load(2, vaddr=TOP - 0x80)
     status = _analysis(workspace, elf.write(tmp_path / "segments_only"))
+    said = " | ".join(status["warnings"])
+    assert "code segment 'LOAD3' at 0x1000: lies inside code segment 'LOAD2'" in said, said
+    assert "runs past the end of the address space" in said, said
     assert status["counts"]["functions"] >= 1
 
 
