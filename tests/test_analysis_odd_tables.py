@@ -237,3 +237,21 @@ def test_pe_image_base_at_the_top_wraps(workspace, tmp_path):
     assert any("wrap around" in w for w in info["warnings"]), info["warnings"]
     starts = [int(s["start"], 16) for s in info["sections"]]
     assert all(0 <= a < 1 << 64 for a in starts) and min(starts) < 0x100000
+
+
+def test_warnings_migration_takes_a_column_added_already(tmp_path):
+    import sqlite3
+
+    from binlens.store import analysis as store
+    from binlens.store.database import CORE_MIGRATIONS, ProgramDatabase
+
+    path = tmp_path / "raced.sqlite"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.executescript(CORE_MIGRATIONS[0])
+    for step in store.ANALYSIS_MIGRATIONS[:3]:
+        conn.executescript(step)
+    conn.execute("ALTER TABLE analysis_run ADD COLUMN warnings TEXT")  # (as another process's open did)
+    conn.execute("INSERT INTO meta VALUES ('schema.analysis', '3')")
+    conn.close()
+    db = ProgramDatabase(path)
+    assert db.schema_versions()["analysis"] == len(store.ANALYSIS_MIGRATIONS)

@@ -18,9 +18,9 @@ from itertools import accumulate, chain
 from operator import attrgetter, itemgetter
 
 from binlens.analysis.model import XREF_KINDS
-from binlens.store.database import ProgramDatabase, register_migrations, s64, u64
+from binlens.store.database import Migration, ProgramDatabase, register_migrations, s64, u64
 
-ANALYSIS_MIGRATIONS = [
+ANALYSIS_MIGRATIONS: list[Migration] = [
     """
     CREATE TABLE IF NOT EXISTS analysis_run (
         id INTEGER PRIMARY KEY CHECK (id = 1), engine TEXT NOT NULL, status TEXT NOT NULL,
@@ -78,11 +78,18 @@ ANALYSIS_MIGRATIONS = [
     """,
     # What of the image the analysis left out or cut, and why (odd section or segment tables):
     # a JSON list of lines, NULL when there is nothing to say.
-    """
-    ALTER TABLE analysis_run ADD COLUMN warnings TEXT
-    """,
+    lambda conn: _add_column(conn, "analysis_run", "warnings", "TEXT"),
 ]
 register_migrations("analysis", ANALYSIS_MIGRATIONS)
+
+
+def _add_column(conn: sqlite3.Connection, table: str, column: str, kind: str) -> None:
+    """`ALTER TABLE table ADD COLUMN column kind`, unless the table has that column already (another
+    process's first open may have added it first)."""
+    if column not in {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}:
+        conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+
+
 _FUNC_COLUMNS = "address, size, symbol, thunk, sources, noreturn, blocks, instructions, mode"
 _EDGE_PAIR = attrgetter("src", "dst")
 _EDGE_ORDER = itemgetter(0, 1)
