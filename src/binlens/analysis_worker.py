@@ -7,7 +7,7 @@ forked) loads the image itself through the loader's forked parser child (the fas
 else LIEF), checks that the bytes are the ones the caller opened, runs `analyze` and writes the
 result with `save_analysis` (one SQLite transaction, in WAL mode beside the caller's readers).
 It streams `("progress", done, total, message)` frames back and ends with `("done", functions)`
-or `("error", code, message)`. The caller kills it on cancellation and past a time budget; a
+or `("error", code, message, target)`. The caller kills it on cancellation and past a time budget; a
 crash or kill leaves the database as it was, since nothing is committed before the end.
 
 `prestart()` starts a spare analysis process early (the CLI does it before importing the API),
@@ -238,8 +238,8 @@ class AnalysisProcess:
                     progress(frame[1], frame[2], frame[3])
                 elif kind == "done":  # (committed; the process checkpoints and ends on its own)
                     return int(frame[1])
-                else:
-                    raise BinlensError(frame[1], frame[2])
+                else:  # ("error", code, message, target)
+                    raise BinlensError(frame[1], frame[2], target=frame[3] if len(frame) > 3 else None)
         except BaseException:
             self.kill()
             raise
@@ -342,6 +342,7 @@ class _Rows:
     figures: tuple[str, int, int, float]
     functions: Any  # FunctionRows
     references: Any  # ReferenceRows
+    warnings: list[str] = field(default_factory=list)  # what of the image was not analysed, and why
 
 
 def _parallel() -> bool:
@@ -400,12 +401,13 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
         # the save then fit in the memory it frees (libc: this process's peak 50.5 -> 48.1 MiB, for
         # ~9 ms). One collection: the explorer and its backend hold each other.
         facts = (explored.codemap.total_bytes, explored.covered, explored.t0)
+        warnings = explored.warnings
         _retained.remove(explored)
         del explored
         gc.collect()
         rrows = reference_rows(refs, strings, frows.spans)
         frows.spans = ([], [], [])  # (three arrays of ~70k entries for libc, of no further use)
-        return _Rows(_figures(facts, frows, progress), frows, rrows)
+        return _Rows(_figures(facts, frows, progress), frows, rrows, warnings)
 
 
 def _in_two_processes(explored: Any) -> tuple[list, Any, Any]:
@@ -516,7 +518,7 @@ def _save(req: AnalysisRequest, rows: _Rows, send: Callable[[Any], None]) -> Non
     conn = db.connect()
     conn.execute("PRAGMA wal_autocheckpoint=0")
     with gc_paused():
-        write_analysis(db, rows.figures, rows.functions, rows.references)
+        write_analysis(db, rows.figures, rows.functions, rows.references, rows.warnings)
     if rows.functions.spool is not None:
         rows.functions.spool.close()  # (a temporary file: gone once closed)
     _retained.append(rows)  # freed by the exit, not object by object as the frames unwind
@@ -563,14 +565,14 @@ def main() -> None:
         else:
             analyse_and_save(req, lambda frame: write_frame(out, frame))
     except BinlensError as err:
-        write_frame(out, ("error", err.code, err.message))
+        write_frame(out, ("error", err.code, err.message, err.target))
     except BrokenPipeError:
         return
     except Exception as err:  # noqa: BLE001 - reported to the caller as a clean error, the trace goes to stderr
         import traceback
 
         traceback.print_exc(file=sys.stderr)
-        write_frame(out, ("error", "internal", f"the analysis failed: internal error ({type(err).__name__})"))
+        write_frame(out, ("error", "internal", f"the analysis failed: internal error ({type(err).__name__})", None))
 
 
 if __name__ == "__main__":

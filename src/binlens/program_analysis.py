@@ -48,6 +48,7 @@ class ProgramAnalysisState:
         self.fraction = 0.0
         self.message = ""
         self.error: str | None = None
+        self.error_target: str | None = None  # the JSON pointer of what the failure concerns, when one does
         self.view: AnalysisView | None = None
         self._lock = threading.Lock()
         self._done = threading.Event()
@@ -73,6 +74,7 @@ class ProgramAnalysisState:
                 return
             self.status = "running"
             self.error = None
+            self.error_target = None
             self.fraction = 0.0
             self.message = "starting"
             self._done.clear()
@@ -131,6 +133,7 @@ class ProgramAnalysisState:
                 else:
                     self.status = "failed"
                     self.error = err.message
+                    self.error_target = err.target
         except Exception as err:  # noqa: BLE001 - reported through analysis.get, logged here
             log.exception("analysis of %s failed", self.prog.path)
             with self._lock:
@@ -158,7 +161,9 @@ class ProgramAnalysisState:
         if self.view is not None and self.status == "done":
             return self.view
         if self.status == "failed":
-            raise BinlensError("unavailable", f"the analysis failed: {self.error}", details=self.snapshot())
+            raise BinlensError(
+                "unavailable", f"the analysis failed: {self.error}", target=self.error_target, details=self.snapshot()
+            )
         self.start()
         if not wait:
             raise BinlensError(
@@ -190,7 +195,10 @@ class ProgramAnalysisState:
                 self._waiters -= 1
         if self.status != "done" or self.view is None:
             raise BinlensError(
-                "unavailable", f"the analysis {self.status}: {self.error or self.message}", details=self.snapshot()
+                "unavailable",
+                f"the analysis {self.status}: {self.error or self.message}",
+                target=self.error_target if self.status == "failed" else None,
+                details=self.snapshot(),
             )
         if ctx is not None:
             ctx.progress(100, 100, self.message)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from binlens.analysis.native import native
-from binlens.loader.image import Image
+from binlens.loader.image import ADDRESS_END, Image
 
 UNEXPLORED, INSN, BODY, CHUNK = 0, 1, 2, 3
 _descent = native("_descent")
@@ -38,26 +38,18 @@ class CodeRegion:
 
 
 class CodeMap:
-    """All executable regions of an image, found by VA with bisect."""
+    """All executable regions of an image, found by VA with bisect.
+
+    The regions are ascending, not overlapping, not empty and end at `ADDRESS_END` at most, whatever the
+    file's section or segment table says (`code_ranges`); `warnings` says what of that table was
+    cut or left out to make them so.
+    """
 
     def __init__(self, image: Image) -> None:
-        self.regions: list[CodeRegion] = []
-        secs = [s for s in image.sections if s.kind == "code" and s.size > 0 and s.fsize > 0 and s.va > 0]
-        if image.identity.format == "MachO":
-            from binlens.analysis.strings import MACHO_CODE
-
-            secs = [s for s in secs if s.name.rsplit(",", 1)[-1] in MACHO_CODE or "stub" in s.name]
-        if not secs:
-            for seg in image.segments:
-                if "x" in seg.perms and seg.fsize > 0:
-                    data = image.data[seg.offset : seg.offset + min(seg.fsize, seg.vsize)]
-                    self.regions.append(CodeRegion(seg.name, seg.va, bytes(data)))
-        else:
-            for s in sorted(secs, key=lambda s: s.va):
-                data = image.data[s.offset : s.offset + min(s.fsize, s.size)]
-                if self.regions and s.va < self.regions[-1].end:
-                    continue  # overlapping section headers: keep the first
-                self.regions.append(CodeRegion(s.name, s.va, bytes(data)))
+        self.warnings: list[str] = []
+        self.regions: list[CodeRegion] = [
+            CodeRegion(name, va, data) for name, va, data in code_ranges(image, self.warnings)
+        ]
         # (an i386 switch table lies inside its function, after the code: the code around it stays
         # one region, so that a gap trial sees the whole function; no start is taken in it: `_Refused`)
         cut = [r for r in image.data_ranges if r[2] != "table"]
@@ -115,6 +107,70 @@ def _without_data(regions: list[CodeRegion], ranges: list[tuple[int, int, str]])
             out.append(CodeRegion(r.name, va, r.data[va - r.va : stop - r.va]))
             va = stop
     return out
+
+
+MAX_WARNINGS = 20  # a file with thousands of odd sections says so in this many lines, and a count
+
+
+def code_ranges(image: Image, warnings: list[str]) -> list[tuple[str, int, bytes]]:
+    """(name, address, bytes) of each run of code to analyse, ascending and not overlapping: the code
+    sections (the executable segments where there are none) as far as the file holds their bytes
+    and the address space has room for them. A section whose bytes lie past the end of the file is
+    left out; one that runs past `ADDRESS_END` is cut there; one that overlaps an earlier one (by address)
+    keeps only its part past that one's end (nothing when it lies inside it). What was cut or left
+    out is added to `warnings`, a line each (at most `MAX_WARNINGS`, then a count)."""
+    secs = [s for s in image.sections if s.kind == "code" and s.size > 0 and s.fsize > 0 and s.va > 0]
+    if image.identity.format == "MachO":
+        from binlens.analysis.strings import MACHO_CODE
+
+        secs = [s for s in secs if s.name.rsplit(",", 1)[-1] in MACHO_CODE or "stub" in s.name]
+    if secs:
+        what = "section"
+        cands = [(s.name, s.va, s.offset, min(s.fsize, s.size)) for s in secs]
+    else:
+        what = "segment"
+        cands = [(g.name, g.va, g.offset, min(g.fsize, g.vsize)) for g in image.segments if "x" in g.perms]
+        cands = [c for c in cands if c[3] > 0]
+    said: list[str] = []
+    out: list[tuple[str, int, bytes]] = []
+    end = 0  # where the last range kept ends
+    last = ""
+    for name, va, offset, size in sorted(cands, key=lambda c: (c[1], -c[3])):
+        label = f"code {what} {warning_name(name)} at {va:#x}"
+        data = image.data[offset : offset + size]
+        if not data:
+            said.append(f"{label}: its bytes (file offset {offset:#x}) lie past the end of the file; not analysed")
+            continue
+        notes = []
+        if len(data) < size:
+            notes.append(f"the file holds {len(data):#x} of its {size:#x} bytes; the rest is not analysed")
+        if va + len(data) > ADDRESS_END:
+            data = data[: max(0, ADDRESS_END - va)]
+            if not data:
+                said.append(f"{label}: lies at the end of the address space; not analysed")
+                continue
+            notes.append(f"runs past the end of the address space; cut at {ADDRESS_END:#x}")
+        if va < end:
+            if va + len(data) <= end:
+                said.append(f"{label}: lies inside code {what} {warning_name(last)}; analysed once, as that one")
+                continue
+            notes.append(f"overlaps code {what} {warning_name(last)}; analysed from {end:#x} on")
+            data = data[end - va :]
+            va = end
+        said += [f"{label}: {note}" for note in notes]
+        out.append((name, va, bytes(data)))
+        end, last = va + len(data), name
+    if len(said) > MAX_WARNINGS:
+        said[MAX_WARNINGS:] = [f"and {len(said) - MAX_WARNINGS} more warnings about code {what}s"]
+    warnings += said
+    return out
+
+
+def warning_name(name: object) -> str:
+    """A section name for a warning: text, without control characters, at most 64 characters."""
+    text = name.decode("latin-1") if isinstance(name, bytes | bytearray) else str(name)
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return repr(text[:64] + ("..." if len(text) > 64 else ""))
 
 
 def instruction_start(codemap: CodeMap, va: int) -> bool:

@@ -33,7 +33,7 @@ from binlens.analysis.model import (
 from binlens.analysis.native import native
 from binlens.analysis.noreturn import noret_callers, returning_functions
 from binlens.analysis.seeds import Seeds, with_source
-from binlens.analysis.strings import find_strings
+from binlens.analysis.strings import find_strings, past_the_top
 from binlens.analysis.thunks import find_thunks
 from binlens.analysis.version import ENGINE_VERSION
 from binlens.analysis.xrefs import collect_refs, pointers_in_data
@@ -91,7 +91,7 @@ def make_backend(image: Image, codemap: CodeMap) -> object:
 
     if capstone_backend.supported(image):
         return capstone_backend.CapstoneBackend(image, codemap)
-    raise BinlensError("unsupported", f"no disassembler for architecture {arch!r}")
+    raise BinlensError("unsupported", f"no disassembler for architecture {arch!r}", target="/params/program")
 
 
 def analyze(
@@ -132,6 +132,7 @@ class Explored:
     report: Progress
     t0: float
     chunk_count: int = 0
+    warnings: list[str] = dataclasses.field(default_factory=list)  # what of the image was not analysed, and why
 
     def references(self) -> tuple[list[StringItem], Refs]:
         """(strings, references packed): what `ProgramAnalysis` holds of them (`Refs.xrefs` gives the
@@ -197,6 +198,7 @@ class Explored:
             code_bytes=self.codemap.total_bytes,
             covered_bytes=self.covered,
             stats=stats,
+            warnings=list(self.warnings),
         )
 
 
@@ -322,6 +324,7 @@ def explore(
         report,
         t0,
         chunk_count=len(explorer.chunks),
+        warnings=codemap.warnings + past_the_top(image),
     )
 
 

@@ -229,6 +229,7 @@ class ProgramAnalysis:
     code_bytes: int = 0
     covered_bytes: int = 0
     stats: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # what of the image was not analysed, and why
     _starts: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:

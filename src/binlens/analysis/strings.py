@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 
+from binlens.analysis.codemap import warning_name
 from binlens.analysis.model import StringItem
-from binlens.loader.image import Image, Section
+from binlens.loader.image import ADDRESS_END, Image, Section
 
 # Sections that hold metadata rather than program data.
 METADATA_SECTIONS = frozenset(
@@ -77,6 +78,23 @@ def is_data_section(image: Image, s: Section) -> bool:
     return s.kind == "data"
 
 
+def readable_size(s: Section) -> int:
+    """How many of the section's bytes to read: those the file holds, up to the end of the address
+    space (`ADDRESS_END`; a crafted table's section may run past it)."""
+    return max(0, min(s.fsize, s.size, ADDRESS_END - s.va))
+
+
+def past_the_top(image: Image) -> list[str]:
+    """A warning for each data section (as `is_data_section` says) that runs past `ADDRESS_END`:
+    its bytes there are not read."""
+    return [
+        f"data section {warning_name(s.name)} at {s.va:#x}: runs past the end of the address space;"
+        " what lies past it is not read"
+        for s in image.sections
+        if is_data_section(image, s) and s.va + min(s.fsize, s.size) > ADDRESS_END
+    ][:20]
+
+
 def find_strings(image: Image, min_length: int = 4) -> list[StringItem]:
     """Every string of at least `min_length` characters in the data sections and in the data ranges
     of code sections (`Image.data_ranges`), by address."""
@@ -84,7 +102,7 @@ def find_strings(image: Image, min_length: int = 4) -> list[StringItem]:
     utf16 = re.compile(rb"(?:" + _PRINT + rb"\x00){%d,}" % min_length)
     out: list[StringItem] = []
     pieces = [
-        (s.va, bytes(image.data[s.offset : s.offset + min(s.fsize, s.size)]), s.name)
+        (s.va, bytes(image.data[s.offset : s.offset + readable_size(s)]), s.name)
         for s in image.sections
         if is_data_section(image, s)
     ]

@@ -12,7 +12,7 @@ from binlens.analysis.codemap import CodeMap
 from binlens.analysis.discovery import Body, Explorer
 from binlens.analysis.model import XREF_KINDS, Refs, StringItem, pairs
 from binlens.analysis.native import native
-from binlens.analysis.strings import is_data_section
+from binlens.analysis.strings import is_data_section, readable_size
 from binlens.loader.image import Image
 
 _RETAG = {"read", "offset", "pointer"}
@@ -192,7 +192,7 @@ def _pointers(image: Image, codemap: CodeMap, targets: set[int], code: bool) -> 
     for s in image.sections:
         if not is_data_section(image, s):
             continue
-        data = view[s.offset : s.offset + min(s.fsize, s.size)]
+        data = view[s.offset : s.offset + readable_size(s)]
         pad = (-s.va) % ptr
         n = (len(data) - pad) // ptr
         if n <= 0:

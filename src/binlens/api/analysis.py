@@ -82,6 +82,10 @@ class AnalysisStatus(Result):
     seconds: float | None = None
     finished_at: str | None = None
     error: str | None = None
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What of the program the analysis left out or cut, and why (odd section or segment tables).",
+    )
 
 
 def status_of(prog: Program) -> AnalysisStatus:
@@ -102,6 +106,7 @@ def status_of(prog: Program) -> AnalysisStatus:
             out.coverage = round(run.covered_bytes / run.code_bytes, 4) if run.code_bytes else 0.0
             out.seconds = round(run.seconds, 3)
             out.finished_at = run.finished_at
+            out.warnings = run.warnings
     return out
 
 

@@ -71,6 +71,8 @@ def _open_and_analyse(args: argparse.Namespace, then: str) -> tuple[Any, Any]:
         f"analysed {args.file}: {counts.get('functions', 0)} functions, {counts.get('xrefs', 0)} references, "
         f"{counts.get('strings', 0)} strings in {time.monotonic() - t0:.2f} s\n"
     )
+    for warning in status.get("warnings") or ():
+        sys.stderr.write(f"binlens: warning: {escape_controls(warning)}\n")
     return ws, prog
 
 

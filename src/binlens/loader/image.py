@@ -12,6 +12,9 @@ import operator
 from dataclasses import dataclass, field, fields, replace
 
 EF_ARM_BE8 = 0x00800000  # ELF e_flags: a big-endian ARM image whose instructions are little-endian
+# Where every mapped region and every run of code ends at the latest: the last byte of the 64-bit
+# address space is left out, so that each end address fits in 64 bits (the C parts take them so).
+ADDRESS_END = (1 << 64) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +235,8 @@ class Image:
 
 
 def build_regions(segments: list[Segment], sections: list[Section]) -> list[Region]:
-    """Non-overlapping mapped regions, sorted by VA (segments first; sections fill gaps)."""
+    """Non-overlapping mapped regions, sorted by VA (segments first; sections fill gaps), each
+    ending at `ADDRESS_END` at most (a crafted table's region that runs past it is cut there)."""
     cands = [Region(s.va, s.vsize, s.offset, min(s.fsize, s.vsize)) for s in segments if s.vsize > 0]
     if not cands:
         cands = [
@@ -240,6 +244,7 @@ def build_regions(segments: list[Segment], sections: list[Section]) -> list[Regi
             for s in sections
             if s.size > 0 and s.va > 0
         ]
+    cands = [_within_addresses(r) for r in cands if r.va < ADDRESS_END]
     cands.sort(key=lambda r: (r.va, -r.vsize))
     out: list[Region] = []
     for r in cands:
@@ -252,6 +257,14 @@ def build_regions(segments: list[Segment], sections: list[Section]) -> list[Regi
             r = Region(r.va + cut, r.vsize - cut, r.offset + cut, max(0, r.fsize - cut))
         out.append(r)
     return out
+
+
+def _within_addresses(r: Region) -> Region:
+    """`r` cut at `ADDRESS_END`."""
+    if r.va + r.vsize <= ADDRESS_END:
+        return r
+    vsize = ADDRESS_END - r.va
+    return Region(r.va, vsize, r.offset, min(r.fsize, vsize))
 
 
 # --- bounded names ------------------------------------------------------------------------

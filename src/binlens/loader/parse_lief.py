@@ -286,6 +286,13 @@ def _parse_pe(data: bytes, sha: str, file_name: str) -> Image:
     if not bits:
         bits = 64 if _enum_name(b.optional_header.magic) == "PE32_PLUS" else 32
     base = b.optional_header.imagebase
+    # An address is the image base plus an RVA, in the address width of the format (PE32: 32 bits,
+    # PE32+: 64): a crafted base near the top makes the sum wrap, as the processor's would.
+    top = 1 << (64 if _enum_name(b.optional_header.magic) == "PE32_PLUS" else 32)
+
+    def at(rva: int) -> int:
+        return (base + rva) % top
+
     headers_size = b.optional_header.sizeof_headers
     segments = [Segment("HEADER", base, max(headers_size, 1), 0, min(headers_size, len(data)), "r--")]
     sections = []
@@ -294,7 +301,7 @@ def _parse_pe(data: bytes, sha: str, file_name: str) -> Image:
         perms = _perms(bool(ch & 0x40000000), bool(ch & 0x80000000), bool(ch & 0x20000000))
         vsize = s.virtual_size or s.size
         nobits = s.size == 0 or bool(ch & 0x80) and not ch & 0x40
-        va = base + s.virtual_address
+        va = at(s.virtual_address)
         fsize = min(s.size, vsize) if s.offset < len(data) else 0
         name = _text(s.name)
         sections.append(Section(name, va, vsize, s.offset, fsize, perms, _kind(perms, nobits), name))
@@ -306,24 +313,24 @@ def _parse_pe(data: bytes, sha: str, file_name: str) -> Image:
             continue
         kind = "function" if s.is_function else "other"
         binding = "global" if s.is_external else "local"
-        addr = sections[s.section_idx - 1].va + s.value
+        addr = (sections[s.section_idx - 1].va + s.value) % top
         symbols.append(Symbol(demangle(name), name, addr, 0, kind, binding, "coff"))
     imports = []
     for lib in b.imports:
         for e in lib.entries:
             name = _text(e.name) if not e.is_ordinal else f"{_text(lib.name)}#{e.ordinal}"
-            imports.append(Import(demangle(name), name, _text(lib.name), slot=base + e.iat_address))
+            imports.append(Import(demangle(name), name, _text(lib.name), slot=at(e.iat_address)))
     exports = []
     if b.has_exports:
         for e in b.get_export().entries:
             if e.is_extern:
                 continue
-            exports.append(Export(demangle(_text(e.name)), _text(e.name), base + e.address, e.ordinal))
+            exports.append(Export(demangle(_text(e.name)), _text(e.name), at(e.address), e.ordinal))
     relocations = []
     for rb in b.relocations:
         for e in rb.entries:
-            relocations.append(Relocation(base + e.address, _enum_name(e.type), None))
-    hints = {"pdata": sorted({base + f.rva_start for f in b.exceptions}) if b.has_exceptions else []}
+            relocations.append(Relocation(at(e.address), _enum_name(e.type), None))
+    hints = {"pdata": sorted({at(f.rva_start) for f in b.exceptions}) if b.has_exceptions else []}
     ident = Identity(
         sha256=sha,
         size=len(data),
@@ -332,10 +339,18 @@ def _parse_pe(data: bytes, sha: str, file_name: str) -> Image:
         bits=bits,
         endian="little",
         image_base=base,
-        entry=base + b.optional_header.addressof_entrypoint,
+        entry=at(b.optional_header.addressof_entrypoint),
         file_name=file_name,
     )
-    img = Image(ident, data, segments, sections, symbols, imports, exports, relocations, function_hints=hints)
+    warnings = []
+    if any(base + s.virtual_address + max(s.virtual_size, s.size) > top for s in b.sections):
+        warnings.append(
+            f"the image base {base:#x} puts sections past the end of the {top.bit_length() - 1}-bit address space:"
+            " their addresses wrap around to 0"
+        )
+    img = Image(
+        ident, data, segments, sections, symbols, imports, exports, relocations, function_hints=hints, warnings=warnings
+    )
     try:
         img.data_ranges = pe_data_ranges(b, base, sections, img.read, bits, arch)
     except (ValueError, TypeError, AttributeError, OverflowError, struct.error) as e:  # a malformed table

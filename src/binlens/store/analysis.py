@@ -8,18 +8,19 @@ cache is stale and the analysis runs again. Addresses are stored as signed 64-bi
 from __future__ import annotations
 
 import bisect
+import json
 import sqlite3
 import sys
 from array import array
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate, chain
 from operator import attrgetter, itemgetter
 
 from binlens.analysis.model import XREF_KINDS
-from binlens.store.database import ProgramDatabase, register_migrations, s64, u64
+from binlens.store.database import Migration, ProgramDatabase, register_migrations, s64, u64
 
-ANALYSIS_MIGRATIONS = [
+ANALYSIS_MIGRATIONS: list[Migration] = [
     """
     CREATE TABLE IF NOT EXISTS analysis_run (
         id INTEGER PRIMARY KEY CHECK (id = 1), engine TEXT NOT NULL, status TEXT NOT NULL,
@@ -75,8 +76,20 @@ ANALYSIS_MIGRATIONS = [
     CREATE INDEX xref_pack_by_function ON xref_pack(function);
     DELETE FROM analysis_run
     """,
+    # What of the image the analysis left out or cut, and why (odd section or segment tables):
+    # a JSON list of lines, NULL when there is nothing to say.
+    lambda conn: _add_column(conn, "analysis_run", "warnings", "TEXT"),
 ]
 register_migrations("analysis", ANALYSIS_MIGRATIONS)
+
+
+def _add_column(conn: sqlite3.Connection, table: str, column: str, kind: str) -> None:
+    """`ALTER TABLE table ADD COLUMN column kind`, unless the table has that column already (another
+    process's first open may have added it first)."""
+    if column not in {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}:
+        conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+
+
 _FUNC_COLUMNS = "address, size, symbol, thunk, sources, noreturn, blocks, instructions, mode"
 _EDGE_PAIR = attrgetter("src", "dst")
 _EDGE_ORDER = itemgetter(0, 1)
@@ -174,6 +187,7 @@ class RunInfo:
     covered_bytes: int
     seconds: float
     finished_at: str | None
+    warnings: list[str] = field(default_factory=list)
 
 
 def load_run(db: ProgramDatabase) -> RunInfo | None:
@@ -182,7 +196,19 @@ def load_run(db: ProgramDatabase) -> RunInfo | None:
     if row is None:
         return None
     keys = ("functions", "blocks", "instructions", "xrefs", "strings")
-    return RunInfo(row[1], row[2], dict(zip(keys, row[3:8], strict=True)), row[8], row[9], row[10], row[11])
+    counts = dict(zip(keys, row[3:8], strict=True))
+    return RunInfo(row[1], row[2], counts, row[8], row[9], row[10], row[11], _warnings(row[12]))
+
+
+def _warnings(text: str | None) -> list[str]:
+    """`analysis_run.warnings` as a list (empty when NULL or not a JSON list of strings)."""
+    if not text:
+        return []
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return []
+    return [str(w) for w in value] if isinstance(value, list) else []
 
 
 def user_functions(db: ProgramDatabase) -> dict[int, bool]:

@@ -11,11 +11,12 @@ of a few functions after a local re-analysis.
 from __future__ import annotations
 
 import bisect
+import json
 import pickle
 import time
 from array import array
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import BinaryIO
@@ -223,7 +224,7 @@ def reference_rows(xrefs: list | Refs, strings: list, spans: Spans) -> Reference
 def save_analysis(db: ProgramDatabase, a: ProgramAnalysis) -> None:
     """Replace the stored analysis with `a`, atomically."""
     rows = function_rows(a.functions)
-    write_analysis(db, run_figures(a), rows, reference_rows(a.xrefs, a.strings, rows.spans))
+    write_analysis(db, run_figures(a), rows, reference_rows(a.xrefs, a.strings, rows.spans), a.warnings)
 
 
 def run_figures(a: ProgramAnalysis) -> tuple[str, int, int, float]:
@@ -232,9 +233,14 @@ def run_figures(a: ProgramAnalysis) -> tuple[str, int, int, float]:
 
 
 def write_analysis(
-    db: ProgramDatabase, figures: tuple[str, int, int, float], frows: FunctionRows, rrows: ReferenceRows
+    db: ProgramDatabase,
+    figures: tuple[str, int, int, float],
+    frows: FunctionRows,
+    rrows: ReferenceRows,
+    warnings: Sequence[str] = (),
 ) -> None:
-    """Replace the stored analysis with these rows, atomically (`figures`: see `run_figures`)."""
+    """Replace the stored analysis with these rows, atomically (`figures`: see `run_figures`;
+    `warnings`: what of the image the analysis left out or cut, and why)."""
     engine, code_bytes, covered_bytes, seconds = figures
     with db.transaction() as conn:
         for name, _on in _INDEXES:
@@ -251,7 +257,8 @@ def write_analysis(
             conn.execute(f"CREATE INDEX {name} ON {on}")
         conn.execute("DELETE FROM analysis_run")
         conn.execute(
-            "INSERT INTO analysis_run VALUES (1,?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT INTO analysis_run (id, engine, status, functions, blocks, instructions, xrefs, strings,"
+            " code_bytes, covered_bytes, seconds, finished_at, warnings) VALUES (1,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 engine,
                 "done",
@@ -261,6 +268,7 @@ def write_analysis(
                 covered_bytes,
                 seconds,
                 time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                json.dumps(list(warnings)) if warnings else None,
             ),
         )
 
