@@ -5,7 +5,8 @@ segments (addresses, sizes, file offsets, permissions, counts) and writes seeded
 one to three fields (`--most`) set to an odd value: zero, all ones, just below 2**64 (or 2**32),
 past the end of the file, or a neighbour's value (overlaps); one in twenty is also truncated.
 Each mutant is parsed and analysed in a forked child, as the analysis process does
-(`analysis_worker.analyse_and_save`, saved to a scratch database), under a time and memory limit. The outcome of each is one of:
+(`analysis_worker.analyse_and_save`, saved to a scratch database), under a time and memory limit.
+The outcome of each is one of:
 
 - `ok`: analysed and saved;
 - `error:CODE`: refused with a clean error (a `BinlensError` that is not `internal`);
