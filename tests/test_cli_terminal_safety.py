@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from binlens.loader.image import NAME_CAP
 from conftest import ROOT
 
 HOSTILE = [
@@ -31,7 +32,8 @@ HOSTILE = [
     b"bad\xff\xfe\xc2utf",  # not UTF-8 at all
     b'dot"] x [\\',  # would close a DOT graph ID early
 ]
-LONG_NAME = "long_" + "L" * 99_995
+# longer than any table cell, within the loader's name cap (image.NAME_CAP): JSON keeps it whole
+LONG_NAME = "long_" + "L" * (NAME_CAP - 100)
 LONG_TEXT = "S" * 1000
 SECTION = (b".note.ABI-tag\x00", b"\x1b]0;sec\x07\xe2\x80\xaeAB\x00")  # same length: only the bytes change
 # Bytes a terminal acts on: C0 controls but the newline, DEL, C1 (UTF-8), U+061C, U+200E/F,
@@ -110,7 +112,7 @@ def test_functions_table_escapes_names_and_cuts_long_ones(hostile: Path, cli_hom
         assert shown in text
     rows = [line for line in text.splitlines() if "│" in line]
     assert len(rows) == len(json.loads(cli(cli_home, "functions", str(hostile), "--json").stdout)["functions"])
-    assert len(r.stdout) < 20_000  # the 100,000-character name is cut to 200
+    assert len(r.stdout) < 20_000  # the long name is cut to 200
     assert "long_" + "L" * 194 + "…" in text and LONG_NAME not in text
     full = cli(cli_home, "functions", str(hostile), "--full")
     assert full.returncode == 0 and LONG_NAME in full.stdout.decode()
