@@ -38,7 +38,7 @@ _CORPUS_SAMPLES = {
 # Fields each format's layout must offer the mutator.
 _EXPECTED_FIELDS = {
     "elf": ("e_phoff", "e_shnum", "phdr[0].p_offset", "phdr[0].p_filesz", "shdr[1].sh_offset", "shdr[1].sh_size"),
-    "pe": ("dos.e_lfanew", "coff.NumberOfSections", "opt.SizeOfHeaders", "dir.IMPORT.Size", "section[0].PointerToRawData"),
+    "pe": ("dos.e_lfanew", "coff.NumberOfSections", "opt.SizeOfHeaders", "dir.IMPORT.Size", "section[0].VirtualSize"),
     "macho": ("header.ncmds", "header.sizeofcmds", "lc[0].cmdsize", ".segment.fileoff", ".section[0].offset"),
     "fat": ("fat.nfat_arch", "fat.arch[0].offset", "fat.arch[0].size", "fat.arch[1].align"),
 }
