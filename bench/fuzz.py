@@ -107,6 +107,7 @@ def _figures(t: Tally) -> dict:
         "mutants": t.mutants, "ok": t.ok, "errors": t.errors, "crashes": t.crashes, "hangs": t.hangs, "oom": t.oom,
         "rss_kib": {"median": statistics.median(t.rss_kib), "p99": _pct(t.rss_kib, 0.99), "max": max(t.rss_kib)},
         "seconds": {"median": statistics.median(t.seconds), "p99": _pct(t.seconds, 0.99), "max": max(t.seconds)},
+        "cpu_s": {"mean": statistics.fmean(t.cpu_s), "max": max(t.cpu_s)},
     }  # fmt: skip
 
 
@@ -119,8 +120,8 @@ def render(tallies: dict[str, Tally], meta: dict) -> str:
         f"({meta['wall_s'] / max(1, meta['count']):.2f} s per mutant).",
         "",
         "| format | mutants | ok | clean errors (by code) | crashes | hangs | oom | peak RSS MiB median / p99 / max "
-        "| s per mutant median / max |",
-        "|---|---:|---:|---|---:|---:|---:|---|---|",
+        "| s per mutant median / max | CPU s per mutant |",
+        "|---|---:|---:|---|---:|---:|---:|---|---|---:|",
     ]
     for name in [*sorted(k for k in tallies if k != "all"), "all"]:
         t = tallies.get(name)
@@ -132,7 +133,7 @@ def render(tallies: dict[str, Tally], meta: dict) -> str:
         lines.append(
             f"| {label} | {t.mutants} | {t.ok} | {errors or '-'} | {t.crashes} | {t.hangs} | {t.oom} "
             f"| {statistics.median(rss):.0f} / {_pct(rss, 0.99):.0f} / {max(rss):.0f} "
-            f"| {statistics.median(t.seconds):.2f} / {max(t.seconds):.1f} |"
+            f"| {statistics.median(t.seconds):.2f} / {max(t.seconds):.1f} | {statistics.fmean(t.cpu_s):.2f} |"
         )
     return "\n".join(lines)
 

@@ -68,6 +68,7 @@ class Record:
     functions: int | None = None
     rss_kib: int = 0
     seconds: float = 0.0
+    cpu_s: float = 0.0  # user + system CPU of the child and the processes it reaped
     exit: str | None = None  # how the child ended: "exit 0", "signal SIGSEGV", "killed (time limit)"
     kept: str | None = None  # where a failing mutant was saved
 
@@ -263,10 +264,11 @@ def crash_site(stderr: str) -> str | None:
     return " | ".join(x for x in (frame, exc) if x) or None
 
 
-def _classify(run: _Running, status: int, ru_maxrss: int, elapsed: float) -> Record:
+def _classify(run: _Running, status: int, usage: Any, elapsed: float) -> Record:
     job = run.job
-    rec = Record(job.index, job.fmt, job.source, job.ops, len(job.data), "crash", rss_kib=ru_maxrss,
-                 seconds=round(elapsed, 3), exit=_how(status))  # fmt: skip
+    rec = Record(job.index, job.fmt, job.source, job.ops, len(job.data), "crash", rss_kib=usage.ru_maxrss,
+                 seconds=round(elapsed, 3), cpu_s=round(usage.ru_utime + usage.ru_stime, 3),
+                 exit=_how(status))  # fmt: skip
     try:
         stderr = (run.workdir / "stderr.txt").read_text(errors="replace")
     except OSError:
@@ -332,7 +334,7 @@ class Runner:
                 run = running.pop(pid, None)
                 if run is None:
                     continue  # an orphan of a killed child, reaped
-                rec = _classify(run, status, usage.ru_maxrss, time.monotonic() - run.started)
+                rec = _classify(run, status, usage, time.monotonic() - run.started)
                 self._finish(run, rec)
                 if progress is not None:
                     progress(rec)
@@ -390,6 +392,7 @@ class Tally:
     oom: int = 0
     rss_kib: list[int] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
+    cpu_s: list[float] = field(default_factory=list)
 
     def add(self, rec: Record) -> None:
         """Count one record."""
@@ -407,3 +410,4 @@ class Tally:
             self.oom += 1
         self.rss_kib.append(rec.rss_kib)
         self.seconds.append(rec.seconds)
+        self.cpu_s.append(rec.cpu_s)
