@@ -139,15 +139,16 @@ def render(tallies: dict[str, Tally], meta: dict) -> str:
 
 
 def render_failures(records: list[Record]) -> str:
-    """One line per crash, hang or out-of-memory end: what to look at."""
-    bad = [r for r in sorted(records, key=lambda r: r.index) if r.outcome in ("crash", "hang", "oom")]
+    """One line per crash, hang, out-of-memory end or clean error hiding a parser failure: what to look at."""
+    bad = [r for r in sorted(records, key=lambda r: r.index) if r.outcome in ("crash", "hang", "oom") or r.flag]
     if not bad:
         return ""
     lines = ["", "| index | format | source | outcome | stage | code | where / message |"]
     lines.append("|---:|---|---|---|---|---|---|")
     for r in bad:
         what = (r.where or r.message or "").replace("|", "\\|")[:160]
-        lines.append(f"| {r.index} | {r.fmt} | {r.source} | {r.outcome} | {r.stage} | {r.code} | {what} |")
+        outcome = f"{r.outcome} ({r.flag})" if r.flag else r.outcome
+        lines.append(f"| {r.index} | {r.fmt} | {r.source} | {outcome} | {r.stage} | {r.code} | {what} |")
     return "\n".join(lines)
 
 
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
 
     def progress(rec: Record) -> None:
-        if rec.outcome in ("crash", "hang", "oom"):
+        if rec.outcome in ("crash", "hang", "oom") or rec.flag:
             print(f"fuzz: #{rec.index} {rec.fmt} {rec.source}: {rec.outcome} ({rec.stage}, {rec.code}) "
                   f"{rec.where or rec.message or ''}", file=sys.stderr)  # fmt: skip
         done = len(records) + 1

@@ -71,6 +71,7 @@ class Record:
     cpu_s: float = 0.0  # user + system CPU of the child and the processes it reaped
     exit: str | None = None  # how the child ended: "exit 0", "signal SIGSEGV", "killed (time limit)"
     kept: str | None = None  # where a failing mutant was saved
+    flag: str | None = None  # a clean error that hides a parser failure: kept and listed too
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain JSON data."""
@@ -164,6 +165,9 @@ def _calls(path: Path, home: Path, limits: Limits) -> dict[str, Any]:
             invoke(ws, "listing.get", {"selector": {"address": f["address"]}, "max_instructions": 20})
         return {"outcome": "ok", "functions": (status.get("counts") or {}).get("functions")}
     except BinlensError as err:
+        parser = _parser_failure(err, path) if stage == "program.open" else None
+        if parser is not None:
+            return parser
         if err.code == "internal":
             return {"outcome": "crash", "code": "internal", "stage": stage, "message": err.message}
         if err.code == "timeout":
@@ -171,6 +175,45 @@ def _calls(path: Path, home: Path, limits: Limits) -> dict[str, Any]:
         return {"outcome": "error", "code": err.code, "stage": stage, "message": err.message[:300]}
     except MemoryError:
         return {"outcome": "oom", "code": "MemoryError", "stage": stage}
+
+
+_REJECTED = re.compile(r"the parser rejected it \((\w+)\)")
+
+
+def _parser_failure(err: Any, path: Path) -> dict[str, Any] | None:
+    """A clean `invalid_argument` that hides a failure of the format parser (an exception of
+    ours or LIEF's, a crash or a time-out of the forked parser): flagged, with the exception's site."""
+    if err.code != "invalid_argument":
+        return None
+    rejected = _REJECTED.search(err.message)
+    if rejected:
+        code, flag = f"invalid_argument: parser raised {rejected.group(1)}", "parser exception"
+        _parser_traceback(path)
+    elif "the format parser crashed" in err.message:
+        code, flag = f"invalid_argument: parser crashed ({err.details.get('parser')})", "parser crash"
+    elif "parsing took longer" in err.message:
+        code, flag = "invalid_argument: parse timeout", "parse timeout"
+    else:
+        return None
+    return {"outcome": "error", "code": code, "flag": flag, "stage": "program.open", "message": err.message}
+
+
+def _parser_traceback(path: Path) -> None:
+    """Parse `path` again with LIEF's path of the loader in a forked process that prints the
+    exception's traceback to stderr (the loader turns it into a clean error without one)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            signal.alarm(20)
+            from binlens.loader.worker import _lief
+
+            _lief(path.read_bytes(), path.name, None)
+        except Exception:  # noqa: BLE001 - its traceback is what this process is for
+            traceback.print_exc()
+        finally:
+            sys.stderr.flush()
+            os._exit(0)
+    os.waitpid(pid, 0)
 
 
 def _analysis_failure(message: str) -> dict[str, Any]:
@@ -289,10 +332,10 @@ def _classify(run: _Running, status: int, usage: Any, elapsed: float) -> Record:
         return rec
     rec.outcome = result["outcome"]
     rec.code, rec.stage, rec.message = result.get("code"), result.get("stage"), result.get("message")
-    rec.functions = result.get("functions")
+    rec.functions, rec.flag = result.get("functions"), result.get("flag")
     if rec.outcome == "ok" and rec.exit != "exit 0":
         rec.outcome, rec.code = "crash", rec.exit
-    if rec.outcome in ("crash", "oom", "hang"):
+    if rec.outcome in ("crash", "oom", "hang") or rec.flag:
         rec.where = crash_site(stderr)
     return rec
 
@@ -359,7 +402,7 @@ class Runner:
         return _Running(job, pid, time.monotonic(), workdir)
 
     def _finish(self, run: _Running, rec: Record) -> None:
-        if rec.outcome in ("crash", "hang", "oom") and self.keep_dir is not None:
+        if (rec.outcome in ("crash", "hang", "oom") or rec.flag) and self.keep_dir is not None:
             self.keep_dir.mkdir(parents=True, exist_ok=True)
             stem = f"s{self.seed}-i{rec.index}-{rec.fmt}"
             shutil.copyfile(run.workdir / "mutant", self.keep_dir / f"{stem}.bin")
