@@ -140,7 +140,7 @@ def _calls(path: Path, home: Path, limits: Limits) -> dict[str, Any]:
     from binlens.workspace import Config, Workspace
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    ws = Workspace(Config(home=home))
+    ws = Workspace(Config(home=home, roots=[path.parent]))  # the mutant's folder: the server's allowed root
     stage = "program.open"
     try:
         invoke(ws, "program.open", {"path": str(path)})
