@@ -294,8 +294,9 @@ def _parse_pe(data: bytes, sha: str, file_name: str) -> Image:
         nobits = s.size == 0 or bool(ch & 0x80) and not ch & 0x40
         va = base + s.virtual_address
         fsize = min(s.size, vsize) if s.offset < len(data) else 0
-        sections.append(Section(s.name, va, vsize, s.offset, fsize, perms, _kind(perms, nobits), _text(s.name)))
-        segments.append(Segment(s.name, va, vsize, s.offset, fsize, perms))
+        name = _text(s.name)
+        sections.append(Section(name, va, vsize, s.offset, fsize, perms, _kind(perms, nobits), name))
+        segments.append(Segment(name, va, vsize, s.offset, fsize, perms))
     symbols = []
     for s in b.symbols:
         name = _text(s.name)
@@ -373,7 +374,7 @@ def _parse_macho(data: bytes, sha: str, file_name: str, slice_name: str | None) 
         perms = _perms(bool(p & 1), bool(p & 2), bool(p & 4))
         if s.virtual_size:
             offset, fsize = _in_slice(base, end, s.file_offset, s.file_size)
-            segments.append(Segment(s.name, s.virtual_address, s.virtual_size, offset, fsize, perms))
+            segments.append(Segment(_text(s.name), s.virtual_address, s.virtual_size, offset, fsize, perms))
         for sec in s.sections:
             t = _enum_name(sec.type)
             nobits = t in ("ZEROFILL", "GB_ZEROFILL", "THREAD_LOCAL_ZEROFILL")
