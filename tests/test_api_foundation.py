@@ -117,7 +117,7 @@ def test_response_budget_refuses_instead_of_cutting(home, compile_c):
     ws.open(compile_c("sample.c"), check_roots=False)
     err = call_error(ws, "symbol.list", {"page": {"limit": 1000}})
     assert err.code == "response_too_large" and err.status == 413
-    assert err.details["limit"] == 2000 and err.details["size"] > 2000
+    assert err.details["limit"] == 2000 and err.details["size_at_least"] > 2000
     assert invoke(ws, "symbol.list", {"page": {"limit": 2}})["items"]
 
 

@@ -306,6 +306,15 @@ def test_program_open_only_under_roots_and_read_only(tmp_path: Path, sample: Pat
     foreign = shutil.copy(compile_c("sample.c", opt="-O1"), outside / "foreign")
     (inside / "link").symlink_to(foreign)
     with ServerProcess(tmp_path / "home", str(served), "--ws-clients", "4") as srv:
+        # No --root: exactly the started FILE, not even its neighbours.
+        ok = ws_call(srv.ws_url, "program.open", {"path": str(inside / "served")})
+        assert ok["result"]["identity"]["file_name"] == "served"
+        for path in (inside / "neighbour", foreign, inside / "link", str(inside / ".." / "outside" / "foreign")):
+            reply = ws_call(srv.ws_url, "program.open", {"path": str(path)})
+            assert reply["error"]["code"] == -32000, path
+            assert reply["error"]["data"]["target"] == "/params/path"
+            assert "not one of the files this server was started on" in reply["error"]["data"]["message"]
+    with ServerProcess(tmp_path / "home", str(served), "--root", str(inside), "--ws-clients", "4") as srv:
         ok = ws_call(srv.ws_url, "program.open", {"path": str(inside / "neighbour")})
         assert ok["result"]["identity"]["file_name"] == "neighbour"
         for path in (foreign, inside / "link", str(inside / ".." / "outside" / "foreign")):

@@ -25,6 +25,7 @@ import pickle
 import queue
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,7 @@ from typing import Any
 
 from binlens.errors import BinlensError
 from binlens.loader.digest import sha256_hex
+from binlens.loader.input_file import DEFAULT_MAX_FILE_BYTES, read_input
 from binlens.loader.isolate import STATUS_OK, load_frame, read_frame, write_frame, write_last_frame
 
 Progress = Callable[[float, float | None, str | None], None]
@@ -57,6 +59,7 @@ class AnalysisRequest:
     data: bytes | None = None  # the bytes themselves, when the file changed on disk since it was opened
     home: str | None = None  # an early start (the CLI, before it opened the program): the database's home
     image: tuple | None = None  # the caller's parsed image (`encode_image`): no second parse here
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES  # the most of the file read again (the caller's opened size)
 
 
 # ---------------------------------------------------------------------------------- caller side
@@ -106,11 +109,19 @@ def _fast_format(path: str) -> bool:
     the CLI's own request hands over the image that worker parsed."""
     from binlens.loader.worker import fast_candidate
 
+    try:  # (non-blocking: a FIFO put in the file's place must not hold the command up)
+        fd = os.open(os.path.expanduser(path), os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except (OSError, ValueError):
+        return False
     try:
-        with open(os.path.expanduser(path), "rb") as fh:
-            return fast_candidate(fh.read(64))
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > DEFAULT_MAX_FILE_BYTES:  # the command's open refuses it
+            return False
+        return fast_candidate(os.read(fd, 64))
     except OSError:
         return False
+    finally:
+        os.close(fd)
 
 
 @atexit.register
@@ -250,10 +261,9 @@ def _load(req: AnalysisRequest) -> Any:
     data = req.data
     if data is None:
         try:
-            with open(req.path, "rb") as fh:
-                data = fh.read()
-        except OSError as err:
-            raise BinlensError("conflict", f"cannot read {req.path} again: {err.strerror}") from None
+            data = read_input(req.path, max_bytes=req.max_file_bytes, target=None).data
+        except BinlensError as err:
+            raise BinlensError("conflict", f"cannot read {req.path} again: {err.message}") from None
     if req.image is not None:
         # the caller parsed these bytes already (in its own isolated child): reuse its answer, once
         # the bytes are shown to be the same (PE and Mach-O would otherwise import LIEF here again)

@@ -95,6 +95,7 @@ class ProgramAnalysisState:
             db_path=str(self.prog.db.path),
             slice_name=ident.slice,
             data=bytes(self.prog.image.data) if with_bytes else None,
+            max_file_bytes=len(self.prog.image.data),
             **self._user_starts(),
         )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,9 +13,14 @@ from typing import Any
 
 from binlens import __version__
 from binlens.errors import BinlensError
-from binlens.loader import Image, load_image
+from binlens.loader import Image
 from binlens.loader.image import Symbol
+from binlens.loader.input_file import DEFAULT_MAX_FILE_BYTES, check_within, read_input, resolved_roots
+from binlens.loader.isolate import parse_bytes
 from binlens.store import ProgramDatabase, database_path, default_home
+from binlens.store.secret import home_key
+
+CURSOR_KEY_FILE = "cursor.key"  # under the home: the key that signs page cursors, shared by its processes
 
 _ADDR_RE = re.compile(r"^\s*(0[xX][0-9a-fA-F]+)\s*$")
 _OFFSET_RE = re.compile(r"^(.+?)\s*([+-])\s*(0[xX][0-9a-fA-F]+|\d+)$")
@@ -29,6 +34,7 @@ class Limits:
     max_concurrent: int = 4
     parse_timeout_s: float = 8.0
     max_read_bytes: int = 64 * 1024
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES  # input files above this are refused before being read
 
 
 @dataclass
@@ -36,7 +42,11 @@ class Config:
     """How this workspace was started."""
 
     home: Path = field(default_factory=default_home)
-    roots: list[Path] = field(default_factory=list)  # empty: any path the user named on the command line
+    roots: list[Path] = field(default_factory=list)  # empty: see `files`
+    # With no roots: None lets program.open read any path (the one-shot CLI, library use); a list
+    # (a server started on FILEs) lets it open exactly those files and confines exports to
+    # `export_dir` beside the program's database.
+    files: list[Path] | None = None
     read_only: bool = False
     limits: Limits = field(default_factory=Limits)
     server_name: str = "binlens"
@@ -102,11 +112,12 @@ class NameMap(dict[int, str]):
 class Program:
     """One open program: its Image, database, and name index."""
 
-    def __init__(self, handle: str, path: Path, image: Image, db: ProgramDatabase) -> None:
+    def __init__(self, handle: str, path: Path, image: Image, db: ProgramDatabase, cursor_key: bytes) -> None:
         self.handle = handle
         self.path = path
         self.image = image
         self.db = db
+        self.cursor_key = cursor_key  # signs this program's page cursors (see binlens.api.cursor)
         self.lock = threading.RLock()
         self.extensions: dict[str, Any] = {}  # per-program state owned by other layers (analysis, ...)
         self.name_resolvers: list[Callable[[str], int | None]] = []
@@ -242,36 +253,73 @@ class Workspace:
             return prog
 
     def check_root(self, path: Path, target: str = "/params/path") -> Path:
-        """Refuse a path outside the configured roots (symlinks resolved first)."""
-        real = path.expanduser().resolve()
+        """Refuse a path outside the configured roots or started files (symlinks resolved first)."""
         roots = self.config.roots
-        if roots and not any(real == r or r in real.parents for r in (x.resolve() for x in roots)):
+        real = check_within(path, roots, target)
+        if not roots and self.config.files is not None and real not in set(resolved_roots(self.config.files)):
             raise BinlensError(
                 "invalid_argument",
-                f"{path} is outside the allowed roots",
+                f"{path} is not one of the files this server was started on (start it with --root DIR "
+                "to let clients open other files)",
                 target=target,
-                details={"roots": [str(r) for r in roots]},
+                details={"files": [str(f) for f in self.config.files]},
+            )
+        return real
+
+    def export_dir(self, prog: Program) -> Path:
+        """Where a server started on files (no roots) writes exports: a folder beside the database."""
+        return prog.db.path.parent / "exports"
+
+    def check_export(self, path: Path, prog: Program, target: str = "/params/path") -> Path:
+        """The real path an export of `prog` may write: under the roots, or in `export_dir` when
+        the server is confined to its started files (a relative path is taken from there)."""
+        if self.config.roots or self.config.files is None:
+            return self.check_root(path, target)
+        folder = self.export_dir(prog)
+        folder.mkdir(parents=True, exist_ok=True)
+        base = folder.resolve()
+        p = path.expanduser()
+        real = (p if p.is_absolute() else base / p).resolve()
+        if base not in real.parents:
+            raise BinlensError(
+                "invalid_argument",
+                f"{path} is outside {base}: a server started on files without --root writes exports "
+                "only there (give a file name)",
+                target=target,
+                details={"export_dir": str(base)},
             )
         return real
 
     def open(self, path: str | Path, slice_name: str | None = None, *, check_roots: bool = True) -> Program:
-        """Open (or return the already open) program for the file at `path`."""
-        p = Path(path)
-        real = self.check_root(p) if check_roots else p.expanduser().resolve()
-        image = load_image(str(real), slice_name, timeout=self.limits.parse_timeout_s)
+        """Open (or return the already open) program for the file at `path` (`input_file.read_input`:
+        a regular file, under the roots unless `check_roots` is off, of at most `max_file_bytes`)."""
+        confine: Sequence[Path] = ()
+        if check_roots:
+            self.check_root(Path(path))  # (the clearer refusal, before anything is opened)
+            # the opened file is checked again: a started file is a root with nothing inside it
+            confine = self.config.roots or (self.config.files or ())
+        opened = read_input(path, max_bytes=self.limits.max_file_bytes, roots=confine)
+        real = opened.path
+        try:
+            image = parse_bytes(opened.data, real.name, slice_name, timeout=self.limits.parse_timeout_s)
+        except BinlensError as err:
+            if err.target is not None:
+                raise
+            # what is wrong is the file the path names (not an executable, malformed, ...)
+            raise BinlensError(err.code, err.message, target="/params/path", details=err.details) from None
         ident = image.identity
         handle = "p" + ident.sha256[:8] + (f"-{ident.slice}" if ident.slice else "")
         with self._lock:
             existing = self.programs.get(handle)
             if existing is not None:
                 return existing
-            db = ProgramDatabase(database_path(self.config.home, ident.sha256, ident.slice))
+            db = ProgramDatabase(database_path(self.config.home, ident.sha256, ident.slice), ident.size)
             with db.transaction() as conn:
                 conn.execute(
                     "INSERT OR IGNORE INTO image(sha256, file_name, size, format, arch, slice) VALUES(?,?,?,?,?,?)",
                     (ident.sha256, ident.file_name, ident.size, ident.format, ident.arch, ident.slice),
                 )
-            prog = Program(handle, real, image, db)
+            prog = Program(handle, real, image, db, home_key(self.config.home, CURSOR_KEY_FILE))
             self.programs[handle] = prog
             for hook in OPEN_HOOKS:
                 hook(self, prog)

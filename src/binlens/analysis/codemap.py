@@ -58,6 +58,11 @@ class CodeMap:
                 if self.regions and s.va < self.regions[-1].end:
                     continue  # overlapping section headers: keep the first
                 self.regions.append(CodeRegion(s.name, s.va, bytes(data)))
+        # (an i386 switch table lies inside its function, after the code: the code around it stays
+        # one region, so that a gap trial sees the whole function; no start is taken in it: `_Refused`)
+        cut = [r for r in image.data_ranges if r[2] != "table"]
+        if cut:
+            self.regions = _without_data(self.regions, cut)
         self._starts = [r.va for r in self.regions]
         self._last: CodeRegion | None = None
         # `xrefs.pointers_in_data(image, self, set())`, once: the words in data that hold a code
@@ -90,6 +95,26 @@ class CodeMap:
     @property
     def total_bytes(self) -> int:
         return sum(len(r.data) for r in self.regions)
+
+
+def _without_data(regions: list[CodeRegion], ranges: list[tuple[int, int, str]]) -> list[CodeRegion]:
+    """`regions` cut around the data ranges (sorted, disjoint): no code is decoded in data, no
+    function starts there, and decoding that runs up to data stops where the data begins."""
+    out = []
+    starts = [lo for lo, _hi, _k in ranges]
+    for r in regions:
+        va = r.va
+        i = max(0, bisect.bisect_right(starts, va) - 1)
+        while va < r.end:
+            while i < len(ranges) and ranges[i][1] <= va:
+                i += 1
+            if i < len(ranges) and ranges[i][0] <= va:
+                va = ranges[i][1]  # inside data: skip it
+                continue
+            stop = min(r.end, ranges[i][0]) if i < len(ranges) else r.end
+            out.append(CodeRegion(r.name, va, r.data[va - r.va : stop - r.va]))
+            va = stop
+    return out
 
 
 def instruction_start(codemap: CodeMap, va: int) -> bool:

@@ -39,6 +39,7 @@ from binlens.analysis.version import ENGINE_VERSION
 from binlens.analysis.xrefs import collect_refs, pointers_in_data
 from binlens.errors import BinlensError
 from binlens.loader.image import Image
+from binlens.loader.pe_data import looks_like_data
 
 # Discovery walks each body without its edges (`Explorer.record_edges`; `None`: with them, as the
 # tests compare): they are walked once when it ends, and on demand for the non-returning test.
@@ -237,6 +238,7 @@ def explore(
     # what may not become a function start: the user's removed starts, and in an ARM32 Mach-O section
     # that LC_FUNCTION_STARTS covers, any address the linker did not list there
     refused = _Refused(image, excluded)
+    data_like = _data_like(image)
     noret_slots = {imp.slot for imp in image.imports if imp.name in NORETURN_NAMES}
     named_noret = {va for va, name in thunks.items() if name in NORETURN_NAMES}
     named_noret |= {s.address for s in image.symbols if s.name in NORETURN_NAMES and codemap.contains(s.address)}
@@ -276,7 +278,7 @@ def explore(
             continue
         report(0.7, 1.0, f"{len(bodies)} functions; heuristics: {stage}")
         extra = heuristic_starts(image, codemap, explorer, backend, starts, known, bodies, stage, gaps)
-        extra = {va: src for va, src in extra.items() if va not in refused}
+        extra = {va: src for va, src in extra.items() if va not in refused and not data_like(va)}
         if not extra:
             exhausted.add(stage)
         else:
@@ -462,8 +464,20 @@ def _discover(
     return bodies, starts, noret
 
 
+def _data_like(image: Image) -> Callable[[int], bool]:
+    """A test for a guessed start (a heuristic's) whose bytes read as data: in a PE, a string or
+    zeros (`pe_data.looks_like_data`; x64 code outside the functions `.pdata` lists is a small leaf,
+    so there a string of two characters is data); elsewhere none."""
+    if image.identity.format != "PE":
+        return lambda va: False
+    listed = set(image.function_hints.get("pdata", ()))
+    short = image.identity.arch == "x86-64" and bool(listed)
+    return lambda va: va not in listed and looks_like_data(image.read, va, short)
+
+
 class _Refused:
-    """Addresses that may not become function starts (`in`): the user's removed starts (`user`), and
+    """Addresses that may not become function starts (`in`): the user's removed starts (`user`), data
+    the loader located in code sections (`Image.data_ranges`), and
     in an ARM32 Mach-O section that LC_FUNCTION_STARTS covers, every address it does not list. On
     armv7 the starts found there besides the linker's list were labels inside functions and ARM
     code decoded as Thumb or the reverse (armv7 BatteryLife of the corpus: 8.5k of them, tail-call
@@ -485,10 +499,16 @@ class _Refused:
 
         self.spans = sorted((s.va, s.va + s.size) for s in image.sections if s.size and holds_one(s.va, s.va + s.size))
         self.starts = [lo for lo, _hi in self.spans]
+        self.data = image.data_ranges  # (sorted, disjoint)
+        self.data_starts = [lo for lo, _hi, _k in self.data]
 
     def __contains__(self, va: object) -> bool:
         if va in self.user:
             return True
+        if self.data and isinstance(va, int):
+            i = bisect.bisect_right(self.data_starts, va) - 1
+            if i >= 0 and va < self.data[i][1]:
+                return True
         if not self.spans or va in self.listed or not isinstance(va, int):
             return False
         i = bisect.bisect_right(self.starts, va) - 1

@@ -11,8 +11,9 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-# Flow kinds of one instruction (the instruction model).
-FLOW_KINDS = ("fallthrough", "jump", "conditional", "call", "return", "indirect_jump", "indirect_call", "stop")
+# Flow kinds of one instruction (the instruction model); "data" marks bytes a linear
+# listing shows as `.byte` because they do not decode (binlens.api.instruction.decode_range).
+FLOW_KINDS = ("fallthrough", "jump", "conditional", "call", "return", "indirect_jump", "indirect_call", "stop", "data")
 
 # How a chunk of straight-line code ends (internal, compact).
 T_FALL, T_JUMP, T_COND, T_CALL, T_RET, T_IJUMP, T_ICALL, T_STOP, T_BAD = range(9)

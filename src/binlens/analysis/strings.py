@@ -78,21 +78,30 @@ def is_data_section(image: Image, s: Section) -> bool:
 
 
 def find_strings(image: Image, min_length: int = 4) -> list[StringItem]:
-    """Every string of at least `min_length` characters in the data sections, by address."""
+    """Every string of at least `min_length` characters in the data sections and in the data ranges
+    of code sections (`Image.data_ranges`), by address."""
     utf8 = re.compile(_UTF8 + rb"{%d,}" % min_length)
     utf16 = re.compile(rb"(?:" + _PRINT + rb"\x00){%d,}" % min_length)
     out: list[StringItem] = []
-    for s in image.sections:
-        if not is_data_section(image, s):
-            continue
-        data = bytes(image.data[s.offset : s.offset + min(s.fsize, s.size)])
+    pieces = [
+        (s.va, bytes(image.data[s.offset : s.offset + min(s.fsize, s.size)]), s.name)
+        for s in image.sections
+        if is_data_section(image, s)
+    ]
+    # data the loader located inside code sections (`Image.data_ranges`: MSVC's `.rdata` merged into `.text`)
+    for lo, hi, _kind in image.data_ranges:
+        sec = image.section_at(lo)
+        raw = image.read(lo, hi - lo)
+        if raw is not None and sec is not None:
+            pieces.append((lo, raw, sec.name))
+    for va, data, name in pieces:
         for m in utf8.finditer(data):
             raw = m.group()
             enc = "ascii" if raw.isascii() else "utf-8"
-            out.append(StringItem(s.va + m.start(), len(raw), enc, raw.decode("utf-8", "replace"), s.name))
+            out.append(StringItem(va + m.start(), len(raw), enc, raw.decode("utf-8", "replace"), name))
         for m in utf16.finditer(data):
             raw = m.group()
-            out.append(StringItem(s.va + m.start(), len(raw), "utf-16le", raw.decode("utf-16le", "replace"), s.name))
+            out.append(StringItem(va + m.start(), len(raw), "utf-16le", raw.decode("utf-16le", "replace"), name))
     out.sort(key=lambda x: (x.address, -x.size))
     # overlapping sections of odd files can yield the same address twice: keep the longest
     return [x for i, x in enumerate(out) if i == 0 or out[i - 1].address != x.address]

@@ -9,7 +9,16 @@ from pydantic import Field
 
 from binlens.api.edits import database_busy, invalidate, refresh, settle_analysis, store
 from binlens.api.models import Params, ProgramRef, Result
-from binlens.api.registry import LIFECYCLE, MUTATION, CallContext, invoke, lookup, method
+from binlens.api.registry import (
+    LIFECYCLE,
+    MUTATION,
+    CallContext,
+    invoke,
+    lookup,
+    method,
+    response_size,
+    response_too_large,
+)
 from binlens.errors import BinlensError
 
 
@@ -100,9 +109,47 @@ def _params(p: BatchParams, it: BatchItem) -> dict[str, Any]:
 _CONSULT_ANALYSIS = frozenset({"function.create", "function.delete"})
 
 
+class _Tally:
+    """The running size of a batch's response against the call's budget.
+
+    Each item's outcome is counted as it is made, so a batch that cannot fit is known before it
+    commits (all_or_none) and before it holds more than one item's result past the budget.
+    """
+
+    def __init__(self, budget: int | None) -> None:
+        self.budget = budget
+        self.size = 0
+
+    def add(self, outcome: ItemOutcome) -> None:
+        """Count one item's outcome (with the comma that separates it from the next)."""
+        if self.budget is not None:
+            self.size += response_size(outcome.model_dump(mode="json")) + 1
+
+    @property
+    def over(self) -> bool:
+        """Whether the outcomes counted so far already exceed the budget."""
+        return self.budget is not None and self.size > self.budget
+
+    def check(self, result: BatchResult) -> None:
+        """Raise `response_too_large` when the whole `result` does not fit."""
+        if self.budget is None:
+            return
+        size = response_size(result.model_dump(mode="json"))
+        if size > self.budget:
+            raise response_too_large(size, self.budget)
+
+
 @method("batch.execute", effect=MUTATION)
 def batch_execute(ws: Any, p: BatchParams, ctx: CallContext) -> BatchResult:
-    """Run up to 1000 calls: all_or_none rolls everything back on the first error; per_item reports each."""
+    """Run up to 1000 calls: all_or_none rolls everything back on the first error; per_item reports each.
+
+    The response must fit the call's byte budget. all_or_none measures it inside its transaction,
+    so a batch whose response is too large fails with `response_too_large` and commits nothing.
+    per_item commits each item as it runs; when the outcomes do not fit it still runs every item,
+    keeps no more results once over, and fails with `response_too_large` whose details say
+    `committed: true`, how many items succeeded and failed, and the `batch_id` (journal.list
+    filters by it).
+    """
     _check(p)
     prog = ws.program(p.program)
     st = store(prog)
@@ -110,6 +157,7 @@ def batch_execute(ws: Any, p: BatchParams, ctx: CallContext) -> BatchResult:
         raise BinlensError("invalid_argument", "batches do not nest", target="/params")
     batch_id = "b_" + uuid.uuid4().hex[:16]
     outcomes: list[ItemOutcome] = []
+    tally = _Tally(ctx.response_budget)
     refresh(prog)
     if p.mode == "all_or_none":
         if any(it.method in _CONSULT_ANALYSIS for it in p.items):
@@ -123,6 +171,11 @@ def batch_execute(ws: Any, p: BatchParams, ctx: CallContext) -> BatchResult:
                     except BinlensError as err:
                         raise _retarget(err, i) from None
                     outcomes.append(ItemOutcome(index=i, method=it.method, ok=True, result=_keep(p, result)))
+                    tally.add(outcomes[-1])
+                    if tally.over:
+                        raise response_too_large(tally.size, tally.budget or 0, at_least=True)
+                out = BatchResult(batch_id=batch_id, mode=p.mode, succeeded=len(outcomes), failed=0, items=outcomes)
+                tally.check(out)  # (inside the transaction: a response that cannot be sent commits nothing)
         except BaseException as err:
             invalidate(prog)
             refresh(prog)
@@ -130,18 +183,30 @@ def batch_execute(ws: Any, p: BatchParams, ctx: CallContext) -> BatchResult:
                 err.details["rolled_back"] = True
             raise
         refresh(prog)
-        return BatchResult(batch_id=batch_id, mode=p.mode, succeeded=len(outcomes), failed=0, items=outcomes)
+        return out
     failed = 0
     with st.tagged_batch(batch_id):
         for i, it in enumerate(p.items):
             ctx.progress(i, len(p.items), it.method)
             try:
                 result = invoke(ws, it.method, _params(p, it), ctx)
-                outcomes.append(ItemOutcome(index=i, method=it.method, ok=True, result=_keep(p, result)))
+                outcome = ItemOutcome(index=i, method=it.method, ok=True, result=_keep(p, result))
             except BinlensError as err:
                 failed += 1
-                outcomes.append(ItemOutcome(index=i, method=it.method, ok=False, error=_retarget(err, i).to_dict()))
-    return BatchResult(batch_id=batch_id, mode=p.mode, succeeded=len(outcomes) - failed, failed=failed, items=outcomes)
+                outcome = ItemOutcome(index=i, method=it.method, ok=False, error=_retarget(err, i).to_dict())
+            if not tally.over:  # (past the budget the response is an error: the outcomes are not kept)
+                tally.add(outcome)
+                outcomes.append(outcome)
+    succeeded = len(p.items) - failed
+    out = BatchResult(batch_id=batch_id, mode=p.mode, succeeded=succeeded, failed=failed, items=outcomes)
+    try:
+        if tally.over:
+            raise response_too_large(tally.size, tally.budget or 0, at_least=True)
+        tally.check(out)
+    except BinlensError as err:
+        err.details.update(committed=True, batch_id=batch_id, succeeded=succeeded, failed=failed)
+        raise
+    return out
 
 
 def _keep(p: BatchParams, result: Any) -> Any:

@@ -6,16 +6,15 @@ import base64
 import hashlib
 import hmac
 import json
-import os
 from typing import Any
 
 from pydantic import BaseModel
 
 from binlens.errors import BinlensError
+from binlens.workspace import Program
 
-# A per-install key would survive restarts only if stored; cursors are short-lived, so a
-# process key plus the program's sha256 and the query's hash are enough to bind them.
-_KEY = os.urandom(16)
+# Cursors are signed with the program's `cursor_key`, a key kept under the binlens home, so a
+# cursor from one process (one `binlens query`) pages on in the next process using that home.
 
 
 def query_key(params: BaseModel, exclude: tuple[str, ...] = ("page", "program")) -> str:
@@ -27,13 +26,15 @@ def query_key(params: BaseModel, exclude: tuple[str, ...] = ("page", "program"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def encode_cursor(program_sha: str, qkey: str, position: Any) -> str:
-    body = json.dumps({"p": program_sha[:16], "q": qkey, "o": position}, separators=(",", ":")).encode()
-    tag = hmac.new(_KEY, body, hashlib.sha256).digest()[:8]
+def encode_cursor(prog: Program, qkey: str, position: Any) -> str:
+    """An opaque cursor for `position` in the query `qkey` over `prog`, signed with its home's key."""
+    sha = prog.image.identity.sha256
+    body = json.dumps({"p": sha[:16], "q": qkey, "o": position}, separators=(",", ":")).encode()
+    tag = hmac.new(prog.cursor_key, body, hashlib.sha256).digest()[:8]
     return base64.urlsafe_b64encode(tag + body).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str | None, program_sha: str, qkey: str) -> Any:
+def decode_cursor(cursor: str | None, prog: Program, qkey: str) -> Any:
     """The position a cursor stands for; None for no cursor; `invalid_argument` if it does not fit."""
     if cursor is None:
         return None
@@ -41,12 +42,12 @@ def decode_cursor(cursor: str | None, program_sha: str, qkey: str) -> Any:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         tag, body = raw[:8], raw[8:]
-        if not hmac.compare_digest(tag, hmac.new(_KEY, body, hashlib.sha256).digest()[:8]):
+        if not hmac.compare_digest(tag, hmac.new(prog.cursor_key, body, hashlib.sha256).digest()[:8]):
             raise ValueError
         data = json.loads(body)
     except Exception:  # noqa: BLE001
         raise BinlensError("invalid_argument", "the cursor is not one this server issued", target=target) from None
-    if data.get("p") != program_sha[:16]:
+    if data.get("p") != prog.image.identity.sha256[:16]:
         raise BinlensError("invalid_argument", "the cursor belongs to another program", target=target)
     if data.get("q") != qkey:
         raise BinlensError("invalid_argument", "the cursor belongs to a different query", target=target)

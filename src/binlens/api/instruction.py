@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 from pydantic import Field
@@ -31,7 +32,10 @@ class InstructionItem(Result):
     bytes: str = Field(description="Hex bytes.")
     mnemonic: str
     operands: str
-    flow: str = Field(description="fallthrough, jump, conditional, call, return, indirect_jump, indirect_call, stop")
+    flow: str = Field(
+        description="fallthrough, jump, conditional, call, return, indirect_jump, indirect_call, stop; "
+        "data: bytes that do not decode (mnemonic `.byte`), listed so a linear decode covers its whole range"
+    )
     targets: list[HexAddress] = Field(description="Direct branch or call targets.")
     refs: list[HexAddress] = Field(description="Memory references and immediates that may be addresses.")
     function: HexAddress | None = None
@@ -69,6 +73,76 @@ def thumb_spans(dec: Any, view: AnalysisView, spans: list[tuple[int, int]]) -> N
             thumb.add(s)
 
 
+_WINDOW = 4096  # bytes decoded at a time by `decode_range` (a page rarely needs more)
+_MAX_INSN = 16  # the longest instruction of any supported architecture, in bytes
+
+
+def _data_unit(prog: Program, thumb: bool) -> int:
+    """How many bytes an undecodable unit spans: the architecture's instruction alignment."""
+    arch = prog.image.identity.arch
+    if arch in ("x86", "x86-64"):
+        return 1
+    if arch == "riscv" or (arch == "arm" and thumb):
+        return 2  # (compressed RISC-V and Thumb instructions are 2 bytes)
+    return 4
+
+
+def data_instruction(va: int, data: bytes) -> Instruction:
+    """Bytes that do not decode, as a listing item: `.byte 0x06, 0x27`, flow `data`."""
+    return Instruction(va, len(data), data, ".byte", ", ".join(f"0x{b:02x}" for b in data), "data")
+
+
+def _mapped_run(prog: Program, va: int) -> tuple[int, int] | None:
+    """The mapped addresses from `va` on, as [start, end) of contiguous regions: at `va` itself when
+    it is mapped, else from the next mapped address; None when nothing is mapped at or after it."""
+    regions = prog.image.regions
+    starts = [r.va for r in regions]
+    i = bisect.bisect_right(starts, va) - 1
+    if i < 0 or va >= regions[i].va + regions[i].vsize:
+        i += 1
+        if i >= len(regions):
+            return None
+        va = regions[i].va
+    end = regions[i].va + regions[i].vsize
+    while i + 1 < len(regions) and regions[i + 1].va <= end:
+        i += 1
+        end = max(end, regions[i].va + regions[i].vsize)
+    return va, end
+
+
+def decode_range(prog: Program, dec: Any, start: int, end: int) -> Iterator[Instruction]:
+    """Every byte of [start, end) in address order, decoded lazily a window at a time: instructions
+    where the bytes decode, a `data` item (`data_instruction`, one alignment unit) where they do not,
+    after which decoding resumes at the next unit. Unmapped addresses have no bytes and no items."""
+    arm = prog.image.identity.arch == "arm"
+    thumb = start in getattr(dec, "thumb", ()) or bool(arm and start & 1)
+    if arm:
+        start &= ~1
+    unit = _data_unit(prog, thumb)
+    cur = start
+    while cur < end:
+        run = _mapped_run(prog, cur)
+        if run is None or run[0] >= end:
+            return
+        cur = max(cur, run[0])
+        limit = min(end, run[1])
+        while cur < limit:
+            hi = min(limit, cur + _WINDOW)
+            insns = dec.instructions(cur | 1 if thumb else cur, hi)
+            for ins in insns:
+                if ins.address < cur or ins.address + ins.size > hi:
+                    continue
+                yield ins
+                cur = ins.address + ins.size
+            if cur >= limit:
+                break
+            if hi < limit and hi - cur < _MAX_INSN:
+                continue  # the window may have cut an instruction: decode on from `cur` in the next
+            n = min(unit, limit - cur)
+            yield data_instruction(cur, prog.image.read(cur, n) or bytes(n))
+            cur += n
+
+
 def instruction_item(ins: Instruction, fn: int | None) -> InstructionItem:
     return InstructionItem(
         address=hex(ins.address),
@@ -103,7 +177,7 @@ def instruction_list(ws: Any, p: InstructionListParams, ctx: CallContext) -> Lis
     prog, view = need_view(ws, p, ctx)
     start, end = scan_bounds(prog, p.scan)
     qkey = query_key(p)
-    pos = decode_cursor(p.page.cursor, prog.image.identity.sha256, qkey)
+    pos = decode_cursor(p.page.cursor, prog, qkey)
     cur = max(start, int(pos, 16)) if isinstance(pos, str) else start
     deadline = time.monotonic() + p.scan.timeout_ms / 1000
     dec = decoder(prog)
@@ -122,7 +196,7 @@ def instruction_list(ws: Any, p: InstructionListParams, ctx: CallContext) -> Lis
             continue
         if s < cur and getattr(dec, "thumb", None) is not None and s in dec.thumb:
             dec.thumb.add(cur)
-        for ins in dec.instructions(s, min(e, end)):
+        for ins in decode_range(prog, dec, s, min(e, end)):
             if ins.address < cur:
                 continue
             if len(out) >= p.page.limit:
@@ -137,7 +211,7 @@ def instruction_list(ws: Any, p: InstructionListParams, ctx: CallContext) -> Lis
         if nxt is not None:
             break
         ctx.check_cancelled()
-    cursor = encode_cursor(prog.image.identity.sha256, qkey, hex(nxt)) if nxt is not None else None
+    cursor = encode_cursor(prog, qkey, hex(nxt)) if nxt is not None else None
     report = ScanReport(complete=nxt is None, stop_reason=stop, scanned_to=hex(nxt) if nxt is not None else None)
     return Listing[InstructionItem](items=out, next_cursor=cursor, scan=report)
 
@@ -171,8 +245,9 @@ class ListingParams(NeedsAnalysis):
 
 class ListingLine(Result):
     address: HexAddress
-    kind: Literal["label", "comment", "instruction"] = Field(
-        description="label: a function or block start; comment: a user plate/pre comment or prototype line"
+    kind: Literal["label", "comment", "instruction", "data"] = Field(
+        description="label: a function or block start; comment: a user plate/pre comment or prototype line; "
+        "data: bytes that do not decode as an instruction, as `.byte 0xNN` (one alignment unit a line)"
     )
     text: str
     bytes: str | None = None
@@ -225,6 +300,7 @@ def listing_get(ws: Any, p: ListingParams, ctx: CallContext) -> ListingResult:
     strings = _strings(prog, view)
     lines: list[ListingLine] = []
     count = 0
+    charged = 0
     truncated = False
     dec = decoder(prog)
     thumb_spans(dec, view, _merged(spans))
@@ -232,7 +308,7 @@ def listing_get(ws: Any, p: ListingParams, ctx: CallContext) -> ListingResult:
     notes = comments_in(prog, merged[0][0], max(e for _s, e in merged)) if merged else {}
     stored = _stored_refs(view, merged)
     for s, e in merged:
-        for ins in dec.instructions(s, e):
+        for ins in decode_range(prog, dec, s, e):
             if count >= p.max_instructions:
                 truncated = True
                 break
@@ -250,10 +326,12 @@ def listing_get(ws: Any, p: ListingParams, ctx: CallContext) -> ListingResult:
             text, comment = _render(prog, view, ins, strings, stored.get(va, ()))
             if "eol" in user:
                 comment = user["eol"] + (f"; {comment}" if comment else "")
-            lines.append(
-                ListingLine(address=hex(va), kind="instruction", text=text, bytes=ins.bytes.hex(), comment=comment)
-            )
+            kind: Literal["instruction", "data"] = "data" if ins.flow == "data" else "instruction"
+            lines.append(ListingLine(address=hex(va), kind=kind, text=text, bytes=ins.bytes.hex(), comment=comment))
             count += 1
+            # Each line is in `lines` and again in `text`: stop once that passes the budget.
+            ctx.charge(2 * sum(len(ln.text) + len(ln.comment or "") for ln in lines[charged:]))
+            charged = len(lines)
         if truncated:
             break
     start = spans[0][0] if spans else 0

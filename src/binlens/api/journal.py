@@ -75,14 +75,14 @@ def _entry(row: dict[str, Any], with_changes: bool) -> JournalEntry:
 def journal_list(ws: Any, p: JournalListParams) -> Listing[JournalEntry]:
     """List journal entries (time, client, method, before/after of each change), oldest or newest first."""
     prog = ws.program(p.program)
-    pos = decode_cursor(p.page.cursor, prog.image.identity.sha256, query_key(p))
+    pos = decode_cursor(p.page.cursor, prog, query_key(p))
     if pos is not None and not isinstance(pos, int):
         raise BinlensError("invalid_argument", "bad cursor", target="/params/page/cursor")
     filters = {"client": p.client, "method": p.method, "batch": p.batch}
     rows = store(prog).journal(pos, p.page.limit + 1, p.state, p.newest_first, filters)
     more = len(rows) > p.page.limit
     rows = rows[: p.page.limit]
-    cursor = encode_cursor(prog.image.identity.sha256, query_key(p), rows[-1]["id"]) if more else None
+    cursor = encode_cursor(prog, query_key(p), rows[-1]["id"]) if more else None
     return Listing[JournalEntry](items=[_entry(r, p.include_changes) for r in rows], next_cursor=cursor)
 
 

@@ -243,13 +243,12 @@ def memory_search(ws: Any, p: MemorySearchParams, ctx: CallContext) -> Listing[S
     rx = compile_pattern(p)
     start, end = scan_bounds(prog, p.scan)
     qkey = query_key(p)
-    sha = prog.image.identity.sha256
-    pos = decode_cursor(p.page.cursor, sha, qkey)
+    pos = decode_cursor(p.page.cursor, prog, qkey)
     cur = max(start, int(pos, 16)) if pos else start
     with _finder(p, prog, rx, ctx) as find:
         deadline = time.monotonic() + p.scan.timeout_ms / 1000  # (from when the regex process is ready)
         hits, stop, resume = _search(prog.image, find, cur, end, p.page.limit, deadline, ctx)
-    cursor = encode_cursor(sha, qkey, hex(resume)) if resume is not None else None
+    cursor = encode_cursor(prog, qkey, hex(resume)) if resume is not None else None
     report = ScanReport(
         complete=resume is None,
         stop_reason=stop,  # type: ignore[arg-type]

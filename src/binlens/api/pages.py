@@ -38,7 +38,7 @@ def page_by_address(
     """One page of `items` (sorted by address) within the scan range, resuming after the cursor."""
     qkey = query_key(params)
     start, end = scan_bounds(prog, scan)
-    pos = decode_cursor(page.cursor, prog.image.identity.sha256, qkey)
+    pos = decode_cursor(page.cursor, prog, qkey)
     keys = [address_of(x) for x in items]
     i = bisect.bisect_left(keys, max(start, int(pos, 16) if pos else start))
     out: list[T] = []
@@ -46,7 +46,7 @@ def page_by_address(
         out.append(items[i])
         i += 1
     more = i < len(items) and keys[i] < end
-    cursor = encode_cursor(prog.image.identity.sha256, qkey, hex(keys[i])) if more else None
+    cursor = encode_cursor(prog, qkey, hex(keys[i])) if more else None
     report = ScanReport(
         complete=not more,
         stop_reason="limit" if more else "range_end",
@@ -58,10 +58,10 @@ def page_by_address(
 def page_by_offset(prog: Program, params: BaseModel, items: Sequence[T], page: Page) -> tuple[list[T], str | None]:
     """One page of a plain list, by position."""
     qkey = query_key(params)
-    pos = decode_cursor(page.cursor, prog.image.identity.sha256, qkey) or 0
+    pos = decode_cursor(page.cursor, prog, qkey) or 0
     if not isinstance(pos, int) or pos < 0:
         pos = 0
     out = list(items[pos : pos + page.limit])
     nxt = pos + len(out)
-    cursor = encode_cursor(prog.image.identity.sha256, qkey, nxt) if nxt < len(items) else None
+    cursor = encode_cursor(prog, qkey, nxt) if nxt < len(items) else None
     return out, cursor

@@ -154,7 +154,7 @@ def write_atomically(target: Path, data: bytes, mode: int | None = None) -> None
 def program_export(ws: Any, p: ProgramExportParams) -> ProgramExported:
     """Write a copy of the file with every patch applied, atomically (temporary file, then rename)."""
     prog = ws.program(p.program)
-    target = ws.check_root(Path(p.path), "/params/path")
+    target = ws.check_export(Path(p.path), prog, "/params/path")
     if target == Path(prog.path).resolve():
         raise BinlensError("conflict", "the export would overwrite the program's own file", target="/params/path")
     if not target.parent.is_dir():

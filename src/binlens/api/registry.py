@@ -10,6 +10,7 @@ import threading
 import time
 import typing
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -40,6 +41,29 @@ class CallContext:
         self._progress = progress
         self._cancelled = threading.Event()
         self._last_progress = 0.0
+        # the byte budget of the running call's result (set by `invoke`): methods that build big
+        # results `charge` it as they go; batch.execute checks it before it commits anything
+        self.response_budget: int | None = None
+        self._charged = 0
+
+    @contextmanager
+    def budget(self, limit: int) -> typing.Iterator[None]:
+        """Count `charge`s against `limit` for one call (a nested call counts its own result)."""
+        outer = self.response_budget, self._charged
+        self.response_budget, self._charged = limit, 0
+        try:
+            yield
+        finally:
+            self.response_budget, self._charged = outer
+
+    def charge(self, nbytes: int) -> None:
+        """Count `nbytes` (a lower bound) of the result being built; fail with `response_too_large`
+        as soon as the call's budget is passed, before the rest is built."""
+        if self.response_budget is None:
+            return
+        self._charged += nbytes
+        if self._charged > self.response_budget:
+            raise too_large(self.response_budget, self._charged)
 
     def cancel(self) -> None:
         """Ask the running method to stop at its next check."""
@@ -252,6 +276,20 @@ def validation_error(err: ValidationError) -> BinlensError:
     )
 
 
+def _server_built(err: ValidationError) -> bool:
+    """Did `err` come from a result model (named by `err.title`), which the server fills itself?"""
+    from binlens.api.models import Params, Result
+
+    def names(cls: type) -> set[str]:
+        out: set[str] = set()
+        for sub in cls.__subclasses__():
+            out.add(sub.__name__)
+            out |= names(sub)
+        return out
+
+    return err.title in names(Result) and err.title not in names(Params)
+
+
 def lookup(name: Any) -> MethodSpec:
     """Find a method by name or raise `not_found` pointing at `/method`."""
     if not isinstance(name, str) or name not in REGISTRY:
@@ -284,30 +322,93 @@ def invoke(
     except ValidationError as err:
         raise validation_error(err) from None
     ctx = ctx or CallContext()
+    budget = max_response_bytes if max_response_bytes is not None else ws.limits.max_response_bytes
     try:
-        if spec.long_running:
-            with ws.work_slot():
+        with ctx.budget(budget):
+            if spec.long_running:
+                with ws.work_slot():
+                    result = _run(spec, ws, parsed, ctx)
+            else:
                 result = _run(spec, ws, parsed, ctx)
-        else:
-            result = _run(spec, ws, parsed, ctx)
     except BinlensError:
         raise
     except ValidationError as err:  # a nested model built from client data
+        if _server_built(err):  # a result model the method filled from the file: not the client's doing
+            log.error("internal error in %s: %s", name, err)
+            raise BinlensError("internal", f"internal error in {name}; see the server log") from None
         raise validation_error(err) from None
     except Exception:  # noqa: BLE001 - nothing internal crosses the wire
         log.exception("internal error in %s", name)
         raise BinlensError("internal", f"internal error in {name}; see the server log") from None
+    # Counted on the built objects before any copy is serialised: a page of 1,000 items that share
+    # one 1 MiB string is a few MB of references but GBs of JSON, and is refused after a few items.
+    at_least = json_size_at_least(result, budget)
+    if at_least > budget:
+        raise too_large(budget, at_least)
     data = spec._adapter.dump_python(result, mode="json")
-    budget = max_response_bytes if max_response_bytes is not None else ws.limits.max_response_bytes
-    size = len(json.dumps(data, separators=(",", ":")))
+    size = response_size(data)
     if size > budget:
-        raise BinlensError(
-            "response_too_large",
-            f"the result is {size} bytes, over the {budget}-byte response budget; ask for less "
-            "(a smaller page.limit or range)",
-            details={"limit": budget, "size": size},
-        )
+        raise response_too_large(size, budget)
     return data
+
+
+def response_size(data: Any) -> int:
+    """The bytes of `data` (JSON-ready) as compact JSON: what the response budget counts."""
+    return len(json.dumps(data, separators=(",", ":")))
+
+
+def response_too_large(size: int, budget: int, *, at_least: bool = False) -> BinlensError:
+    """The `response_too_large` error of a `size`-byte result (`at_least`: counted so far) over `budget`."""
+    if at_least:
+        return too_large(budget, size)
+    return BinlensError(
+        "response_too_large",
+        f"the result is {size} bytes, over the {budget}-byte response budget; ask for less "
+        "(a smaller page.limit or range)",
+        details={"limit": budget, "size": size, "size_at_least": size},
+    )
+
+
+def too_large(budget: int, at_least: int) -> BinlensError:
+    """`response_too_large` for a result known to pass `at_least` bytes."""
+    return BinlensError(
+        "response_too_large",
+        f"the result is over {at_least} bytes, past the {budget}-byte response budget; ask for less "
+        "(a smaller page.limit or range)",
+        details={"limit": budget, "size_at_least": at_least},
+    )
+
+
+def json_size_at_least(value: Any, budget: int) -> int:
+    """A lower bound of `value`'s compact JSON size, counted until it passes `budget`.
+
+    Strings count their characters and quotes, other leaves but None one byte, model keys and
+    punctuation nothing, so a result under the bound never fails here; the walk stops as soon as the count
+    is over `budget`, without serialising anything.
+    """
+    total = 0
+    stack: list[Any] = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            total += len(v) + 2
+        elif isinstance(v, (bytes, bytearray)):
+            total += len(v)
+        elif isinstance(v, BaseModel):
+            stack.extend(getattr(v, name, None) for name in type(v).model_fields)
+            continue
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+            continue
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+            continue
+        elif v is not None:  # (None may be left out of the document)
+            total += 1
+        if total > budget:
+            break
+    return total
 
 
 def program_identity(ws: Any, name: str, params: Any, result: Any = None) -> dict[str, Any] | None:

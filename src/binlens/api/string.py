@@ -61,7 +61,7 @@ def string_list(ws: Any, p: StringListParams, ctx: CallContext) -> Listing[Strin
         keep, resume = _matching(prog, p, keep, ctx)
     out, cursor, report = page_by_address(prog, p, keep, lambda r: r[0], p.page, p.scan)
     if resume is not None:  # the deadline came first: what was found, and where to go on
-        cursor = encode_cursor(prog.image.identity.sha256, query_key(p), hex(resume))
+        cursor = encode_cursor(prog, query_key(p), hex(resume))
         report = ScanReport(complete=False, stop_reason="timeout", scanned_to=hex(resume))
     items = [
         StringItem(address=hex(a), size=n, length=len(t), encoding=e, text=t, section=s, references=r)
@@ -84,7 +84,7 @@ def _matching(prog: Any, p: StringListParams, rows: list[Any], ctx: CallContext)
     """The rows of this page's scan the regex finds something in, up to one past the page (so the
     page knows there is more), and the address to resume from when the scan's deadline came first."""
     start, end = scan_bounds(prog, p.scan)
-    pos = decode_cursor(p.page.cursor, prog.image.identity.sha256, query_key(p))
+    pos = decode_cursor(p.page.cursor, prog, query_key(p))
     lo = max(start, int(pos, 16)) if pos else start
     rows = [r for r in rows if lo <= r[0] < end]
     found: list[Any] = []

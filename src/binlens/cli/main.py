@@ -36,6 +36,33 @@ def add_common(p: argparse.ArgumentParser) -> None:
         "--home", type=Path, default=None, help="program database folder (default: $BINLENS_HOME or the XDG data dir)"
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
+    p.add_argument(
+        "--max-file-bytes",
+        metavar="N",
+        type=byte_count,
+        default=None,
+        help="refuse input files larger than N bytes before reading them (K, M, G suffixes: powers of 1024; "
+        "default 512M)",
+    )
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def byte_count(value: str) -> int:
+    """argparse type of a size in bytes: a whole number, optionally with K, M, G or T (powers of 1024,
+    also written KiB, MiB, ...), at least 1."""
+    import argparse
+
+    text = value.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = text[-1:] if text[-1:] in _UNITS else ""
+    digits = text[: len(text) - len(unit)].strip()
+    if not digits.isdigit() or not digits.isascii():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a size like 1048576, 512M or 2G")
+    n = int(digits) * _UNITS[unit]
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be at least 1 byte")
+    return n
 
 
 _workspaces: list = []  # the workspaces this command made: `console` closes their programs at the end
@@ -46,6 +73,8 @@ def make_workspace(args: argparse.Namespace, **kw):  # noqa: ANN201 - avoids imp
     from binlens.workspace import Config, Workspace
 
     cfg = Config(home=args.home or default_home(), **kw)
+    if getattr(args, "max_file_bytes", None) is not None:
+        cfg.limits.max_file_bytes = args.max_file_bytes
     ws = Workspace(cfg)
     _workspaces.append(ws)
     return ws

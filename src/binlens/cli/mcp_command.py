@@ -8,7 +8,7 @@ import os
 import sys
 
 from binlens.cli.main import command, make_workspace
-from binlens.cli.server_args import add_mcp_options
+from binlens.cli.server_args import add_mcp_options, confinement
 
 log = logging.getLogger("binlens.mcp")
 
@@ -17,7 +17,7 @@ def _mcp_args(p: argparse.ArgumentParser) -> None:
     """Serve MCP over stdio: stdout carries only protocol frames, logs go to stderr."""
     add_mcp_options(
         p,
-        root_help="program.open reads only under DIR (repeatable)",
+        root_help="program.open reads only under DIR (repeatable; default: exactly the FILEs, else the current folder)",
         frame_help="input frame limit in bytes (default 1 MiB)",
     )
 
@@ -40,7 +40,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     ws = make_workspace(
         args,
         read_only=args.read_only,
-        roots=list(args.root),
+        **confinement(args.files, args.root),
         limits=Limits(max_concurrent=args.max_concurrent),
     )
     for f in args.files:

@@ -70,7 +70,7 @@ def run_query(ws: Workspace, text: str, files: list[str]) -> int:
     try:
         with sigint_cancels(ctx):
             for f in files:
-                ws.open(f, check_roots=False)
+                open_binary(ws, f)
             ctx.check_cancelled()
             program = program_identity(ws, method, params)
             result = invoke(ws, method, params, ctx)
@@ -79,6 +79,15 @@ def run_query(ws: Workspace, text: str, files: list[str]) -> int:
         return 2 if err.target == "/method" and err.code == "not_found" else 1
     _emit(envelope(method, program or program_identity(ws, method, params, result), result=result))
     return 0
+
+
+def open_binary(ws: Workspace, path: str) -> None:
+    """Open a `-b FILE`; its failure names the file in `details.binary`, with no `target`: the
+    request document has no field it could point at."""
+    try:
+        ws.open(path, check_roots=False)
+    except BinlensError as err:
+        raise BinlensError(err.code, err.message, details={**err.details, "binary": path}) from None
 
 
 @contextlib.contextmanager

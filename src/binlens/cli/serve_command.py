@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from binlens.cli.main import command, make_workspace
-from binlens.cli.server_args import add_mcp_options, positive, seconds
+from binlens.cli.server_args import add_mcp_options, confinement, positive, seconds
 
 log = logging.getLogger("binlens.server")
 
@@ -48,7 +48,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     )
     add_mcp_options(
         p,
-        root_help="program.open from clients reads only under DIR (repeatable; default: the folders of the FILEs)",
+        root_help="program.open from clients reads only under DIR "
+        "(repeatable; default: exactly the FILEs, else the current folder)",
         frame_help="WebSocket frame limit in bytes (default 1 MiB)",
     )
     p.add_argument(
@@ -112,20 +113,6 @@ def _url_host(host: str) -> str:
     if host in ("0.0.0.0", "::", ""):
         return "127.0.0.1"
     return f"[{host}]" if ":" in host else host
-
-
-def default_roots(files: list[str], roots: list[Path]) -> list[Path]:
-    """The roots clients may open under: --root, else the folders of the FILEs, else the current folder."""
-    if roots:
-        return [r.expanduser().resolve() for r in roots]
-    if files:
-        out: list[Path] = []
-        for f in files:
-            parent = Path(f).expanduser().resolve().parent
-            if parent not in out:
-                out.append(parent)
-        return out
-    return [Path.cwd().resolve()]
 
 
 def mcp_config(args: argparse.Namespace, base: str, files: list[Path]) -> dict[str, Any]:
@@ -195,7 +182,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     ws = make_workspace(
         args,
         read_only=args.read_only,
-        roots=default_roots(args.files, args.root),
+        **confinement(args.files, args.root),
         limits=Limits(max_concurrent=args.max_concurrent),
     )
     opened: list[Path] = []

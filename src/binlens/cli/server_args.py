@@ -6,6 +6,7 @@ import argparse
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 # Kept in step with binlens.server.mcp_tools.validate_prefix (that module imports the MCP SDK,
 # which the CLI does not need just to parse arguments).
@@ -49,6 +50,16 @@ def separator(value: str) -> str:
     if value not in (".", "_"):
         raise argparse.ArgumentTypeError(f"{value!r} is not '.' or '_' (check ${SEPARATOR_ENV})")
     return value
+
+
+def confinement(files: list[str], roots: list[Path]) -> dict[str, Any]:
+    """Workspace `roots`/`files` of a server: --root DIR..., else exactly the FILEs it was started on,
+    else the current folder."""
+    if roots:
+        return {"roots": [r.expanduser().resolve() for r in roots]}
+    if files:
+        return {"roots": [], "files": [Path(f).expanduser().resolve() for f in files]}
+    return {"roots": [Path.cwd().resolve()]}
 
 
 def add_mcp_options(p: argparse.ArgumentParser, *, root_help: str, frame_help: str) -> None:

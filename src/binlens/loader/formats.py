@@ -42,8 +42,7 @@ def sniff_format(data: bytes) -> str:
     raise BinlensError(
         "unsupported",
         "not an ELF, PE/COFF or Mach-O executable (unrecognised magic bytes)",
-        details={"magic": head.hex()},
-    )
+    )  # the bytes themselves are not echoed: an error about a file never carries its content
 
 
 def _need(data: bytes, size: int, what: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import operator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 EF_ARM_BE8 = 0x00800000  # ELF e_flags: a big-endian ARM image whose instructions are little-endian
 
@@ -139,6 +139,9 @@ class Image:
     warnings: list[str] = field(default_factory=list)
     # ELF `e_flags` (processor-specific: ARM EABI version, BE8, float ABI, MIPS ISA...); 0 for PE and Mach-O
     machine_flags: int = 0
+    # Data inside executable sections, as [va, end) with the kind of evidence (PE: `pe_data.py`):
+    # sorted, disjoint; the analysis decodes no code there and the string scanner reads it
+    data_ranges: list[tuple[int, int, str]] = field(default_factory=list)
     _regions: list[Region] = field(default_factory=list, repr=False)
     _starts: list[int] = field(default_factory=list, repr=False)
     _sections_by_va: list[Section] = field(default_factory=list, repr=False)
@@ -251,6 +254,46 @@ def build_regions(segments: list[Segment], sections: list[Section]) -> list[Regi
     return out
 
 
+# --- bounded names ------------------------------------------------------------------------
+# A name (symbol, import, export, section, segment, library, relocation target) is cut to
+# NAME_CAP characters plus a marker: every symbol of a file may point at one shared string, so
+# without a cap a 1 MB file names 1,500 symbols with 1 MiB each, and every layer that stores or
+# returns a name per symbol (database, pages, listings) multiplies it.
+NAME_CAP = 4096
+
+
+def capped_name(name: str) -> str:
+    """`name`, or its first NAME_CAP characters and a marker saying how many were cut."""
+    if len(name) <= NAME_CAP:
+        return name
+    return f"{name[:NAME_CAP]}...[{len(name) - NAME_CAP} more characters cut]"
+
+
+def cap_names(img: Image) -> Image:
+    """Cut every name of `img` longer than NAME_CAP (see `capped_name`), with a warning saying so."""
+    cut: dict[str, str] = {}  # one capped copy per distinct long name, shared by its users
+    count = 0
+    for attr in ("segments", "sections", "symbols", "imports", "exports", "relocations"):
+        items = getattr(img, attr)
+        names = [f.name for f in fields(type(items[0]))] if items else []
+        for i, item in enumerate(items):
+            long = {n: v for n in names if isinstance(v := getattr(item, n), str) and len(v) > NAME_CAP}
+            if not long:
+                continue
+            count += 1
+            for n, v in long.items():
+                if v not in cut:
+                    cut[v] = capped_name(v)
+                long[n] = cut[v]
+            items[i] = replace(item, **long)
+    if count:
+        img.warnings.append(
+            f"{count} entries (symbols, imports, exports, sections, relocations) carry names longer than "
+            f"{NAME_CAP} characters; they are cut to {NAME_CAP} and marked '...[N more characters cut]'"
+        )
+    return img
+
+
 # --- compact transfer ---------------------------------------------------------------------
 # The parser child sends an Image as plain tuples: pickling frozen slotted dataclasses costs
 # ~10x more (a Python-level __setstate__ per object), which showed up as ~0.1 s on libc.
@@ -268,13 +311,21 @@ def encode_image(img: Image) -> tuple:
             strict=True,
         )
     )
-    return (_ROW[Identity](img.identity), *rows, img.slices, img.function_hints, img.warnings, img.machine_flags)
+    head = (_ROW[Identity](img.identity), *rows, img.slices, img.function_hints, img.warnings, img.machine_flags)
+    return (*head, img.data_ranges)
 
 
 def decode_image(encoded: tuple, data: bytes) -> Image:
     """Rebuild an Image from `encode_image`'s tuples and the file's bytes."""
-    ident, *rows, slices, hints, warnings, flags = encoded
+    ident, *rows, slices, hints, warnings, flags, data_ranges = encoded
     lists = [[cls(*r) for r in rs] for cls, rs in zip(_ROW_TYPES, rows, strict=True)]
     return Image(
-        Identity(*ident), data, *lists, slices=slices, function_hints=hints, warnings=warnings, machine_flags=flags
+        Identity(*ident),
+        data,
+        *lists,
+        slices=slices,
+        function_hints=hints,
+        warnings=warnings,
+        machine_flags=flags,
+        data_ranges=[(lo, hi, kind) for lo, hi, kind in data_ranges],
     )

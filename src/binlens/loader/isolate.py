@@ -20,6 +20,7 @@ from typing import Any
 from binlens.errors import BinlensError
 from binlens.loader.formats import sniff_format
 from binlens.loader.image import Image, decode_image
+from binlens.loader.input_file import DEFAULT_MAX_FILE_BYTES, read_input
 
 DEFAULT_PARSE_TIMEOUT = 8.0
 _HEADER = struct.Struct(">Q")
@@ -158,17 +159,20 @@ def prestart() -> None:
     _WORKER.start()
 
 
-def load_image(path: str, slice_name: str | None = None, timeout: float = DEFAULT_PARSE_TIMEOUT) -> Image:
-    """Read `path` once and parse it in the isolated worker."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except FileNotFoundError:
-        raise BinlensError("not_found", f"no such file: {path}", target="/params/path") from None
-    except IsADirectoryError:
-        raise BinlensError("invalid_argument", f"{path} is a directory", target="/params/path") from None
-    except PermissionError:
-        raise BinlensError(
-            "invalid_argument", f"cannot read {path}: permission denied", target="/params/path"
-        ) from None
-    return _WORKER.parse(data, os.path.basename(path), slice_name, timeout)
+def load_image(
+    path: str,
+    slice_name: str | None = None,
+    timeout: float = DEFAULT_PARSE_TIMEOUT,
+    max_bytes: int = DEFAULT_MAX_FILE_BYTES,
+) -> Image:
+    """Read `path` once (`input_file.read_input`: a regular file of at most `max_bytes`) and parse
+    it in the isolated worker."""
+    opened = read_input(path, max_bytes=max_bytes)
+    return parse_bytes(opened.data, os.path.basename(opened.path), slice_name, timeout)
+
+
+def parse_bytes(
+    data: bytes, file_name: str, slice_name: str | None = None, timeout: float = DEFAULT_PARSE_TIMEOUT
+) -> Image:
+    """Parse a file's bytes (read with `input_file.read_input`) in the isolated worker."""
+    return _WORKER.parse(data, file_name, slice_name, timeout)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import struct
 import warnings
 from dataclasses import replace
 from typing import Any
@@ -17,6 +18,7 @@ from binlens.loader.image import Export, Identity, Image, Import, Relocation, Se
 from binlens.loader.macho_slices import fat_ranges, pick_slice, slice_names
 from binlens.loader.macho_stubs import IndirectSection, stubs_by_slot
 from binlens.loader.mips_got import global_got_imports
+from binlens.loader.pe_data import pe_data_ranges
 from binlens.loader.ppc64_opd import descriptors, is_elfv1
 
 lief.logging.disable()
@@ -333,7 +335,12 @@ def _parse_pe(data: bytes, sha: str, file_name: str) -> Image:
         entry=base + b.optional_header.addressof_entrypoint,
         file_name=file_name,
     )
-    return Image(ident, data, segments, sections, symbols, imports, exports, relocations, function_hints=hints)
+    img = Image(ident, data, segments, sections, symbols, imports, exports, relocations, function_hints=hints)
+    try:
+        img.data_ranges = pe_data_ranges(b, base, sections, img.read, bits, arch)
+    except (ValueError, TypeError, AttributeError, OverflowError, struct.error) as e:  # a malformed table
+        img.warnings.append(f"data in code sections not located: {type(e).__name__}")
+    return img
 
 
 # --------------------------------------------------------------------------------- Mach-O
@@ -476,7 +483,8 @@ def _in_slice(base: int, end: int, offset: int, size: int) -> tuple[int, int]:
 
 
 def parse_path(path: str, slice_name: str | None = None) -> Image:
-    """Read and parse a file (used by tests and tools that run in-process)."""
-    with open(path, "rb") as fh:
-        data = fh.read()
-    return parse_image(data, os.path.basename(path), slice_name)
+    """Read (`input_file.read_input`) and parse a file (used by tests and tools that run in-process)."""
+    from binlens.loader.input_file import read_input
+
+    opened = read_input(path)
+    return parse_image(opened.data, os.path.basename(path), slice_name)

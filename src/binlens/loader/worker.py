@@ -24,7 +24,7 @@ from typing import Any
 
 from binlens.errors import BinlensError
 from binlens.loader.elf_machines import fast_machine
-from binlens.loader.image import Image, encode_image
+from binlens.loader.image import Image, cap_names, encode_image
 from binlens.loader.isolate import FALLBACK, STATUS_ERROR, STATUS_OK, read_frame, write_answer
 
 Parser = Callable[[bytes, str, "str | None"], Image]
@@ -59,7 +59,8 @@ def _lief(data: bytes, file_name: str, slice_name: str | None) -> Image:
 
 def _child(parse: Parser, data: bytes, file_name: str, slice_name: str | None, wfd: int) -> None:
     try:
-        body = STATUS_OK + pickle.dumps(encode_image(parse(data, file_name, slice_name)), pickle.HIGHEST_PROTOCOL)
+        image = cap_names(parse(data, file_name, slice_name))
+        body = STATUS_OK + pickle.dumps(encode_image(image), pickle.HIGHEST_PROTOCOL)
     except BinlensError as err:
         body = STATUS_ERROR + pickle.dumps((err.code, err.message, err.target, err.details))
     except Exception as err:  # noqa: BLE001 - any parser exception is a malformed file

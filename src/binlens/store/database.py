@@ -8,13 +8,21 @@ version that produced the cached analysis.
 from __future__ import annotations
 
 import os
+import random
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from binlens import __version__
+from binlens.errors import BinlensError
+
+_T = TypeVar("_T")
+BUSY_DEADLINE_S = 30.0  # how long opening a database waits, in all, for another process's lock
 
 Migration = str | Callable[[sqlite3.Connection], None]
 _MIGRATIONS: dict[str, list[Migration]] = {}
@@ -57,7 +65,21 @@ def default_home() -> Path:
     return Path(xdg) / "binlens"
 
 
+# Analysis output is bounded per input byte: a program's database may grow to this many times the
+# size of its file, and to at least DB_MIN_BYTES (small files have fixed costs: schema, indexes,
+# the annotations a user adds). SQLite enforces it (`PRAGMA max_page_count`); a write past it fails
+# and rolls back whole, so the database keeps its last complete state.
+DB_BYTES_PER_INPUT_BYTE = 100
+DB_MIN_BYTES = 64 << 20
+
+
+def database_byte_cap(input_size: int) -> int:
+    """The most bytes the database of a `input_size`-byte file may hold."""
+    return max(DB_MIN_BYTES, DB_BYTES_PER_INPUT_BYTE * input_size)
+
+
 def database_path(home: Path, sha256: str, slice_name: str | None = None) -> Path:
+    """Where the database of the image `sha256` (and slice) lives under `home`."""
     key = sha256 if not slice_name else f"{sha256}-{slice_name}"
     return home / "db" / f"{key}.sqlite"
 
@@ -65,8 +87,11 @@ def database_path(home: Path, sha256: str, slice_name: str | None = None) -> Pat
 class ProgramDatabase:
     """A program's SQLite database. Connections are per thread; writes go through `transaction()`."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, input_size: int | None = None) -> None:
+        """Open (creating and migrating) the database at `path`, capped for a file of `input_size`
+        bytes (None: the size recorded in its `image` row, when there is one)."""
         self.path = path
+        self.max_bytes: int | None = None
         path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._opened: list[sqlite3.Connection] = []  # every thread's connection, for `close`
@@ -75,15 +100,56 @@ class ProgramDatabase:
         self.write_lock = threading.RLock()
         with self.write_lock:
             self._migrate()
+        if input_size is None:
+            row = self.connect().execute("SELECT max(size) FROM image").fetchone()
+            input_size = row[0] if row and isinstance(row[0], int) else None
+        if input_size is not None:
+            self.max_bytes = database_byte_cap(input_size)
+            with self._opened_lock:
+                opened = list(self._opened)
+            for conn in opened:
+                self._apply_cap(conn)
+
+    def _apply_cap(self, conn: sqlite3.Connection) -> None:
+        if self.max_bytes is not None:
+            (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+            conn.execute(f"PRAGMA max_page_count={max(1, self.max_bytes // page_size)}")
+
+    def _at_cap(self, conn: sqlite3.Connection) -> bool:
+        """Whether a write SQLite refused as full reached the cap (not the disk's end)."""
+        if self.max_bytes is None:
+            return False
+        if conn.in_transaction:  # the refused transaction's pages are still counted
+            (pages,) = conn.execute("PRAGMA page_count").fetchone()
+            (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+            if (pages + 64) * page_size >= self.max_bytes:
+                return True
+        st = os.statvfs(self.path.parent)
+        return st.f_bavail * st.f_frsize > 64 << 20  # the disk still has room: the cap stopped it
+
+    def _full(self, at_cap: bool) -> BinlensError:
+        """The error for a write SQLite refused as full: past the cap, or the disk itself."""
+        if at_cap:
+            return BinlensError(
+                "unsupported",
+                f"stopped: this program's database would grow past {self.max_bytes} bytes "
+                f"({DB_BYTES_PER_INPUT_BYTE}x its file, at least {DB_MIN_BYTES}); "
+                "the write was rolled back and the database keeps its previous state",
+                details={"max_database_bytes": self.max_bytes},
+            )
+        return BinlensError("unavailable", f"the disk holding {self.path.parent} is full; the write was rolled back")
 
     def connect(self) -> sqlite3.Connection:
         """This thread's connection (WAL, foreign keys on, 5 s busy timeout)."""
         conn = getattr(self._local, "conn", None)
         if conn is None or self._local.generation != self._generation:
             conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
+            # (the switch to WAL takes a lock SQLite does not wait for: another process
+            # creating the same database at once makes it fail with "database is locked")
+            retry_busy(lambda: conn.execute("PRAGMA journal_mode=WAL"), "open the program database")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
+            self._apply_cap(conn)
             self._local.conn, self._local.generation = conn, self._generation
             with self._opened_lock:
                 self._opened.append(conn)
@@ -106,8 +172,9 @@ class ProgramDatabase:
                 try:
                     yield conn
                 except BaseException:
-                    conn.execute(f"ROLLBACK TO {name}")
-                    conn.execute(f"RELEASE {name}")
+                    if conn.in_transaction:  # (SQLite may have rolled back the whole transaction itself)
+                        conn.execute(f"ROLLBACK TO {name}")
+                        conn.execute(f"RELEASE {name}")
                     raise
                 else:
                     conn.execute(f"RELEASE {name}")
@@ -117,48 +184,96 @@ class ProgramDatabase:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            else:
                 conn.execute("COMMIT")
+            except BaseException as err:
+                full = isinstance(err, sqlite3.OperationalError) and err.sqlite_errorcode == sqlite3.SQLITE_FULL
+                at_cap = full and self._at_cap(conn)
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if full:
+                    raise self._full(at_cap) from None
+                raise
 
     def get_meta(self, key: str) -> str | None:
+        """The `meta` value of `key`, or None."""
         row = self.connect().execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return row[0] if row else None
 
     def set_meta(self, key: str, value: str, conn: sqlite3.Connection | None = None) -> None:
+        """Set the `meta` value of `key` (on `conn`, inside its transaction, when given)."""
         (conn or self.connect()).execute(
             "INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
             (key, value),
         )
 
     def schema_versions(self) -> dict[str, int]:
+        """The schema version each component reached."""
         rows = self.connect().execute("SELECT key, value FROM meta WHERE key LIKE 'schema.%'").fetchall()
         return {k.removeprefix("schema."): int(v) for k, v in rows}
 
     def _migrate(self) -> None:
+        """Bring every component's schema to its last version; safe when processes open at once.
+
+        An up-to-date database is only read. Otherwise each step runs in its own IMMEDIATE
+        transaction that reads the component's version again once it holds the write lock, so a
+        step another process applied meanwhile is not applied twice; a lock another process holds
+        is waited for (`retry_busy`).
+        """
         conn = self.connect()
-        conn.executescript(CORE_MIGRATIONS[0])
+        if self._up_to_date(conn):
+            return
+        retry_busy(lambda: self._locked(conn, _create_meta), "create the schema")
         for component, migrations in _MIGRATIONS.items():
-            key = f"schema.{component}"
-            row = conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-            have = int(row[0]) if row else 0
-            for version in range(have, len(migrations)):
-                step = migrations[version]
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    if callable(step):
-                        step(conn)
-                    else:
-                        for stmt in _split_sql(step):
-                            conn.execute(stmt)
-                    self.set_meta(key, str(version + 1), conn)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
-        self.set_meta("binlens_version", __version__)
+            step = partial(self._next_step, component=component, migrations=migrations)
+            while retry_busy(partial(self._locked, conn, step), f"migrate the {component} schema"):
+                pass
+        retry_busy(
+            lambda: self._locked(conn, lambda c: self.set_meta("binlens_version", __version__, c)),
+            "record the version",
+        )
+
+    def _up_to_date(self, conn: sqlite3.Connection) -> bool:
+        """Whether every component is at its last version and the engine version is this one."""
+        try:
+            if conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone() is None:
+                return False
+            have = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        except sqlite3.OperationalError as err:
+            if _is_busy(err):
+                return False  # (the locked path waits for the lock)
+            raise
+        if have.get("binlens_version") != __version__:
+            return False
+        return all(int(have.get(f"schema.{c}", 0)) >= len(m) for c, m in _MIGRATIONS.items())
+
+    @staticmethod
+    def _locked(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run `work` in an IMMEDIATE transaction (the write lock first, then the reads)."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            out = work(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:  # (a COMMIT refused as busy leaves it open: a retry begins anew)
+                conn.execute("ROLLBACK")
+            raise
+        return out
+
+    def _next_step(self, conn: sqlite3.Connection, component: str, migrations: list[Migration]) -> bool:
+        """Apply `component`'s first missing step (read under the write lock); False when none is."""
+        key = f"schema.{component}"
+        row = conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        have = int(row[0]) if row else 0
+        if have >= len(migrations):
+            return False
+        step = migrations[have]
+        if callable(step):
+            step(conn)
+        else:
+            for stmt in _split_sql(step):
+                conn.execute(stmt)
+        self.set_meta(key, str(have + 1), conn)
+        return True
 
     def close(self) -> None:
         """Close the connections of every thread (the last one closed copies the write-ahead log into
@@ -168,6 +283,40 @@ class ProgramDatabase:
             self._generation += 1
         for conn in opened:
             conn.close()
+
+
+def _create_meta(conn: sqlite3.Connection) -> None:
+    for stmt in _split_sql(CORE_MIGRATIONS[0]):
+        conn.execute(stmt)
+
+
+def _is_busy(err: sqlite3.OperationalError) -> bool:
+    """Whether `err` is SQLite's "database is locked" / busy (another connection holds a lock)."""
+    text = str(err).lower()
+    return "locked" in text or "busy" in text
+
+
+def retry_busy(work: Callable[[], _T], what: str, deadline_s: float = BUSY_DEADLINE_S) -> _T:
+    """Run `work`, again after a growing, jittered pause while SQLite says the database is locked.
+
+    Most waits happen inside SQLite (the 5 s busy timeout); this covers the locks it reports at
+    once (changing the journal mode, a lock upgrade it refuses to wait for). Past `deadline_s`
+    the caller gets `busy`.
+    """
+    end = time.monotonic() + deadline_s
+    pause = 0.005
+    while True:
+        try:
+            return work()
+        except sqlite3.OperationalError as err:
+            if not _is_busy(err):
+                raise
+            if time.monotonic() + pause > end:
+                raise BinlensError(
+                    "busy", f"could not {what}: another process holds the program database's lock; retry shortly"
+                ) from None
+        time.sleep(pause * (0.5 + random.random()))
+        pause = min(pause * 2, 0.25)
 
 
 def _split_sql(script: str) -> list[str]:
