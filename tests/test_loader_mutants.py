@@ -3,11 +3,14 @@ loader reads them or refuses them with a clear error, never a wrong or internal 
 
 from __future__ import annotations
 
+import importlib.util
 import struct
+import sys
 from pathlib import Path
 
 from binlens.api import invoke
-from conftest import corpus_dir
+from binlens.loader.parse_lief import parse_image
+from conftest import ROOT, corpus_dir
 
 
 def _pe_section_table(data: bytes) -> int:
@@ -43,3 +46,30 @@ def test_macho_segment_name_that_is_not_utf8_is_read_as_escaped_text(workspace, 
     assert any(s["name"].startswith("__\\xffEXT,") for s in opened["sections"])
     status = invoke(workspace, "analysis.start", {"wait": True, "timeout_ms": 120000})
     assert status["status"] == "done", status
+
+
+def _fuzz_mutant(seed: int, index: int, source: Path) -> bytes:
+    """Mutant `index` of `seed` of `source`, as bench/fuzz.py makes it."""
+    spec = importlib.util.spec_from_file_location("fuzz_mutate", ROOT / "bench" / "fuzz_mutate.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["fuzz_mutate"] = mod
+    spec.loader.exec_module(mod)
+    return mod.mutate(source.read_bytes(), seed, index).data
+
+
+def test_elf_version_need_file_name_that_is_not_utf8_leaves_the_library_unknown() -> None:
+    # LIEF's getter of a version need's file name raises UnicodeDecodeError on it
+    data = bytearray((corpus_dir("elf") / "jni" / "native-methods-arm64.so").read_bytes())
+    at = data.index(b"libc.so\0")  # DT_NEEDED and the version need's vn_file share this string
+    data[at + 5] = 0xC9
+    image = parse_image(bytes(data), "elf-verneed", None)  # the loader's LIEF path
+    names = {i.name: i.library for i in image.imports}
+    assert "__cxa_finalize" in names and names["__cxa_finalize"] is None
+
+
+def test_fuzz_mutant_with_a_bad_version_need_name_opens(workspace, tmp_path: Path) -> None:
+    # fuzz seed 2 mutant 1268 (elf/jni/native-methods-arm64.so): "the parser rejected it (UnicodeDecodeError)"
+    path = tmp_path / "s2-i1268-elf"
+    path.write_bytes(_fuzz_mutant(2, 1268, corpus_dir("elf") / "jni" / "native-methods-arm64.so"))
+    opened = invoke(workspace, "program.open", {"path": str(path)})
+    assert opened["identity"]["format"] == "ELF" and opened["counts"]["imports"] == 2
