@@ -4,7 +4,10 @@ loader reads them or refuses them with a clear error, never a wrong or internal 
 from __future__ import annotations
 
 import importlib.util
+import os
+import resource
 import struct
+import subprocess
 import sys
 from pathlib import Path
 
@@ -73,3 +76,33 @@ def test_fuzz_mutant_with_a_bad_version_need_name_opens(workspace, tmp_path: Pat
     path.write_bytes(_fuzz_mutant(2, 1268, corpus_dir("elf") / "jni" / "native-methods-arm64.so"))
     opened = invoke(workspace, "program.open", {"path": str(path)})
     assert opened["identity"]["format"] == "ELF" and opened["counts"]["imports"] == 2
+
+
+_PE_SECTIONS_CHECK = """
+import sys
+from binlens.loader.parse_lief import parse_image
+data = open(sys.argv[1], "rb").read()
+image = parse_image(data, "pe-sections", None)
+bad = [s.name for s in image.sections if s.fsize and s.offset + s.fsize > len(data)]
+print(len(image.sections), bad)
+"""
+
+
+def test_pe_sections_past_the_end_of_the_file_hold_only_its_bytes(tmp_path: Path) -> None:
+    # fuzz seed 3 mutant 39: NumberOfSections 5 -> 0x1005 makes code and strings garbage sections
+    # with huge raw sizes; their zero-filled "file bytes" took the loader past 2 GiB (MemoryError)
+    path = tmp_path / "s3-i39-pe"
+    path.write_bytes(_fuzz_mutant(3, 39, corpus_dir("jmptbl") / "test_switch_indirect.exe"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    limit = 1 << 30
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _PE_SECTIONS_CHECK, str(path)],
+        capture_output=True, text=True, env=env, timeout=120, preexec_fn=cap,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    count, bad = proc.stdout.split(" ", 1)
+    assert int(count) > 5 and bad.strip() == "[]"

@@ -310,7 +310,7 @@ def _parse_pe(data: bytes, sha: str, file_name: str) -> Image:
         vsize = s.virtual_size or s.size
         nobits = s.size == 0 or bool(ch & 0x80) and not ch & 0x40
         va = base + s.virtual_address
-        fsize = min(s.size, vsize) if s.offset < len(data) else 0
+        fsize = min(s.size, vsize, len(data) - s.offset) if s.offset < len(data) else 0  # (the file's bytes only)
         name = _text(s.name)
         sections.append(Section(name, va, vsize, s.offset, fsize, perms, _kind(perms, nobits), name))
         segments.append(Segment(name, va, vsize, s.offset, fsize, perms))
