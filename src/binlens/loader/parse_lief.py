@@ -6,6 +6,7 @@ import hashlib
 import os
 import struct
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -225,14 +226,28 @@ def _elf_symbols(b: Any) -> list[Symbol]:
     return sorted(out.values(), key=lambda s: (s.address, _text(s.name)))
 
 
+def _lief_text(read: Callable[[], Any]) -> str | None:
+    """A string LIEF reads as text (None when it is not UTF-8: some of LIEF's getters raise then)."""
+    try:
+        return _text(read())
+    except UnicodeDecodeError:
+        return None
+
+
 def _elf_library_of(b: Any) -> Any:
     """A function symbol -> library file, from the version needs (vna_other index), else the only DT_NEEDED."""
-    libs = [_text(lib) for lib in b.libraries]
+    try:
+        libs = [_text(lib) for lib in b.libraries]
+    except UnicodeDecodeError:  # (a DT_NEEDED name that is not UTF-8: LIEF's getter raises)
+        libs = []
     single = libs[0] if len(libs) == 1 else None
     by_index: dict[int, str] = {}
     for req in b.symbols_version_requirement:
+        name = _lief_text(lambda req=req: req.name)
+        if not name:  # (a file name that is not UTF-8: its symbols' library stays unknown)
+            continue
         for aux in req.get_auxiliary_symbols():
-            by_index[aux.other] = _text(req.name)
+            by_index[aux.other] = name
 
     def library(sym: Any) -> str | None:
         if sym.has_version:
@@ -302,7 +317,7 @@ def _parse_pe(data: bytes, sha: str, file_name: str) -> Image:
         vsize = s.virtual_size or s.size
         nobits = s.size == 0 or bool(ch & 0x80) and not ch & 0x40
         va = at(s.virtual_address)
-        fsize = min(s.size, vsize) if s.offset < len(data) else 0
+        fsize = min(s.size, vsize, len(data) - s.offset) if s.offset < len(data) else 0  # (the file's bytes only)
         name = _text(s.name)
         sections.append(Section(name, va, vsize, s.offset, fsize, perms, _kind(perms, nobits), name))
         segments.append(Segment(name, va, vsize, s.offset, fsize, perms))
