@@ -376,13 +376,13 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
     Once every function's code is found (`explore`), what remains splits into independent parts:
     the references with the strings, and each function's blocks. With two CPUs a forked child
     builds the first functions (by address) and their rows while this process collects the
-    references and then builds the other functions; on libc that part went from ~0.7 s to ~0.4 s.
+    references and then builds the other functions, each on its own CPU.
     The child writes its rows to a temporary file a batch at a time and sends only their spans and
     counts; the save reads the batches back one at a time, so neither process holds the child's
     rows whole.
     The engine's state goes once the functions' rows are built, as they have consumed most of it
     (~9 ms on libc); the rows are kept to the end (`_retained`): freeing the whole analysis object
-    by object on return took ~60 ms.
+    by object on return takes ~60 ms.
     """
     from binlens.analysis.engine import explore, gc_paused
     from binlens.store.analysis_save import reference_rows, streamed_function_rows
@@ -398,8 +398,8 @@ def _analyse(image: Any, progress: Progress, extra: list[int], excluded: list[in
             frows = streamed_function_rows(explored.iter_functions())
         _retained.append(refs)
         # The functions' rows are built: the engine's state can go, and the references' rows and
-        # the save then fit in the memory it frees (libc: this process's peak 50.5 -> 48.1 MiB, for
-        # ~9 ms). One collection: the explorer and its backend hold each other.
+        # the save then fit in the memory it frees, lowering this process's peak for ~9 ms of work
+        # (libc). One collection: the explorer and its backend hold each other.
         facts = (explored.codemap.total_bytes, explored.covered, explored.t0)
         warnings = explored.warnings
         _retained.remove(explored)

@@ -7,11 +7,11 @@
  * themselves, the table's empty slots cost 32 bytes each: 4 MiB for libc's 80k chunks, where these
  * are 2.9 MiB), plus its targets in a shared array of 8-byte words, and its address's int
  * object, which every tuple handed out uses for that address (as a target, or as a fall-through
- * end), so the walks' sets, dicts and lists share one int per chunk as they did with the dict. The map behaves as the dict
- * did for every use the engine makes of it (`get`, `[]`, `in`, `len`, assignment, `del`, `pop`,
+ * end), so the walks' sets, dicts and lists share one int per chunk as they would with a dict. The map behaves as a dict
+ * does for every use the engine makes of it (`get`, `[]`, `in`, `len`, assignment, `del`, `pop`,
  * `items`, iteration); reads hand out a fresh tuple equal to the one stored. Values that do not fit
  * a record (not a 4-tuple of ints, a chunk over 4 GiB, a target outside 64-bit signed range, ...)
- * are kept as they are in a side dict, so the map holds anything the dict held.
+ * are kept as they are in a side dict, so the map holds anything a dict holds.
  *
  * The C walks of `_descent.c` take either a dict or a ChunkMap (`chunk_at`, `chunk_put`,
  * `chunk_end`), so the tests can run them on plain dicts too.
@@ -192,7 +192,7 @@ static int cm_encode(ChunkMap *m, unsigned long long va, PyObject *c, CMRec *r) 
 }
 
 /* an address as an int object: the key object of the chunk starting there if there is one (so the
- * walks' sets, dicts and lists share one int per chunk, as they did with the dict), else a new int */
+ * walks' sets, dicts and lists share one int per chunk, as they would with a dict), else a new int */
 static PyObject *cm_addr(ChunkMap *m, long long v) {
     CMRec *r = v >= 0 ? cm_find(m, (unsigned long long)v) : NULL;
     return r ? Py_NewRef(r->key) : PyLong_FromLongLong(v);

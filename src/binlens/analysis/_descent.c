@@ -1226,7 +1226,7 @@ static int span_cmp(const unsigned long long *const *a, Py_ssize_t i, const unsi
  * each, and which have room for all of (s2, e2, f2), sorted the same way; the two are merged in
  * (start, end, function) order from the back, then each start is kept once, with the least (end,
  * function), as `owner_spans` keeps it. Returns how many places hold spans (the caller cuts the
- * arrays there). No tuple per span: re-sorting the overlap of two runs as tuples was ~40 MiB and
+ * arrays there). No tuple per span: re-sorting the overlap of two runs as tuples would take ~40 MiB and
  * most of the time of building gcc's cc1's rows, where every batch's cold blocks lie below the
  * runs before it. */
 static PyObject *merge_spans(PyObject *self, PyObject *args) {

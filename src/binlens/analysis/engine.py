@@ -170,7 +170,7 @@ class Explored:
         process builds those functions: here they would only take memory)."""
         order = sorted(self.bodies)
         lo, hi = part
-        kept = self.codemap.address_set()  # (a bit per code byte: a set of libc's was a 2 MiB transient)
+        kept = self.codemap.address_set()  # (a bit per code byte: a set of libc's would be a 2 MiB transient)
         keep = kept.add
         for f in (*order[:lo], *order[hi:]):
             for a in self.bodies[f].chunks:

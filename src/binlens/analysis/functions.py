@@ -51,7 +51,7 @@ def iter_functions(
     order = sorted(bodies)
     chunks = explorer.chunks
     shared: set[int] = set()
-    if consume:  # the chunks several bodies hold, in bits (a Counter of cc1's 1.3M was 39 MiB)
+    if consume:  # the chunks several bodies hold, in bits (a Counter of cc1's 1.3M would be 39 MiB)
         shared = _held_twice(codemap, bodies)
     lo, hi = part or (0, len(order))
     for f, nxt in zip(order[lo:hi], [*order[lo + 1 : hi + 1], 1 << 64], strict=False):  # (order may be empty)

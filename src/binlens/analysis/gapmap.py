@@ -34,7 +34,7 @@ class Gaps:
         self.codemap = codemap
         self.explorer = explorer
         # the chunks some body holds (a bit each with the C extension), and how many hold those that
-        # more than one does: a Counter of every held chunk was 40 MiB on gcc's cc1
+        # more than one does: a Counter of every held chunk would be 40 MiB on gcc's cc1
         self.held = codemap.address_set()
         self.more: dict[int, int] = {}
         self.bodies: dict[int, Body] = {}

@@ -52,7 +52,7 @@ def goto_tables(
     # methods after a name and sizes) is taken by the struct's address, not its first pointer's.
     # Only a word with at least MIN_ENTRIES - 1 code pointers after it, each the next word, can begin
     # one: the others are not looked at (a dict of every code pointer in data, and a scan for the
-    # words naming any of them, were the largest transient of the analysis of gcc's cc1: ~36 MiB).
+    # words naming any of them, would be the largest transient of the analysis of gcc's cc1: ~36 MiB).
     flat = data_pointer_words(image, codemap)  # (data word, the code address it holds), by address
     words, values = flat[0::2], flat[1::2]
     n, span = len(words), (MIN_ENTRIES - 1) * ptr

@@ -173,7 +173,7 @@ def heuristic_starts(
         if pending:
             reached = sorted(chain.from_iterable(b.chunks for b in bodies.values()))  # repeats are harmless
             # whether each reference lies in a chunk some function holds, a byte each, before `accept`
-            # decodes (and may split) code (a list of every chunk's end took 16 MiB on gcc's cc1)
+            # decodes (and may split) code (a list of every chunk's end would take 16 MiB on gcc's cc1)
             chunks = explorer.chunks
             held = bytearray(
                 (i := bisect.bisect_right(reached, src) - 1) >= 0 and src < chunks[reached[i]][0] for src, _ in pending

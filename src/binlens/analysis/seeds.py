@@ -34,6 +34,6 @@ _SOURCE_SETS: dict[frozenset[str], frozenset[str]] = {}
 
 def with_source(sources: frozenset[str] | None, source: str) -> frozenset[str]:
     """`sources` and `source`, as the one frozenset every start with those sources shares (gcc's
-    cc1: a set for each of 40k starts, held twice, was 19 MiB)."""
+    cc1: a set for each of 40k starts, held twice, would be 19 MiB)."""
     new = sources | {source} if sources else frozenset((source,))
     return _SOURCE_SETS.setdefault(new, new)

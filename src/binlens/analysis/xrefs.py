@@ -41,7 +41,7 @@ def collect_refs(
     packed (`Refs`: three arrays instead of an object each; `Refs.xrefs()` gives the objects)."""
     chunks = explorer.chunks
     # chunk starts of all bodies, in order (a chunk shared by bodies repeats: bisect still works);
-    # a chunk's end is read where a reference asks (a list of every chunk's end was 16 MiB on cc1)
+    # a chunk's end is read where a reference asks (a list of every chunk's end would be 16 MiB on cc1)
     reached = sorted(chain.from_iterable(body.chunks for body in bodies.values()))
     src: array = array("Q")
     dst: array = array("Q")
@@ -97,7 +97,7 @@ def collect_refs(
 
 def _code_and_string_pointers(image: Image, codemap: CodeMap, str_starts: set[int]) -> Iterable[tuple[int, int]]:
     """`pointers_in_data(image, codemap, str_starts)`, in no particular order, from the code pointers
-    found once and a scan for the string pointers alone (scanning for both again held a dict and a
+    found once and a scan for the string pointers alone (scanning for both again would hold a dict and a
     list of every pointer: ~50 MiB on gcc's cc1). Where both name a place, a relocation named a
     string there last: the string pointer is the one `pointers_in_data` gives."""
     if not str_starts:
@@ -208,8 +208,8 @@ def _pointers(image: Image, codemap: CodeMap, targets: set[int], code: bool) -> 
                     if v and (v in targets or (code and lo <= v < hi and contains(v))):
                         out[at] = v
             continue
-        # a block of words at a time: one tuple of a whole section's words was the largest transient
-        # of the engine on big programs (gcc's cc1: +79 MiB while computed-goto tables were looked for)
+        # a block of words at a time: one tuple of a whole section's words would be the largest
+        # transient of the engine on big programs (gcc's cc1: +79 MiB while computed-goto tables are looked for)
         for k0 in range(0, n, _WORDS):
             m = min(_WORDS, n - k0)
             at = base + k0 * ptr

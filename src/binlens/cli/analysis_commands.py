@@ -98,10 +98,9 @@ def _pages(ws: Any, method: str, params: dict[str, Any], limit: int | None = Non
 
 def _print_listing(identity: dict[str, Any], key: str, pages: Iterable[list[dict[str, Any]]]) -> None:
     """`{"program": ..., key: [...]}` with one item per line, written a page at a time, not held
-    whole with their text (libc's listing, together with the engine no longer imported by the CLI:
-    the command's process 49.7 -> 46.8 MiB).
+    whole with their text, so the command's memory does not grow with the listing.
 
-    json's C encoder runs only without `indent`; an indented dump of libc's 3695 functions took
+    json's C encoder runs only without `indent`; an indented dump of libc's 3695 functions takes
     ~5x longer than this, for output no easier to read or to `grep`. One write a page: with
     PYTHONUNBUFFERED set, a write per item is a system call per item.
     """

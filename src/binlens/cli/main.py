@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 
         _prestart(*early, spawn_analysis_process())
         # This process's own start-up (the API's imports, the parser worker, opening the program)
-        # yields to the analysis on a busy machine: libc's median went 1.54 -> 1.41 s, 12 runs.
+        # yields to the analysis, which is what the command waits for on a busy machine.
         try:  # noqa: SIM105 - contextlib costs ~10 ms of imports here
             os.nice(_YIELD)
         except OSError:
@@ -191,7 +191,7 @@ def console() -> None:
 
     The programs' databases are closed, the output flushed and the exit handlers run (an unused
     analysis process is killed); only the freeing of every object one by one is skipped, which
-    took ~50 ms after listing libc's functions. A reader that closed the pipe early ends the
+    takes ~50 ms after listing libc's functions. A reader that closed the pipe early ends the
     command quietly with status 1, as Python's own guidance for SIGPIPE suggests.
     """
     try:

@@ -1,7 +1,7 @@
 """`sha256_hex`: a file's identity digest, without mapping OpenSSL into a process that has not already.
 
-`hashlib` loads OpenSSL's libcrypto, which adds 3.8 MiB to a process's resident memory (measured:
-9.8 -> 13.6 MiB for `import hashlib`). The analysis process checks the bytes it reads against the
+`hashlib` loads OpenSSL's libcrypto, which adds 3.8 MiB to a process's resident memory (`import hashlib`
+alone). The analysis process checks the bytes it reads against the
 caller's digest and never needs OpenSSL otherwise, so there CPython's own SHA-256 module serves
 (~6 ms for libc.so.6's 1.8 MiB, against ~1 ms); where `hashlib` is loaded already (a server, the
 CLI) it is used. Both give the same digest.

@@ -309,7 +309,7 @@ def cap_names(img: Image) -> Image:
 
 # --- compact transfer ---------------------------------------------------------------------
 # The parser child sends an Image as plain tuples: pickling frozen slotted dataclasses costs
-# ~10x more (a Python-level __setstate__ per object), which showed up as ~0.1 s on libc.
+# ~10x more (a Python-level __setstate__ per object), ~0.1 s on libc.
 _ROW_TYPES = (Segment, Section, Symbol, Import, Export, Relocation)
 _ROW = {cls: operator.attrgetter(*(f.name for f in fields(cls))) for cls in (*_ROW_TYPES, Identity)}
 

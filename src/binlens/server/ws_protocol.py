@@ -1,4 +1,4 @@
-"""uvicorn's sans-I/O WebSocket protocol with one fix: a denial response completes the handshake.
+"""uvicorn's sans-I/O WebSocket protocol with one change: a denial response completes the handshake.
 
 uvicorn 0.54 sends the ASGI "WebSocket Denial Response" (our 400/401/403/404/409 before the
 upgrade) correctly, but then logs "ASGI callable returned without completing handshake" and

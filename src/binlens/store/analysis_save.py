@@ -42,8 +42,8 @@ _c_descent = native("_descent")
 
 
 # The secondary indexes of the analysis tables, as the migration creates them. A full save drops
-# them, bulk-inserts, and builds them again: one sort per index instead of a B-tree insert per row
-# (the save of libc's analysis went from ~0.8 s to ~0.4 s).
+# them, bulk-inserts, and builds them again: one sort per index instead of a B-tree insert per row,
+# which is the faster way to save a whole analysis.
 _INDEXES = (
     ("call_by_function", "call(function)"),
     ("call_by_callee", "call(callee)"),
@@ -130,9 +130,8 @@ def streamed_function_rows(
     """`function_rows` of functions made one at a time (in address order: `iter_functions`), a batch
     at a time: only a batch of Function objects with their blocks and edges lives at once, not all
     of them beside their rows. A batch is `batch` functions, or fewer once they hold `blocks` basic
-    blocks (gcc's cc1 has 512 functions with 78k blocks and 133k edges: building the forked child's
-    share in-process, the last batch began 5 MiB higher with batches of functions alone, and the
-    peak did not change).
+    blocks (gcc's cc1 has 512 functions with 78k blocks and 133k edges), so that a batch of a few
+    huge functions is no larger than one of many small ones.
 
     With `spool`, each batch's func, blocks and calls rows are written to it (a pickle each) and let
     go: the rows returned hold the counts, the spans and how many batches it has (`spooled`). The
@@ -192,7 +191,7 @@ def merge_function_rows(first: FunctionRows, second: FunctionRows) -> FunctionRo
 def _merge_spans(s1: Column, e1: Column, f1: Column, s2: Column, e2: Column, f2: Column) -> None:
     """`merge_function_rows`'s merge of spans without the C extension (`_descent.merge_spans`)."""
     # where runs interleave (a chunk shared across the split), only the part where they overlap is
-    # merged: each start once, its first as `owner_spans` picks it (sorting the whole of both took a
+    # merged: each start once, its first as `owner_spans` picks it (sorting the whole of both would take a
     # transient tuple per span: ~4 MiB on libc)
     lo = bisect.bisect_left(s1, s2[0]) if s1 and s2 else len(s1)
     hi = bisect.bisect_right(s2, s1[-1]) if s1 and s2 else 0
