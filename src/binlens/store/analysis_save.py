@@ -135,9 +135,9 @@ def streamed_function_rows(
 
     With `spool`, each batch's func, blocks and calls rows are written to it (a pickle each) and let
     go: the rows returned hold the counts, the spans and how many batches it has (`spooled`). The
-    forked child builds its share of the functions this way: it held all its rows until it wrote
-    them to the parent, which then held them too until the save. The parent saves the spooled
-    batches one at a time (`FunctionRows.parts`)."""
+    forked child builds its share of the functions this way, so that neither it nor the parent
+    holds those rows whole; the parent saves the spooled batches one at a time
+    (`FunctionRows.parts`)."""
     out = FunctionRows([], [], array("q"), (0, 0, 0), (array("Q"), array("Q"), array("Q")))
     for group in _batches(functions, batch, blocks):
         rows = function_rows(group)
