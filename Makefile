@@ -41,6 +41,7 @@ test: system-test
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf build .pytest_cache
