@@ -41,7 +41,7 @@ test: system-test
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/lint-imports
+	PYTHONPATH=src $(VENV)/bin/lint-imports  # this checkout's code, whichever binlens the venv holds
 
 clean:
 	rm -rf build .pytest_cache
