@@ -348,15 +348,16 @@ class Workspace:
             self._slots.release()
 
 
-_open_hooks: list[Callable[[Workspace, Program], None]] = []
+_open_hooks: tuple[Callable[[Workspace, Program], None], ...] | None = None
 _open_hooks_lock = threading.Lock()
 
 
-def open_hooks() -> list[Callable[[Workspace, Program], None]]:
+def open_hooks() -> tuple[Callable[[Workspace, Program], None], ...]:
     """The hooks that attach per-program state when a program opens (`components.OPEN_HOOKS`, in
     its order), imported by the first open."""
-    if not _open_hooks:
+    global _open_hooks
+    if _open_hooks is None:
         with _open_hooks_lock:
-            if not _open_hooks:
-                _open_hooks.extend(components.load(ref) for ref in components.OPEN_HOOKS)
+            if _open_hooks is None:  # (set whole, once every hook is imported: no thread sees a part)
+                _open_hooks = tuple(components.load(ref) for ref in components.OPEN_HOOKS)
     return _open_hooks
