@@ -17,7 +17,7 @@ system-test:
 
 $(VENV)/.installed: pyproject.toml setup.py src/binlens/analysis/_x86scan.c src/binlens/analysis/_descent.c \
 		src/binlens/analysis/_chunkmap.h src/binlens/analysis/_addrbits.h \
-		src/binlens/analysis/_predmap.h
+		src/binlens/analysis/_predmap.h src/binlens/analysis/_packedrefs.h src/binlens/store/_rows.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
@@ -41,6 +41,7 @@ test: system-test
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests bench
+	PYTHONPATH=src $(VENV)/bin/lint-imports  # this checkout's code, whichever binlens the venv holds
 
 clean:
 	rm -rf build .pytest_cache

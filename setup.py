@@ -1,10 +1,10 @@
-"""Builds binlens's two C extensions; everything else is in pyproject.toml.
+"""Builds binlens's three C extensions; everything else is in pyproject.toml.
 
 `binlens.analysis._x86scan` decodes plain x86 code for the analysis engine, `binlens.analysis._descent`
 runs the explorer's walk and holds its chunk cache and reached sets (`_chunkmap.h`, `_addrbits.h`; see
-their sources). Both are
+their sources); `binlens.store._rows` packs the analysis rows the store writes. All are
 optional: where no C compiler is at hand, binlens runs the same analysis in Python (iced-x86
-decoding, the Python walk), only slower.
+decoding, the Python walk, the Python packers), only slower.
 """
 
 from setuptools import Extension, setup
@@ -19,7 +19,14 @@ setup(
                 "src/binlens/analysis/_chunkmap.h",
                 "src/binlens/analysis/_addrbits.h",
                 "src/binlens/analysis/_predmap.h",
+                "src/binlens/analysis/_packedrefs.h",
             ],
+            optional=True,
+        ),
+        Extension(
+            "binlens.store._rows",
+            ["src/binlens/store/_rows.c"],
+            depends=["src/binlens/analysis/_packedrefs.h"],
             optional=True,
         ),
     ]

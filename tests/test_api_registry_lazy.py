@@ -18,8 +18,7 @@ def domains():
     names = (m for m in sys.modules if m.startswith("binlens.api.") and m != "binlens.api.registry")
     return sorted(m.rsplit(".", 1)[1] for m in names)
 
-from binlens.workspace import OPEN_HOOKS
-out = {"at_import": domains(), "hooks": sorted(h.__module__ for h in OPEN_HOOKS)}
+out = {"at_import": domains()}
 out["function.list"] = "function.list" in REGISTRY
 out["after_lookup"] = domains()
 out["callgraph.get"] = REGISTRY.get("callgraph.get") is not None  # lives in function_call.py
@@ -42,9 +41,8 @@ def _run(code: str, home: str) -> dict:
 
 def test_domains_load_when_first_needed(tmp_path):
     out = _run(_PROBE, str(tmp_path))
-    # only the modules that hook into opening a program load with the package
-    assert out["hooks"] == ["binlens.api.edits", "binlens.program_analysis"]
-    assert "patch" not in out["at_import"] and "comment" not in out["at_import"]
+    # no domain loads with the package
+    assert not {"patch", "comment", "edits"} & set(out["at_import"])
     assert out["function.list"] is True and "function" in out["after_lookup"]
     assert not {"patch", "comment", "data_type", "memory"} & set(out["after_lookup"])
     assert out["callgraph.get"] is True and out["after_other_module"] is True  # not found by name: all loaded

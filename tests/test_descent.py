@@ -23,6 +23,7 @@ from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJU
 from conftest import assert_same_analysis_without, corpus_dir
 
 C = pytest.importorskip("binlens.analysis._descent", reason="the C walk is not built (no C compiler?)")
+R = pytest.importorskip("binlens.store._rows", reason="the C row packers are not built (no C compiler?)")
 
 
 class _NoCode:
@@ -191,7 +192,7 @@ def test_corpus_analysis_is_the_same_with_the_python_code(monkeypatch, module, a
 def _packs(monkeypatch, spans, xrefs, use_c: bool) -> list:  # noqa: ANN001
     from binlens.store import analysis_save as S
 
-    monkeypatch.setattr(S, "_c_descent", C if use_c else None)
+    monkeypatch.setattr(S, "_c_rows", R if use_c else None)
     return S._xref_packs(spans, xrefs, S.s64)
 
 
@@ -241,15 +242,15 @@ def test_c_packing_edges(monkeypatch) -> None:  # noqa: ANN001
     assert _packs(monkeypatch, ([], [], []), [], True) == []
     assert _packs(monkeypatch, ([], [], []), _packed([]), True) == []
     with pytest.raises(ValueError, match="one length"):
-        C.pack_by_owner([], [], [], (array("Q", [1]), array("Q"), b"\0"), {})
+        R.pack_by_owner([], [], [], (array("Q", [1]), array("Q"), b"\0"), {})
     with pytest.raises(TypeError, match="tuple"):
-        C.pack_by_owner([], [], [], (array("Q"), array("Q")), {})
+        R.pack_by_owner([], [], [], (array("Q"), array("Q")), {})
     with pytest.raises(ValueError, match="differ in length"):
-        C.pack_by_owner([1], [], [], [], {})
+        R.pack_by_owner([1], [], [], [], {})
     with pytest.raises(KeyError):
-        C.pack_by_owner([], [], [], [Xref(1, 2, "no-such-kind")], {"read": 0})
+        R.pack_by_owner([], [], [], [Xref(1, 2, "no-such-kind")], {"read": 0})
     with pytest.raises(OverflowError):
-        C.pack_by_owner([-1], [0], [0], [], {})
+        R.pack_by_owner([-1], [0], [0], [], {})
 
 
 # ------------------------------------------------------------------ sort_refs (the references' order)

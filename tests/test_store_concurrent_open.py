@@ -29,10 +29,9 @@ def _opener(barrier: Any, results: Any, base: str, rounds: int) -> None:
 
 
 def test_concurrent_first_opens_all_succeed_and_migrate_once(tmp_path: Path) -> None:
-    import binlens.api  # noqa: F401
-    from binlens.store.database import _MIGRATIONS
+    from binlens import components
 
-    expected = {component: len(steps) for component, steps in _MIGRATIONS.items()}
+    expected = {name: len(components.load(ref)) for name, ref in components.MIGRATIONS}
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(PROCESSES, timeout=120)
     results = ctx.Queue()

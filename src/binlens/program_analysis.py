@@ -1,6 +1,6 @@
 """Per-program analysis state: run the engine in the background once, cache it in the database.
 
-Attached to every program when it opens (`workspace.OPEN_HOOKS`, `Program.extensions["analysis"]`).
+Attached to every program when it opens (`components.OPEN_HOOKS`, `Program.extensions["analysis"]`).
 Methods that need the analysis call `require()`: it starts the analysis on first need, relays
 its progress to the waiting call's `CallContext.progress`, honours cancellation, and either
 returns the stored view, fails with `timeout` past the caller's bound, or with `unavailable`
@@ -32,7 +32,7 @@ from binlens.store.analysis import (
     user_functions,
 )
 from binlens.store.analysis_save import replace_functions
-from binlens.workspace import OPEN_HOOKS, Program, Workspace
+from binlens.workspace import Program, Workspace
 
 log = logging.getLogger("binlens.analysis")
 _SUB_RE = re.compile(r"^sub_([0-9a-fA-F]+)$")
@@ -352,8 +352,6 @@ def name_for_address(prog: Program, va: int) -> str | None:
     return None
 
 
-def _on_open(_ws: Workspace, prog: Program) -> None:
+def on_open(_ws: Workspace, prog: Program) -> None:
+    """Attach the program's analysis state when it opens (`components.OPEN_HOOKS`)."""
     analysis_of(prog)
-
-
-OPEN_HOOKS.append(_on_open)

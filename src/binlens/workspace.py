@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from binlens import __version__
+from binlens import __version__, components
 from binlens.errors import BinlensError
 from binlens.loader import Image
 from binlens.loader.image import Symbol
@@ -321,7 +321,7 @@ class Workspace:
                 )
             prog = Program(handle, real, image, db, home_key(self.config.home, CURSOR_KEY_FILE))
             self.programs[handle] = prog
-            for hook in OPEN_HOOKS:
+            for hook in open_hooks():
                 hook(self, prog)
             return prog
 
@@ -348,5 +348,16 @@ class Workspace:
             self._slots.release()
 
 
-# Other layers (analysis, annotations) register here to attach per-program state on open.
-OPEN_HOOKS: list[Callable[[Workspace, Program], None]] = []
+_open_hooks: tuple[Callable[[Workspace, Program], None], ...] | None = None
+_open_hooks_lock = threading.Lock()
+
+
+def open_hooks() -> tuple[Callable[[Workspace, Program], None], ...]:
+    """The hooks that attach per-program state when a program opens (`components.OPEN_HOOKS`, in
+    its order), imported by the first open."""
+    global _open_hooks
+    if _open_hooks is None:
+        with _open_hooks_lock:
+            if _open_hooks is None:  # (set whole, once every hook is imported: no thread sees a part)
+                _open_hooks = tuple(components.load(ref) for ref in components.OPEN_HOOKS)
+    return _open_hooks

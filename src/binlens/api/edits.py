@@ -1,6 +1,6 @@
 """Shared plumbing of the annotation domains: the store per program, caches, names, journaled edits.
 
-On open (`workspace.OPEN_HOOKS`) every program gets its `AnnotationStore`, its user names loaded
+On open (`components.OPEN_HOOKS`) every program gets its `AnnotationStore`, its user names loaded
 into `Program.user_names`, and the `memory.overlay` that shows patched bytes. In-memory caches
 (user names, the type system) are refreshed whenever the database's annotation generation
 changes, so edits made by another process on the same database show up too.
@@ -23,7 +23,7 @@ from binlens.cdecl import CType, DeclarationError, TypeSystem, abi_for
 from binlens.errors import BinlensError
 from binlens.store.annotations import AnnotationStore, Change, in_spans
 from binlens.store.database import s64, u64
-from binlens.workspace import OPEN_HOOKS, Program, Workspace
+from binlens.workspace import Program, Workspace
 
 _NAME_BAD = re.compile(r"[\x00-\x1f\x7f]|^\s|\s$")
 _HEX = re.compile(r"^0[xX][0-9a-fA-F]+$")
@@ -216,7 +216,9 @@ def overlay(prog: Program, va: int, length: int) -> tuple[bytes, bool]:
     return out, out != base
 
 
-def _on_open(ws: Workspace, prog: Program) -> None:
+def on_open(ws: Workspace, prog: Program) -> None:
+    """Attach the program's annotation store, user names and patch overlay when it opens
+    (`components.OPEN_HOOKS`)."""
     store(prog)
     refresh(prog)
     prog.extensions["memory.overlay"] = overlay
@@ -244,8 +246,6 @@ def comments_in(prog: Program, start: int, end: int) -> dict[int, dict[str, str]
         out.setdefault(va, {})[kind] = text
     return out
 
-
-OPEN_HOOKS.append(_on_open)
 
 
 def put_row(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import pkgutil
 import threading
 import time
 import typing
@@ -17,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from binlens import components
 from binlens.errors import BinlensError, pointer
 
 log = logging.getLogger("binlens")
@@ -138,10 +138,6 @@ class MethodSpec:
 _SCHEMA_LOCK = threading.RLock()
 
 
-# The domain modules of `binlens.api` (every module but these registers methods when imported).
-_NOT_DOMAINS = {"registry", "models", "errors", "cursor", "pages", "common"}
-
-
 class Registry(dict[str, MethodSpec]):
     """Method name -> MethodSpec, the domains imported when first needed.
 
@@ -153,14 +149,11 @@ class Registry(dict[str, MethodSpec]):
     complete = False
 
     def load_all(self) -> None:
-        """Import every domain module of `binlens.api`."""
+        """Import every domain module of `binlens.api` (`components.DOMAINS`)."""
         if self.complete:
             return
-        import binlens.api as package
-
-        for info in pkgutil.iter_modules(package.__path__):
-            if info.name not in _NOT_DOMAINS and not info.name.startswith("_"):
-                importlib.import_module(f"binlens.api.{info.name}")
+        for name in components.DOMAINS:
+            importlib.import_module(f"binlens.api.{name}")
         self.complete = True
 
     def _find(self, name: object) -> bool:
@@ -169,12 +162,8 @@ class Registry(dict[str, MethodSpec]):
         if self.complete or not isinstance(name, str):
             return False
         namespace = name.partition(".")[0]
-        if namespace.isidentifier() and namespace not in _NOT_DOMAINS:
-            try:
-                importlib.import_module(f"binlens.api.{namespace}")
-            except ModuleNotFoundError as err:
-                if err.name != f"binlens.api.{namespace}":
-                    raise
+        if namespace in components.DOMAINS:
+            importlib.import_module(f"binlens.api.{namespace}")
         if not dict.__contains__(self, name):
             self.load_all()
         return dict.__contains__(self, name)

@@ -131,7 +131,6 @@ def mcp_config(args: argparse.Namespace, base: str, files: list[Path]) -> dict[s
 @command("serve", _serve_args)
 def cmd_serve(args: argparse.Namespace) -> int:
     """Open the files and serve every HTTP transport until SIGINT/SIGTERM."""
-    import binlens.api  # noqa: F401 - the domains' OPEN_HOOKS (analysis, annotations) must see the programs open
     from binlens.errors import BinlensError
     from binlens.server.auth import install_log_redaction, resolves_to_loopback, validate_token
     from binlens.server.options import ServerOptions

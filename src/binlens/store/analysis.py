@@ -18,7 +18,7 @@ from itertools import accumulate, chain
 from operator import attrgetter, itemgetter
 
 from binlens.analysis.model import XREF_KINDS
-from binlens.store.database import Migration, ProgramDatabase, register_migrations, s64, u64
+from binlens.store.database import Migration, ProgramDatabase, s64, u64
 
 ANALYSIS_MIGRATIONS: list[Migration] = [
     """
@@ -80,7 +80,6 @@ ANALYSIS_MIGRATIONS: list[Migration] = [
     # a JSON list of lines, NULL when there is nothing to say.
     lambda conn: _add_column(conn, "analysis_run", "warnings", "TEXT"),
 ]
-register_migrations("analysis", ANALYSIS_MIGRATIONS)
 
 
 def _add_column(conn: sqlite3.Connection, table: str, column: str, kind: str) -> None:

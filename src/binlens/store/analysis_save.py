@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import os
 import pickle
 import time
 from array import array
@@ -19,10 +20,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
+from types import ModuleType
 from typing import BinaryIO
 
 from binlens.analysis.model import ProgramAnalysis, Refs, pairs
-from binlens.analysis.native import native
 from binlens.store.analysis import (
     _FUNC_COLUMNS,
     _KIND_CODE,
@@ -38,7 +39,21 @@ from binlens.store.database import ProgramDatabase
 _TABLES = ("func", "func_blocks", "call", "xref_pack", "string")
 _FUNC_INSERT = f"INSERT OR REPLACE INTO func ({_FUNC_COLUMNS}, edges, edge_kinds) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
 _BLOCKS_INSERT = "INSERT OR REPLACE INTO func_blocks VALUES (?,?,?)"
-_c_descent = native("_descent")
+
+
+def _native_rows() -> ModuleType | None:
+    """`binlens.store._rows` (the packers in C, `_rows.c`); None where the Python code runs: the
+    extension was not built, or `BINLENS_PURE_PYTHON` is set."""
+    if os.environ.get("BINLENS_PURE_PYTHON"):
+        return None
+    try:
+        from binlens.store import _rows
+    except ImportError:  # pragma: no cover - a build without a C compiler
+        return None
+    return _rows
+
+
+_c_rows = _native_rows()
 
 
 # The secondary indexes of the analysis tables, as the migration creates them. A full save drops
@@ -172,12 +187,12 @@ def merge_function_rows(first: FunctionRows, second: FunctionRows) -> FunctionRo
     if second.spooled:
         raise ValueError("spooled rows can only be merged as the first")
     (s1, e1, f1), (s2, e2, f2) = first.spans, second.spans
-    if _c_descent is not None and all(isinstance(x, array) and x.typecode == "Q" for x in (s1, e1, f1, s2, e2, f2)):
+    if _c_rows is not None and all(isinstance(x, array) and x.typecode == "Q" for x in (s1, e1, f1, s2, e2, f2)):
         n1 = len(s1)
         s1 += s2  # (room for the merge, which `merge_spans` does in place in C)
         e1 += e2
         f1 += f2
-        n = _c_descent.merge_spans(s1, e1, f1, s2, e2, f2, n1)
+        n = _c_rows.merge_spans(s1, e1, f1, s2, e2, f2, n1)
         del s1[n:], e1[n:], f1[n:]
     else:
         _merge_spans(s1, e1, f1, s2, e2, f2)
@@ -189,7 +204,7 @@ def merge_function_rows(first: FunctionRows, second: FunctionRows) -> FunctionRo
 
 
 def _merge_spans(s1: Column, e1: Column, f1: Column, s2: Column, e2: Column, f2: Column) -> None:
-    """`merge_function_rows`'s merge of spans without the C extension (`_descent.merge_spans`)."""
+    """`merge_function_rows`'s merge of spans without the C extension (`_rows.merge_spans`)."""
     # where runs interleave (a chunk shared across the split), only the part where they overlap is
     # merged: each start once, its first as `owner_spans` picks it (sorting the whole of both would take a
     # transient tuple per span: ~4 MiB on libc)
@@ -299,9 +314,9 @@ def _block_rows(functions: list, sg: Callable[[int], int]) -> Iterable[tuple]:
 def _xref_packs(spans: Spans, xrefs: list | Refs, sg: Callable[[int], int]) -> list[tuple[int | None, bytes, bytes]]:
     """One `xref_pack` row per owner: the function whose block holds the source (None: no function)."""
     starts, ends, fns = spans
-    if _c_descent is not None:  # the same grouping and packing in C (`_descent.c`)
+    if _c_rows is not None:  # the same grouping and packing in C (`_rows.c`)
         given = (xrefs.src, xrefs.dst, xrefs.kind) if isinstance(xrefs, Refs) else xrefs
-        packs = _c_descent.pack_by_owner(starts, ends, fns, given, _KIND_CODE)
+        packs = _c_rows.pack_by_owner(starts, ends, fns, given, _KIND_CODE)
         return [(None if owner is None else sg(owner), data, kinds) for owner, data, kinds in packs]
     if isinstance(xrefs, Refs):
         xrefs = xrefs.xrefs()

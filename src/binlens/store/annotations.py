@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from binlens.store.database import ProgramDatabase, register_migrations, s64, u64
+from binlens.store.database import ProgramDatabase, s64, u64
 
 # SQLite integers are signed 64-bit: an address column holds `s64(address)` (addresses at and above
 # 2**63 as negative numbers; below it the address itself, so no stored row changes). The store
@@ -88,7 +88,6 @@ MIGRATIONS = [
     CREATE INDEX IF NOT EXISTS ann_journal_state ON ann_journal(state, id);
     """,
 ]
-register_migrations("annotations", MIGRATIONS)
 
 
 @dataclass(frozen=True)
@@ -133,9 +132,6 @@ class AnnotationStore:
     def __init__(self, db: ProgramDatabase) -> None:
         self.db = db
         self._local = threading.local()  # .conn: the open batch transaction of this thread, .batch: its id
-        if db.schema_versions().get("annotations", 0) < len(MIGRATIONS):
-            with db.write_lock:  # the database was opened before this module registered its tables
-                db._migrate()
 
     # --- rows ---------------------------------------------------------------------------------
     def get(self, conn: sqlite3.Connection, kind: str, key: Key) -> Value:

@@ -1,8 +1,8 @@
 """The program database: one SQLite file per image, keyed by sha256, with versioned migrations.
 
-Each component (core, analysis, annotations, ...) registers its own ordered migrations with
-`register_migrations`; `meta` records the schema version each component reached and the engine
-version that produced the cached analysis.
+Each component (core, annotations, analysis) has its own ordered migrations, listed in
+`binlens.components.MIGRATIONS`; `meta` records the schema version each component reached and
+the engine version that produced the cached analysis.
 """
 
 from __future__ import annotations
@@ -18,14 +18,18 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
-from binlens import __version__
+from binlens import __version__, components
 from binlens.errors import BinlensError
 
 _T = TypeVar("_T")
 BUSY_DEADLINE_S = 30.0  # how long opening a database waits, in all, for another process's lock
 
 Migration = str | Callable[[sqlite3.Connection], None]
+# component -> its ordered migrations: those `binlens.components.MIGRATIONS` lists, loaded by the
+# first open (`_migrations`), then any a test adds
 _MIGRATIONS: dict[str, list[Migration]] = {}
+_listed_loaded = False
+_listed_lock = threading.Lock()
 
 CORE_MIGRATIONS: list[Migration] = [
     """
@@ -38,12 +42,18 @@ CORE_MIGRATIONS: list[Migration] = [
 ]
 
 
-def register_migrations(component: str, migrations: list[Migration]) -> None:
-    """Declare `component`'s ordered migrations (SQL scripts or callables); append-only."""
-    _MIGRATIONS[component] = migrations
-
-
-register_migrations("core", CORE_MIGRATIONS)
+def _migrations() -> dict[str, list[Migration]]:
+    """Every component's migrations, those of `binlens.components.MIGRATIONS` first and in its order."""
+    global _listed_loaded
+    if not _listed_loaded:
+        with _listed_lock:
+            if not _listed_loaded:
+                listed = {name: components.load(ref) for name, ref in components.MIGRATIONS}
+                added = {name: steps for name, steps in _MIGRATIONS.items() if name not in listed}
+                _MIGRATIONS.clear()
+                _MIGRATIONS.update(listed | added)
+                _listed_loaded = True
+    return _MIGRATIONS
 
 
 def s64(v: int) -> int:
@@ -223,7 +233,7 @@ class ProgramDatabase:
         if self._up_to_date(conn):
             return
         retry_busy(lambda: self._locked(conn, _create_meta), "create the schema")
-        for component, migrations in _MIGRATIONS.items():
+        for component, migrations in _migrations().items():
             step = partial(self._next_step, component=component, migrations=migrations)
             while retry_busy(partial(self._locked, conn, step), f"migrate the {component} schema"):
                 pass
@@ -244,7 +254,7 @@ class ProgramDatabase:
             raise
         if have.get("binlens_version") != __version__:
             return False
-        return all(int(have.get(f"schema.{c}", 0)) >= len(m) for c, m in _MIGRATIONS.items())
+        return all(int(have.get(f"schema.{c}", 0)) >= len(m) for c, m in _migrations().items())
 
     @staticmethod
     def _locked(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], _T]) -> _T:

@@ -1,0 +1,67 @@
+"""The components that plug into lower layers, listed in one place, in the order they run.
+
+- `MIGRATIONS`: the program database's schema components (`store/database.py` applies their
+  ordered steps on open, component by component in this order).
+- `OPEN_HOOKS`: what attaches per-program state when a program opens (`Workspace.open` runs
+  them in this order).
+- `DOMAINS`: the API's domain modules, each registering its methods when imported
+  (`api/registry.py` imports one when a method of its namespace is first looked up, all of them
+  when the methods are listed).
+
+Entries name their module instead of importing it: the layer that uses a table loads the entries
+when it first needs them (`load`), so nothing depends on which module happened to be imported
+first, a lower layer imports no module above it (the import contracts in pyproject.toml), and a
+command loads only what it uses.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+# component name -> "module:attribute" of its ordered list of migration steps
+MIGRATIONS: tuple[tuple[str, str], ...] = (
+    ("core", "binlens.store.database:CORE_MIGRATIONS"),
+    ("annotations", "binlens.store.annotations:MIGRATIONS"),
+    ("analysis", "binlens.store.analysis:ANALYSIS_MIGRATIONS"),
+)
+
+# "module:function" of each open hook, called as hook(workspace, program)
+OPEN_HOOKS: tuple[str, ...] = (
+    "binlens.api.edits:on_open",  # the annotation store, user names, the patch overlay
+    "binlens.program_analysis:on_open",  # the analysis state (stored analysis or a background run)
+)
+
+# the modules of `binlens.api` that register methods (a method's namespace names its module
+# where they agree: `function.list` -> `binlens.api.function`)
+DOMAINS: tuple[str, ...] = (
+    "address",
+    "analysis",
+    "annotations",
+    "batch",
+    "bookmark",
+    "comment",
+    "data_type",
+    "function",
+    "function_call",
+    "function_edit",
+    "global_variable",
+    "instruction",
+    "interface",
+    "journal",
+    "memory",
+    "patch",
+    "program",
+    "reference",
+    "session",
+    "string",
+    "symbol",
+    "symbol_edit",
+)
+
+
+def load(ref: str) -> Any:
+    """The object a "module:attribute" entry names, importing its module."""
+    module, _, attr = ref.partition(":")
+    __import__(module)  # (the import statement's path: `python -X importtime` reports it, not importlib's)
+    return getattr(sys.modules[module], attr)
