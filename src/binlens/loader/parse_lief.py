@@ -111,7 +111,7 @@ def _kind(perms: str, nobits: bool) -> str:
 
 # ----------------------------------------------------------------------------------- ELF
 def _parse_elf(data: bytes, sha: str, file_name: str) -> Image:
-    b = lief.ELF.parse(list(data) if False else data)  # noqa: SIM108 - bytes accepted directly
+    b = lief.ELF.parse(data)
     if b is None:
         raise BinlensError("invalid_argument", "malformed ELF file: the header could not be parsed")
     hdr = b.header
