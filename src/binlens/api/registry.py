@@ -139,7 +139,7 @@ _SCHEMA_LOCK = threading.RLock()
 
 
 # The domain modules of `binlens.api` (every module but these registers methods when imported).
-_NOT_DOMAINS = {"registry", "models", "errors", "cursor", "pages", "common"}
+_NOT_DOMAINS = {"registry", "models", "cursor", "pages", "common"}
 
 
 class Registry(dict[str, MethodSpec]):
