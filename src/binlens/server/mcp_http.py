@@ -26,6 +26,7 @@ from mcp_types import HEADER_MISMATCH, INTERNAL_ERROR, INVALID_REQUEST
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from binlens.server.asgi import AsgiEndpoint
 from binlens.server.mcp_protocol import (
     MODERN,
     McpCore,
@@ -560,16 +561,6 @@ class LegacySse:
         self._deliver(sess, response)
 
 
-class _Asgi:
-    """Wrap a bound coroutine so Starlette routes to it as a raw ASGI app."""
-
-    def __init__(self, handler: Any) -> None:
-        self.handler = handler
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.handler(scope, receive, send)
-
-
 def mcp_routes(ws: Any, opts: Any) -> list[Route]:
     """The MCP routes of `binlens serve`: /mcp, /sse and /messages over one McpCore."""
     core = McpCore(
@@ -587,6 +578,6 @@ def mcp_routes(ws: Any, opts: Any) -> list[Route]:
     methods = ["GET", "POST", "OPTIONS", "DELETE", "PUT", "PATCH", "HEAD"]
     return [
         Route("/mcp", McpEndpoint(core), methods=methods),
-        Route("/sse", _Asgi(legacy.sse), methods=None),
-        Route("/messages", _Asgi(legacy.messages), methods=None),
+        Route("/sse", AsgiEndpoint(legacy.sse), methods=None),
+        Route("/messages", AsgiEndpoint(legacy.messages), methods=None),
     ]
