@@ -58,10 +58,6 @@ CLOSE_GOING_AWAY = 1001
 CLOSE_UNSUPPORTED = 1003
 
 
-def _dump(message: dict[str, Any]) -> str:
-    return dumps(message)
-
-
 def rpc_error(msg_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
     """A JSON-RPC error response (`data` only when given)."""
     err: dict[str, Any] = {"code": code, "message": message}
@@ -199,7 +195,7 @@ class WsSession:
         """Write one JSON-RPC message; False when the socket is already closed."""
         if not self.open:
             return False
-        text = _dump(message)
+        text = dumps(message)
         async with self._send_lock:
             if not self.open:
                 return False
