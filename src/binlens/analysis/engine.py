@@ -23,11 +23,11 @@ from binlens.analysis.heuristics_arm import arm_labels
 from binlens.analysis.model import (
     SOURCES,
     XREF_KINDS,
+    FoundString,
     FragmentIndex,
     Function,
     ProgramAnalysis,
     Refs,
-    StringItem,
     Xref,
 )
 from binlens.analysis.native import native
@@ -134,7 +134,7 @@ class Explored:
     chunk_count: int = 0
     warnings: list[str] = dataclasses.field(default_factory=list)  # what of the image was not analysed, and why
 
-    def references(self) -> tuple[list[StringItem], Refs]:
+    def references(self) -> tuple[list[FoundString], Refs]:
         """(strings, references packed): what `ProgramAnalysis` holds of them (`Refs.xrefs` gives the
         references as objects)."""
         self.report(0.85, 1.0, f"{len(self.bodies)} functions; references and strings")
@@ -181,7 +181,7 @@ class Explored:
                 if a not in kept and a in chunks:
                     del chunks[a]  # (`pop` would build the chunk's tuple only to drop it)
 
-    def result(self, functions: list[Function], xrefs: list[Xref], strings: list[StringItem]) -> ProgramAnalysis:
+    def result(self, functions: list[Function], xrefs: list[Xref], strings: list[FoundString]) -> ProgramAnalysis:
         """The finished analysis."""
         stats = {
             "seconds": time.perf_counter() - self.t0,

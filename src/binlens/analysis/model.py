@@ -178,7 +178,7 @@ class FragmentIndex:
 
 
 @dataclass(frozen=True, slots=True)
-class StringItem:
+class FoundString:
     """A string found in the image's data."""
 
     address: int
@@ -225,7 +225,7 @@ class ProgramAnalysis:
     arch: str
     functions: list[Function]  # sorted by address
     xrefs: list[Xref]  # sorted by (src, dst)
-    strings: list[StringItem]  # sorted by address
+    strings: list[FoundString]  # sorted by address
     code_bytes: int = 0
     covered_bytes: int = 0
     stats: dict[str, float] = field(default_factory=dict)
