@@ -177,6 +177,12 @@ class FragmentIndex:
         return i >= 0 and va < self.ends[i]
 
 
+def function_display_name(address: int, symbol: str | None = None, thunk: str | None = None) -> str:
+    """The name a function goes by when no one has named it: its symbol, else the import its thunk
+    jumps to, else `sub_<hex>` (the form `binlens.program_analysis` resolves back to an address)."""
+    return symbol or thunk or f"sub_{address:x}"
+
+
 @dataclass(frozen=True, slots=True)
 class FoundString:
     """A string found in the image's data."""
@@ -209,8 +215,8 @@ class Function:
         return self.address + self.size
 
     def display_name(self) -> str:
-        """The engine's own name: symbol, else thunk import name, else sub_<hex>."""
-        return self.symbol_name or self.thunk_name or f"sub_{self.address:x}"
+        """The engine's own name for the function (`function_display_name`)."""
+        return function_display_name(self.address, self.symbol_name, self.thunk_name)
 
     def call_pairs(self) -> list[tuple[int, int]]:
         """(call site, callee address) of each call, in order."""
