@@ -163,20 +163,6 @@ def pairs(flat: array | list[int]) -> Iterator[tuple[int, int]]:
     return zip(it, it, strict=True)
 
 
-class FragmentIndex:
-    """Address ranges of FDEs that are not function entries (cold parts): membership by bisect."""
-
-    def __init__(self, ranges: list[tuple[int, int]]) -> None:
-        self.ranges = list(ranges)
-        ranges = sorted(ranges)
-        self.starts = [a for a, _ in ranges]
-        self.ends = [a + n for a, n in ranges]
-
-    def __call__(self, va: int) -> bool:
-        i = bisect.bisect_right(self.starts, va) - 1
-        return i >= 0 and va < self.ends[i]
-
-
 def function_display_name(address: int, symbol: str | None = None, thunk: str | None = None) -> str:
     """The name a function goes by when no one has named it: its symbol, else the import its thunk
     jumps to, else `sub_<hex>` (the form `binlens.program_analysis` resolves back to an address)."""
