@@ -37,7 +37,7 @@ from binlens.server.mcp_protocol import (
     internal_error,
     modern_meta,
 )
-from binlens.server.wire import FrameError, decode, dump_bytes
+from binlens.server.wire import FrameError, decode, dump_bytes, valid_id
 
 log = logging.getLogger("binlens.mcp")
 
@@ -218,7 +218,7 @@ class McpEndpoint:
             inbound = classify(msg, header_version)
         except RpcError as err:
             rid = msg.get("id") if isinstance(msg, dict) else None
-            ok = isinstance(rid, (str, int)) and not isinstance(rid, bool)
+            ok = valid_id(rid)
             await fail(400, err, rid, ok)
             return
         dup = find_duplicated_routing_header(_raw_headers(scope))
@@ -523,7 +523,7 @@ class LegacySse:
             inbound = classify(msg, version)
         except RpcError as err:
             rid = msg.get("id") if isinstance(msg, dict) else None
-            ok = isinstance(rid, (str, int)) and not isinstance(rid, bool)
+            ok = valid_id(rid)
             await _respond(
                 send, 400, dump_bytes(error_response(err, rid, version, identifiable=ok)), "application/json", cors
             )
