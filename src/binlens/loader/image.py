@@ -67,6 +67,21 @@ class Section:
         return self.va + self.size
 
 
+def perms_text(r: bool, w: bool, x: bool) -> str:
+    """`Segment.perms`/`Section.perms` from the three permission bits: "r-x" and the like."""
+    return ("r" if r else "-") + ("w" if w else "-") + ("x" if x else "-")
+
+
+def section_kind(perms: str, nobits: bool) -> str:
+    """`Section.kind` of a mapped section: code if executable, else bss if it holds no file bytes,
+    else data if readable."""
+    if "x" in perms:
+        return "code"
+    if nobits:
+        return "bss"
+    return "data" if perms[0] == "r" else "other"
+
+
 @dataclass(frozen=True, slots=True)
 class Symbol:
     """A named address from a symbol table (demangled `name`, original `raw_name`)."""
