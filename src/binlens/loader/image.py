@@ -201,12 +201,6 @@ class Image:
             return None
         return r.offset + (va - r.va)
 
-    def offset_to_va(self, offset: int) -> int | None:
-        for r in self._regions:
-            if r.offset <= offset < r.offset + r.fsize:
-                return r.va + (offset - r.offset)
-        return None
-
     def read(self, va: int, size: int) -> bytes | None:
         """Bytes at `va` (zero-filled where a region has no file bytes); None if any byte is unmapped."""
         out = bytearray()
