@@ -125,12 +125,12 @@ def test_partition_and_functions_with_no_starts(compile_c):
     """No function starts at all (a damaged file): empty results, not an error."""
     from binlens.analysis.discovery import Explorer
     from binlens.analysis.functions import iter_functions
-    from binlens.analysis.model import FragmentIndex
+    from binlens.analysis.intervals import IntervalSet
 
     image = parse_path(str(compile_c("sample.c", "-O2", True)))
     codemap = CodeMap(image)
     explorer = Explorer(codemap, X86Backend(image, codemap), None)
-    bodies, new = explorer.partition(set(), {}, FragmentIndex([]), set())
+    bodies, new = explorer.partition(set(), {}, IntervalSet([]), set())
     assert bodies == {} and new == set()
     assert list(iter_functions(image, codemap, explorer, bodies, {}, {}, {}, set(), consume=True)) == []
 

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from binlens.analysis import ENGINE_VERSION
+from binlens.analysis.model import function_display_name
 from binlens.analysis_worker import AnalysisProcess, AnalysisRequest
 from binlens.errors import BinlensError
 from binlens.store.analysis import (
@@ -326,8 +327,9 @@ def analysis_of(prog: Program) -> ProgramAnalysisState:
 
 
 def function_name(prog: Program, f: FunctionRow) -> str:
-    """The one displayed name of a function: user name or symbol, else import thunk, else sub_<hex>."""
-    return _text(prog.name_at(f.address)) or f.thunk or f.symbol or f"sub_{f.address:x}"
+    """The one displayed name of a function: its user name or the name at its address, else
+    `function_display_name` (its symbol, else its thunk's import, else `sub_<hex>`)."""
+    return _text(prog.name_at(f.address)) or function_display_name(f.address, f.symbol, f.thunk)
 
 
 def _text(name: object) -> str | None:

@@ -16,13 +16,13 @@ from binlens.analysis.version import ENGINE_VERSION
 
 if TYPE_CHECKING:
     from binlens.analysis.engine import analyze, make_backend
-    from binlens.analysis.model import BasicBlock, Edge, Function, Instruction, ProgramAnalysis, StringItem, Xref
+    from binlens.analysis.model import BasicBlock, Edge, FoundString, Function, Instruction, ProgramAnalysis, Xref
 
 _WHERE = {
     "analyze": "engine",
     "make_backend": "engine",
     **dict.fromkeys(
-        ("BasicBlock", "Edge", "Function", "Instruction", "ProgramAnalysis", "StringItem", "Xref"), "model"
+        ("BasicBlock", "Edge", "FoundString", "Function", "Instruction", "ProgramAnalysis", "Xref"), "model"
     ),
 }
 
@@ -41,10 +41,10 @@ __all__ = [
     "ENGINE_VERSION",
     "BasicBlock",
     "Edge",
+    "FoundString",
     "Function",
     "Instruction",
     "ProgramAnalysis",
-    "StringItem",
     "Xref",
     "analyze",
     "make_backend",

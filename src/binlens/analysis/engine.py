@@ -20,14 +20,14 @@ from binlens.analysis.gapmap import Gaps
 from binlens.analysis.gototables import goto_tables
 from binlens.analysis.heuristics import heuristic_starts
 from binlens.analysis.heuristics_arm import arm_labels
+from binlens.analysis.intervals import IntervalSet
 from binlens.analysis.model import (
     SOURCES,
     XREF_KINDS,
-    FragmentIndex,
+    FoundString,
     Function,
     ProgramAnalysis,
     Refs,
-    StringItem,
     Xref,
 )
 from binlens.analysis.native import native
@@ -134,7 +134,7 @@ class Explored:
     chunk_count: int = 0
     warnings: list[str] = dataclasses.field(default_factory=list)  # what of the image was not analysed, and why
 
-    def references(self) -> tuple[list[StringItem], Refs]:
+    def references(self) -> tuple[list[FoundString], Refs]:
         """(strings, references packed): what `ProgramAnalysis` holds of them (`Refs.xrefs` gives the
         references as objects)."""
         self.report(0.85, 1.0, f"{len(self.bodies)} functions; references and strings")
@@ -181,7 +181,7 @@ class Explored:
                 if a not in kept and a in chunks:
                     del chunks[a]  # (`pop` would build the chunk's tuple only to drop it)
 
-    def result(self, functions: list[Function], xrefs: list[Xref], strings: list[StringItem]) -> ProgramAnalysis:
+    def result(self, functions: list[Function], xrefs: list[Xref], strings: list[FoundString]) -> ProgramAnalysis:
         """The finished analysis."""
         stats = {
             "seconds": time.perf_counter() - self.t0,
@@ -233,7 +233,7 @@ def explore(
                 extents[va] = fde.size
         else:
             fragments.append((fde.start, fde.size))
-    frag = FragmentIndex(fragments)
+    frag = IntervalSet(fragments)
     excluded = set(excluded_starts)
     for va in excluded:
         seeds.starts.pop(va, None)
@@ -421,7 +421,7 @@ def _discover(
     explorer: Explorer,
     seeds: dict[int, frozenset[str]],
     extents: dict[int, int],
-    frag: FragmentIndex,
+    frag: IntervalSet,
     noret: set[int],
     noret_slots: set[int],
     excluded: Container[int],
@@ -452,7 +452,7 @@ def _discover(
             # frameless cold parts have entry-state CFI: demote them to fragments and redo the round
             for va in cold:
                 seeds.pop(va, None)
-            frag = FragmentIndex(frag.ranges + [(va, extents.pop(va)) for va in cold])
+            frag = IntervalSet(frag.ranges + [(va, extents.pop(va)) for va in cold])
             continue
         returns = returning_functions(bodies, noret_slots, explorer.chunks, explorer.body_edges)
         found = {f for f in bodies if f not in returns} - noret
@@ -545,7 +545,7 @@ def _table_entry_seeds(
             spans.append((table, table + ptr * len(cases)))
     if not spans:
         return set()
-    inside = FragmentIndex([(lo, hi - lo) for lo, hi in spans])
+    inside = IntervalSet([(lo, hi - lo) for lo, hi in spans])
     in_table: dict[int, bool] = {}
     thumb_bit = 1 if image.identity.arch == "arm" else 0  # starts are even; Thumb pointers are odd
     for src, dst in pointers_in_data(image, codemap, set()):

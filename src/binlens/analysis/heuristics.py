@@ -23,6 +23,7 @@ from binlens.analysis.heuristics_arm import (
     arm_runs_into,
     set_arm_state,
 )
+from binlens.analysis.intervals import IntervalSet
 from binlens.analysis.model import (
     T_BAD,
     T_CALL,
@@ -33,7 +34,6 @@ from binlens.analysis.model import (
     T_JUMP,
     T_RET,
     XREF_KINDS,
-    FragmentIndex,
 )
 from binlens.analysis.prologues import ARCHES as PROLOGUE_ARCHES
 from binlens.analysis.prologues import INSN_ALIGN, GapPrologues
@@ -82,12 +82,12 @@ def heuristic_starts(
     gaps: Gaps | None = None,
 ) -> dict[int, str]:
     """Careful guesses for code nothing reached: code pointers, then prologues in gaps."""
-    inside = FragmentIndex(list(extents.items()))
-    spans: list[FragmentIndex] = []
+    inside = IntervalSet(list(extents.items()))
+    spans: list[IntervalSet] = []
 
     def inside_body(va: int) -> bool:
         if not spans:
-            spans.append(FragmentIndex(body_spans(explorer, bodies)))
+            spans.append(IntervalSet(body_spans(explorer, bodies)))
         return spans[0](va)
 
     out: dict[int, str] = {}

@@ -12,7 +12,8 @@ from binlens.analysis.discovery import NORETURN_NAMES
 from binlens.analysis.ehframe import parse_eh_frame
 from binlens.analysis.engine import _text_names, gc_paused, make_backend, make_explorer
 from binlens.analysis.functions import iter_functions
-from binlens.analysis.model import FragmentIndex, Function, Xref
+from binlens.analysis.intervals import IntervalSet
+from binlens.analysis.model import Function, Xref
 from binlens.analysis.seeds import Seeds
 from binlens.analysis.thunks import find_thunks
 from binlens.analysis.xrefs import collect_refs
@@ -68,7 +69,7 @@ def _analyze_functions(
             break
         explorer.traverse(entries + more, noret)
     everything = set(starts) | set(entries)
-    bodies, _new = explorer.partition(everything, extents, FragmentIndex(fragments), noret)
+    bodies, _new = explorer.partition(everything, extents, IntervalSet(fragments), noret)
     explorer.finish()
     mine = {f: bodies[f] for f in entries if f in bodies}
     functions = list(iter_functions(image, codemap, explorer, mine, {f: set() for f in mine}, extents, thunks, noret))

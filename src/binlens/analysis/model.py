@@ -163,22 +163,14 @@ def pairs(flat: array | list[int]) -> Iterator[tuple[int, int]]:
     return zip(it, it, strict=True)
 
 
-class FragmentIndex:
-    """Address ranges of FDEs that are not function entries (cold parts): membership by bisect."""
-
-    def __init__(self, ranges: list[tuple[int, int]]) -> None:
-        self.ranges = list(ranges)
-        ranges = sorted(ranges)
-        self.starts = [a for a, _ in ranges]
-        self.ends = [a + n for a, n in ranges]
-
-    def __call__(self, va: int) -> bool:
-        i = bisect.bisect_right(self.starts, va) - 1
-        return i >= 0 and va < self.ends[i]
+def function_display_name(address: int, symbol: str | None = None, thunk: str | None = None) -> str:
+    """The name a function goes by when no one has named it: its symbol, else the import its thunk
+    jumps to, else `sub_<hex>` (the form `binlens.program_analysis` resolves back to an address)."""
+    return symbol or thunk or f"sub_{address:x}"
 
 
 @dataclass(frozen=True, slots=True)
-class StringItem:
+class FoundString:
     """A string found in the image's data."""
 
     address: int
@@ -209,8 +201,8 @@ class Function:
         return self.address + self.size
 
     def display_name(self) -> str:
-        """The engine's own name: symbol, else thunk import name, else sub_<hex>."""
-        return self.symbol_name or self.thunk_name or f"sub_{self.address:x}"
+        """The engine's own name for the function (`function_display_name`)."""
+        return function_display_name(self.address, self.symbol_name, self.thunk_name)
 
     def call_pairs(self) -> list[tuple[int, int]]:
         """(call site, callee address) of each call, in order."""
@@ -225,7 +217,7 @@ class ProgramAnalysis:
     arch: str
     functions: list[Function]  # sorted by address
     xrefs: list[Xref]  # sorted by (src, dst)
-    strings: list[StringItem]  # sorted by address
+    strings: list[FoundString]  # sorted by address
     code_bytes: int = 0
     covered_bytes: int = 0
     stats: dict[str, float] = field(default_factory=dict)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from binlens.analysis.codemap import warning_name
-from binlens.analysis.model import StringItem
+from binlens.analysis.model import FoundString
 from binlens.loader.image import ADDRESS_END, Image, Section
 
 # Sections that hold metadata rather than program data.
@@ -95,12 +95,12 @@ def past_the_top(image: Image) -> list[str]:
     ][:20]
 
 
-def find_strings(image: Image, min_length: int = 4) -> list[StringItem]:
+def find_strings(image: Image, min_length: int = 4) -> list[FoundString]:
     """Every string of at least `min_length` characters in the data sections and in the data ranges
     of code sections (`Image.data_ranges`), by address."""
     utf8 = re.compile(_UTF8 + rb"{%d,}" % min_length)
     utf16 = re.compile(rb"(?:" + _PRINT + rb"\x00){%d,}" % min_length)
-    out: list[StringItem] = []
+    out: list[FoundString] = []
     pieces = [
         (s.va, bytes(image.data[s.offset : s.offset + readable_size(s)]), s.name)
         for s in image.sections
@@ -116,10 +116,10 @@ def find_strings(image: Image, min_length: int = 4) -> list[StringItem]:
         for m in utf8.finditer(data):
             raw = m.group()
             enc = "ascii" if raw.isascii() else "utf-8"
-            out.append(StringItem(va + m.start(), len(raw), enc, raw.decode("utf-8", "replace"), name))
+            out.append(FoundString(va + m.start(), len(raw), enc, raw.decode("utf-8", "replace"), name))
         for m in utf16.finditer(data):
             raw = m.group()
-            out.append(StringItem(va + m.start(), len(raw), "utf-16le", raw.decode("utf-16le", "replace"), name))
+            out.append(FoundString(va + m.start(), len(raw), "utf-16le", raw.decode("utf-16le", "replace"), name))
     out.sort(key=lambda x: (x.address, -x.size))
     # overlapping sections of odd files can yield the same address twice: keep the longest
     return [x for i, x in enumerate(out) if i == 0 or out[i - 1].address != x.address]

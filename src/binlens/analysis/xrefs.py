@@ -10,7 +10,7 @@ from itertools import chain
 
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.discovery import Body, Explorer
-from binlens.analysis.model import XREF_KINDS, Refs, StringItem, pairs
+from binlens.analysis.model import XREF_KINDS, FoundString, Refs, pairs
 from binlens.analysis.native import native
 from binlens.analysis.strings import is_data_section, readable_size
 from binlens.loader.image import Image
@@ -33,7 +33,7 @@ def collect_refs(
     backend: object,
     explorer: Explorer,
     bodies: dict[int, Body],
-    strings: list[StringItem] | set[int],
+    strings: list[FoundString] | set[int],
     jt_tables: dict[int, int],
     data: bool = True,
 ) -> Refs:

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from binlens.analysis.model import function_display_name
 from binlens.api.analysis import NeedsAnalysis, need_view, select_function
 from binlens.api.function import FunctionItem, function_item
 from binlens.api.models import HexAddress, Listing, Page, Result, Selector
@@ -31,10 +32,6 @@ class FunctionCallListParams(NeedsAnalysis):
     page: Page = Page()
 
 
-def _name(prog: Program, va: int) -> str | None:
-    return name_for_address(prog, va)
-
-
 def _is_import(prog: Program, va: int) -> bool:
     return any(imp.slot == va for imp in prog.image.imports)
 
@@ -44,7 +41,7 @@ def function_call_list(ws: Any, p: FunctionCallListParams, ctx: CallContext) -> 
     """The call sites that call a function (callers) or that it makes (callees), by site address."""
     prog, view = need_view(ws, p, ctx)
     f = select_function(prog, view, p.selector)
-    fname = _name(prog, f.address) or f"sub_{f.address:x}"
+    fname = name_for_address(prog, f.address) or function_display_name(f.address)
     items = []
     if p.direction == "callees":
         for site, callee in view.callees(f.address):
@@ -54,7 +51,7 @@ def function_call_list(ws: Any, p: FunctionCallListParams, ctx: CallContext) -> 
                     caller=hex(f.address),
                     caller_name=fname,
                     callee=hex(callee),
-                    callee_name=_name(prog, callee),
+                    callee_name=name_for_address(prog, callee),
                     callee_is_import=_is_import(prog, callee),
                 )
             )
@@ -64,7 +61,7 @@ def function_call_list(ws: Any, p: FunctionCallListParams, ctx: CallContext) -> 
                 CallItem(
                     site=hex(site),
                     caller=hex(caller),
-                    caller_name=_name(prog, caller) or f"sub_{caller:x}",
+                    caller_name=name_for_address(prog, caller) or function_display_name(caller),
                     callee=hex(f.address),
                     callee_name=fname,
                     callee_is_import=False,
@@ -137,7 +134,7 @@ def callgraph_get(ws: Any, p: CallgraphParams, ctx: CallContext) -> Callgraph:
         nodes=[
             CallgraphNode(
                 address=hex(va),
-                name=_name(prog, va) or f"sub_{va:x}",
+                name=name_for_address(prog, va) or function_display_name(va),
                 depth=d,
                 is_import=va not in view.by_address and _is_import(prog, va),
             )

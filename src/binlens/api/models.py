@@ -88,8 +88,3 @@ class Listing(Result, Generic[T]):
     items: list[T]
     next_cursor: str | None = None
     scan: ScanReport | None = None
-
-
-def hexaddr(value: int) -> str:
-    """Render a virtual address as the wire's hexadecimal string."""
-    return hex(value)

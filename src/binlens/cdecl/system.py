@@ -82,10 +82,6 @@ class TypeSystem:
             cls._builtin_cache[key] = cached
         return cached
 
-    def typedef_names(self) -> list[str]:
-        """Every typedef name known (pycparser needs them to parse)."""
-        return [n for n, d in self.defs.items() if d.kind == "typedef"]
-
     def parse(self, text: str) -> list[Definition]:
         """The types `text` defines, in order; DeclarationError when it is not valid C."""
         return definitions(parse_text(text, self.defs))

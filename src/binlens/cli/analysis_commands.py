@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from binlens.cli.main import command, make_workspace
@@ -114,6 +114,31 @@ def _print_listing(identity: dict[str, Any], key: str, pages: Iterable[list[dict
     sys.stdout.write("\n]}\n" if wrote else head + "]}\n")
 
 
+def _show_listing(
+    args: argparse.Namespace,
+    identity: dict[str, Any],
+    key: str,
+    pages: Iterable[list[dict[str, Any]]],
+    header: list[str],
+    row: Callable[[dict[str, Any]], list[str]],
+) -> int:
+    """A listing command's output: the items as JSON with `--json`, else a table of `header`
+    columns with `row(item)` a line."""
+    if args.json:
+        _print_listing(identity, key, pages)
+        return 0
+    items = [item for page in pages for item in page]
+    from binlens.cli.render import print_table
+
+    print_table(header, [row(item) for item in items], full=args.full)
+    return 0
+
+
+def _given(args: argparse.Namespace, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The options among `keys` given on the command line, as method parameters."""
+    return {key: getattr(args, key) for key in keys if getattr(args, key) is not None}
+
+
 def _common_file(p: argparse.ArgumentParser) -> None:
     p.add_argument("file")
     p.add_argument("--slice", default=None, help="slice of a universal Mach-O")
@@ -148,23 +173,15 @@ def cmd_functions(args: argparse.Namespace) -> int:
 
 def _functions(args: argparse.Namespace) -> int:
     ws, prog = _open_and_analyse(args, "function.list")
-    params: dict[str, Any] = {"program": prog.handle}
-    for key in ("name", "source", "min_size", "max_size"):
-        if getattr(args, key) is not None:
-            params[key] = getattr(args, key)
-    pages = _pages(ws, "function.list", params, args.limit)
-    if args.json:
-        _print_listing(prog.identity, "functions", pages)
-        return 0
-    items = [item for page in pages for item in page]
-    from binlens.cli.render import print_table
-
-    print_table(
+    params = {"program": prog.handle, **_given(args, ("name", "source", "min_size", "max_size"))}
+    return _show_listing(
+        args,
+        prog.identity,
+        "functions",
+        _pages(ws, "function.list", params, args.limit),
         ["address", "size", "name", "sources"],
-        [[f["address"], str(f["size"]), f["name"], ",".join(f["sources"])] for f in items],
-        full=args.full,
+        lambda f: [f["address"], str(f["size"]), f["name"], ",".join(f["sources"])],
     )
-    return 0
 
 
 # -------------------------------------------------------------------------------- disasm
@@ -228,23 +245,19 @@ def cmd_strings(args: argparse.Namespace) -> int:
 
 def _strings(args: argparse.Namespace) -> int:
     ws, prog = _open_and_analyse(args, "string.list")
-    params: dict[str, Any] = {"program": prog.handle, "min_length": max(1, args.min_length)}
-    for key in ("text", "regex", "encoding", "section"):
-        if getattr(args, key) is not None:
-            params[key] = getattr(args, key)
-    pages = _pages(ws, "string.list", params, args.limit)
-    if args.json:
-        _print_listing(prog.identity, "strings", pages)
-        return 0
-    items = [item for page in pages for item in page]
-    from binlens.cli.render import print_table
-
-    print_table(
+    params = {
+        "program": prog.handle,
+        "min_length": max(1, args.min_length),
+        **_given(args, ("text", "regex", "encoding", "section")),
+    }
+    return _show_listing(
+        args,
+        prog.identity,
+        "strings",
+        _pages(ws, "string.list", params, args.limit),
         ["address", "refs", "encoding", "section", "text"],
-        [[s["address"], str(s["references"]), s["encoding"], s["section"] or "", repr(s["text"])[1:-1]] for s in items],
-        full=args.full,
+        lambda s: [s["address"], str(s["references"]), s["encoding"], s["section"] or "", repr(s["text"])[1:-1]],
     )
-    return 0
 
 
 # -------------------------------------------------------------------------------- xrefs
@@ -274,19 +287,14 @@ def _xrefs(args: argparse.Namespace) -> int:
     }
     if args.kind:
         params["kind"] = args.kind
-    pages = _pages(ws, "reference.list", params)
-    if args.json:
-        _print_listing(prog.identity, "references", pages)
-        return 0
-    items = [item for page in pages for item in page]
-    from binlens.cli.render import print_table
-
-    print_table(
+    return _show_listing(
+        args,
+        prog.identity,
+        "references",
+        _pages(ws, "reference.list", params),
         ["from", "function", "kind", "to", "to name"],
-        [[x["from_address"], x["function_name"] or "", x["kind"], x["to_address"], x["to_name"] or ""] for x in items],
-        full=args.full,
+        lambda x: [x["from_address"], x["function_name"] or "", x["kind"], x["to_address"], x["to_name"] or ""],
     )
-    return 0
 
 
 # ---------------------------------------------------------------------------------- cfg

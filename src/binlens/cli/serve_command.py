@@ -7,7 +7,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import shutil
 import signal
 import sys
@@ -22,7 +21,6 @@ from binlens.cli.server_args import add_mcp_options, confinement, positive, seco
 log = logging.getLogger("binlens.server")
 
 TOKEN_ENV = "BINLENS_TOKEN"
-_PREFIX_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 
 
 def _port(value: str) -> int:

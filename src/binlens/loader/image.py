@@ -67,6 +67,21 @@ class Section:
         return self.va + self.size
 
 
+def perms_text(r: bool, w: bool, x: bool) -> str:
+    """`Segment.perms`/`Section.perms` from the three permission bits: "r-x" and the like."""
+    return ("r" if r else "-") + ("w" if w else "-") + ("x" if x else "-")
+
+
+def section_kind(perms: str, nobits: bool) -> str:
+    """`Section.kind` of a mapped section: code if executable, else bss if it holds no file bytes,
+    else data if readable."""
+    if "x" in perms:
+        return "code"
+    if nobits:
+        return "bss"
+    return "data" if perms[0] == "r" else "other"
+
+
 @dataclass(frozen=True, slots=True)
 class Symbol:
     """A named address from a symbol table (demangled `name`, original `raw_name`)."""
@@ -185,12 +200,6 @@ class Image:
         if r is None or va - r.va >= r.fsize:
             return None
         return r.offset + (va - r.va)
-
-    def offset_to_va(self, offset: int) -> int | None:
-        for r in self._regions:
-            if r.offset <= offset < r.offset + r.fsize:
-                return r.va + (offset - r.offset)
-        return None
 
     def read(self, va: int, size: int) -> bytes | None:
         """Bytes at `va` (zero-filled where a region has no file bytes); None if any byte is unmapped."""

@@ -20,7 +20,18 @@ from typing import Any
 from binlens.loader.demangle import demangle
 from binlens.loader.digest import sha256_hex
 from binlens.loader.elf_machines import Machine, fast_machine
-from binlens.loader.image import Export, Identity, Image, Import, Relocation, Section, Segment, Symbol
+from binlens.loader.image import (
+    Export,
+    Identity,
+    Image,
+    Import,
+    Relocation,
+    Section,
+    Segment,
+    Symbol,
+    perms_text,
+    section_kind,
+)
 from binlens.loader.mips_got import global_got_imports
 
 
@@ -178,13 +189,9 @@ def _program_headers(rd: _Reader, phoff: int, phnum: int) -> list[tuple[int, int
     return out
 
 
-def _perms(r: bool, w: bool, x: bool) -> str:
-    return ("r" if r else "-") + ("w" if w else "-") + ("x" if x else "-")
-
-
 def _segments(phdrs: list[tuple[int, int, int, int, int, int]]) -> list[Segment]:
     return [
-        Segment(f"LOAD{i}", va, msz, off, fsz, _perms(bool(fl & 4), bool(fl & 2), bool(fl & 1)))
+        Segment(f"LOAD{i}", va, msz, off, fsz, perms_text(bool(fl & 4), bool(fl & 2), bool(fl & 1)))
         for i, (t, off, va, fsz, msz, fl) in enumerate(phdrs)
         if t == 1
     ]
@@ -205,12 +212,8 @@ def _sections(rd: _Reader, shdrs: list[tuple[Any, ...]], shstrndx: int) -> list[
         if not name and size == 0:
             continue
         alloc = bool(flags & 0x2)
-        perms = _perms(alloc, bool(flags & 0x1), bool(flags & 0x4))
-        kind = (
-            ("code" if "x" in perms else "bss" if nobits else "data" if perms[0] == "r" else "other")
-            if alloc
-            else "other"
-        )
+        perms = perms_text(alloc, bool(flags & 0x1), bool(flags & 0x4))
+        kind = section_kind(perms, nobits) if alloc else "other"
         out.append(
             Section(name, addr if alloc else 0, size if alloc else 0, offset, 0 if nobits else size, perms, kind)
         )

@@ -15,7 +15,18 @@ import lief
 from binlens.errors import BinlensError
 from binlens.loader.demangle import demangle
 from binlens.loader.formats import sniff_format
-from binlens.loader.image import Export, Identity, Image, Import, Relocation, Section, Segment, Symbol
+from binlens.loader.image import (
+    Export,
+    Identity,
+    Image,
+    Import,
+    Relocation,
+    Section,
+    Segment,
+    Symbol,
+    perms_text,
+    section_kind,
+)
 from binlens.loader.macho_slices import fat_ranges, pick_slice, slice_names
 from binlens.loader.macho_stubs import IndirectSection, stubs_by_slot
 from binlens.loader.mips_got import global_got_imports
@@ -97,21 +108,9 @@ def parse_image(data: bytes, file_name: str, slice_name: str | None = None) -> I
         return _parse_macho(data, sha, file_name, slice_name)
 
 
-def _perms(r: bool, w: bool, x: bool) -> str:
-    return ("r" if r else "-") + ("w" if w else "-") + ("x" if x else "-")
-
-
-def _kind(perms: str, nobits: bool) -> str:
-    if "x" in perms:
-        return "code"
-    if nobits:
-        return "bss"
-    return "data" if perms[0] == "r" else "other"
-
-
 # ----------------------------------------------------------------------------------- ELF
 def _parse_elf(data: bytes, sha: str, file_name: str) -> Image:
-    b = lief.ELF.parse(list(data) if False else data)  # noqa: SIM108 - bytes accepted directly
+    b = lief.ELF.parse(data)
     if b is None:
         raise BinlensError("invalid_argument", "malformed ELF file: the header could not be parsed")
     hdr = b.header
@@ -135,7 +134,7 @@ def _parse_elf(data: bytes, sha: str, file_name: str) -> Image:
                 vsize=s.virtual_size,
                 offset=s.file_offset,
                 fsize=s.physical_size,
-                perms=_perms(bool(flags & 4), bool(flags & 2), bool(flags & 1)),
+                perms=perms_text(bool(flags & 4), bool(flags & 2), bool(flags & 1)),
             )
         )
     sections = []
@@ -145,7 +144,7 @@ def _parse_elf(data: bytes, sha: str, file_name: str) -> Image:
         flags = int(s.flags)
         alloc = bool(flags & 0x2)
         nobits = _enum_name(s.type) == "NOBITS"
-        perms = _perms(alloc, bool(flags & 0x1), bool(flags & 0x4))
+        perms = perms_text(alloc, bool(flags & 0x1), bool(flags & 0x4))
         sections.append(
             Section(
                 name=_text(s.name),
@@ -154,7 +153,7 @@ def _parse_elf(data: bytes, sha: str, file_name: str) -> Image:
                 offset=s.offset,
                 fsize=0 if nobits else s.size,
                 perms=perms,
-                kind=_kind(perms, nobits) if alloc else "other",
+                kind=section_kind(perms, nobits) if alloc else "other",
             )
         )
     symbols = _elf_symbols(b)
@@ -313,13 +312,13 @@ def _parse_pe(data: bytes, sha: str, file_name: str) -> Image:
     sections = []
     for s in b.sections:
         ch = int(s.characteristics)
-        perms = _perms(bool(ch & 0x40000000), bool(ch & 0x80000000), bool(ch & 0x20000000))
+        perms = perms_text(bool(ch & 0x40000000), bool(ch & 0x80000000), bool(ch & 0x20000000))
         vsize = s.virtual_size or s.size
         nobits = s.size == 0 or bool(ch & 0x80) and not ch & 0x40
         va = at(s.virtual_address)
         fsize = min(s.size, vsize, len(data) - s.offset) if s.offset < len(data) else 0  # (the file's bytes only)
         name = _text(s.name)
-        sections.append(Section(name, va, vsize, s.offset, fsize, perms, _kind(perms, nobits), name))
+        sections.append(Section(name, va, vsize, s.offset, fsize, perms, section_kind(perms, nobits), name))
         segments.append(Segment(name, va, vsize, s.offset, fsize, perms))
     symbols = []
     for s in b.symbols:
@@ -408,7 +407,7 @@ def _parse_macho(data: bytes, sha: str, file_name: str, slice_name: str | None) 
     segments, sections = [], []
     for s in b.segments:
         p = int(s.init_protection)
-        perms = _perms(bool(p & 1), bool(p & 2), bool(p & 4))
+        perms = perms_text(bool(p & 1), bool(p & 2), bool(p & 4))
         if s.virtual_size:
             offset, fsize = _in_slice(base, end, s.file_offset, s.file_size)
             segments.append(Segment(_text(s.name), s.virtual_address, s.virtual_size, offset, fsize, perms))
@@ -424,7 +423,7 @@ def _parse_macho(data: bytes, sha: str, file_name: str, slice_name: str | None) 
                     offset,
                     fsize,
                     perms,
-                    _kind(perms, nobits),
+                    section_kind(perms, nobits),
                     _text(s.name),
                 )
             )

@@ -18,21 +18,11 @@ from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 
+from binlens.server.asgi import AsgiEndpoint
 from binlens.server.auth import SecurityMiddleware
 from binlens.server.options import ServerOptions
 from binlens.server.ws import WsHub
 from binlens.workspace import Workspace
-
-
-class AsgiEndpoint:
-    """Wrap a bound coroutine so Starlette routes to it as a raw ASGI app (not a request handler)."""
-
-    def __init__(self, handler: Any) -> None:
-        self.handler = handler
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Delegate to the wrapped handler."""
-        await self.handler(scope, receive, send)
 
 
 class DrainMiddleware:

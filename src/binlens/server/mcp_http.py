@@ -26,6 +26,7 @@ from mcp_types import HEADER_MISMATCH, INTERNAL_ERROR, INVALID_REQUEST
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from binlens.server.asgi import AsgiEndpoint
 from binlens.server.mcp_protocol import (
     MODERN,
     McpCore,
@@ -36,7 +37,7 @@ from binlens.server.mcp_protocol import (
     internal_error,
     modern_meta,
 )
-from binlens.server.wire import FrameError, decode, dump_bytes
+from binlens.server.wire import FrameError, decode, dump_bytes, valid_id
 
 log = logging.getLogger("binlens.mcp")
 
@@ -96,10 +97,6 @@ async def _respond(
     await send({"type": "http.response.body", "body": body})
 
 
-def _dump(message: dict[str, Any]) -> bytes:
-    return dump_bytes(message)
-
-
 class _Tracked:
     """A `send` that remembers whether the response has started (to answer a failure properly)."""
 
@@ -121,7 +118,7 @@ async def _guarded(handler: Any, scope: Scope, receive: Receive, send: Send) -> 
     except Exception:  # noqa: BLE001 - nothing internal crosses the wire, and the server keeps serving
         log.exception("internal error serving %s %s", scope.get("method"), scope.get("path"))
         if not tracked.started:
-            body = _dump(error_response(internal_error(), None, None, identifiable=False))
+            body = dump_bytes(error_response(internal_error(), None, None, identifiable=False))
             await _respond(send, 500, body, "application/json", _cors(_headers(scope)))
 
 
@@ -185,11 +182,13 @@ class McpEndpoint:
             await _respond(send, 204, extra=extra)
             return
         if method != "POST":
-            body = _dump({"error": f"{method} is not served on /mcp: POST JSON-RPC messages (no standalone stream)"})
+            body = dump_bytes(
+                {"error": f"{method} is not served on /mcp: POST JSON-RPC messages (no standalone stream)"}
+            )
             await _respond(send, 405, body, "application/json", [*cors, (b"allow", ALLOW.encode())])
             return
         if not _is_json(headers.get("content-type")):
-            body = _dump({"error": "POST /mcp needs Content-Type: application/json"})
+            body = dump_bytes({"error": "POST /mcp needs Content-Type: application/json"})
             await _respond(send, 415, body, "application/json", cors)
             return
         try:
@@ -203,7 +202,7 @@ class McpEndpoint:
         header_version = headers.get(MCP_PROTOCOL_VERSION_HEADER)
 
         async def fail(status: int, err: RpcError, msg_id: Any = None, identifiable: bool = False) -> None:
-            body = _dump(error_response(err, msg_id, header_version, identifiable=identifiable))
+            body = dump_bytes(error_response(err, msg_id, header_version, identifiable=identifiable))
             await _respond(send, status, body, "application/json", cors)
 
         raw = await _read_body(receive, MAX_BODY)
@@ -219,7 +218,7 @@ class McpEndpoint:
             inbound = classify(msg, header_version)
         except RpcError as err:
             rid = msg.get("id") if isinstance(msg, dict) else None
-            ok = isinstance(rid, (str, int)) and not isinstance(rid, bool)
+            ok = valid_id(rid)
             await fail(400, err, rid, ok)
             return
         dup = find_duplicated_routing_header(_raw_headers(scope))
@@ -253,7 +252,7 @@ class McpEndpoint:
         try:
             version = self.core.request_version(inbound, None, headers)
         except RpcError as err:
-            body = _dump(error_response(err, inbound.id, header_version))
+            body = dump_bytes(error_response(err, inbound.id, header_version))
             await _respond(send, err.http_status if err.http_status != 200 else 400, body, "application/json", cors)
             return
         accept = headers.get("accept", "")
@@ -298,7 +297,7 @@ class McpEndpoint:
         status = 200
         if "error" in response and version == MODERN:
             status = RpcError(response["error"]["code"], "").http_status
-        await _respond(send, status, _dump(response), "application/json", cors)
+        await _respond(send, status, dump_bytes(response), "application/json", cors)
 
     async def _stream(
         self,
@@ -319,7 +318,7 @@ class McpEndpoint:
                 if not started:
                     started = True
                     await _start_event_stream(send, cors)
-                chunk = b"event: message\ndata: " + _dump(message) + b"\n\n"
+                chunk = b"event: message\ndata: " + dump_bytes(message) + b"\n\n"
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
         task = asyncio.ensure_future(self.core.handle_request(inbound, version, session=session, notify=emit))
@@ -343,7 +342,7 @@ async def _abandoned(send: Send, request_id: Any, version: str, cors: list[tuple
     """Answer a request whose connection reported a disconnect: nobody reads it if the client left,
     and when the server is stopping (the app drains open requests that way) the client gets 503."""
     err = RpcError(INTERNAL_ERROR, "the request was abandoned: the client went away or the server is stopping")
-    await _respond(send, 503, _dump(error_response(err, request_id, version)), "application/json", cors)
+    await _respond(send, 503, dump_bytes(error_response(err, request_id, version)), "application/json", cors)
 
 
 _GONE = object()  # the client disconnected
@@ -441,7 +440,7 @@ class LegacySse:
             await _respond(send, 405, b"", None, [*cors, (b"allow", b"GET")])
             return
         if len(self.sessions) >= self.max_sessions:
-            body = _dump({"error": f"{self.max_sessions} SSE sessions are open; retry later"})
+            body = dump_bytes({"error": f"{self.max_sessions} SSE sessions are open; retry later"})
             await _respond(send, 503, body, "application/json", [*cors, (b"retry-after", b"5")])
             return
         sess = SseSession(self.max_queue)
@@ -460,7 +459,7 @@ class LegacySse:
                 except TimeoutError:
                     await send({"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True})
                     continue
-                chunk = b"event: message\ndata: " + _dump(message) + b"\n\n"
+                chunk = b"event: message\ndata: " + dump_bytes(message) + b"\n\n"
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
         async def until_gone() -> None:
@@ -492,14 +491,14 @@ class LegacySse:
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         sid = (query.get("sessionId") or [None])[0]
         if not sid:
-            await _respond(send, 400, _dump({"error": "sessionId is required"}), "application/json", cors)
+            await _respond(send, 400, dump_bytes({"error": "sessionId is required"}), "application/json", cors)
             return
         sess = self.sessions.get(sid)
         if sess is None:
-            await _respond(send, 404, _dump({"error": "no such session"}), "application/json", cors)
+            await _respond(send, 404, dump_bytes({"error": "no such session"}), "application/json", cors)
             return
         if not _is_json(headers.get("content-type")):
-            body = _dump({"error": "POST /messages needs Content-Type: application/json"})
+            body = dump_bytes({"error": "POST /messages needs Content-Type: application/json"})
             await _respond(send, 415, body, "application/json", cors)
             return
         try:
@@ -510,23 +509,23 @@ class LegacySse:
         if raw is None:
             err = RpcError(INVALID_REQUEST, f"request body over {MAX_BODY} bytes")
             await _respond(
-                send, 413, _dump(error_response(err, None, version, identifiable=False)), "application/json", cors
+                send, 413, dump_bytes(error_response(err, None, version, identifiable=False)), "application/json", cors
             )
             return
         try:
             msg = decode(raw)
         except FrameError as err:
             rpc = RpcError(err.code, err.message)
-            body = _dump(error_response(rpc, err.id, version, identifiable=err.identifiable))
+            body = dump_bytes(error_response(rpc, err.id, version, identifiable=err.identifiable))
             await _respond(send, 400, body, "application/json", cors)
             return
         try:
             inbound = classify(msg, version)
         except RpcError as err:
             rid = msg.get("id") if isinstance(msg, dict) else None
-            ok = isinstance(rid, (str, int)) and not isinstance(rid, bool)
+            ok = valid_id(rid)
             await _respond(
-                send, 400, _dump(error_response(err, rid, version, identifiable=ok)), "application/json", cors
+                send, 400, dump_bytes(error_response(err, rid, version, identifiable=ok)), "application/json", cors
             )
             return
         await _respond(send, 202, b"Accepted", "text/plain", cors)
@@ -560,16 +559,6 @@ class LegacySse:
         self._deliver(sess, response)
 
 
-class _Asgi:
-    """Wrap a bound coroutine so Starlette routes to it as a raw ASGI app."""
-
-    def __init__(self, handler: Any) -> None:
-        self.handler = handler
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.handler(scope, receive, send)
-
-
 def mcp_routes(ws: Any, opts: Any) -> list[Route]:
     """The MCP routes of `binlens serve`: /mcp, /sse and /messages over one McpCore."""
     core = McpCore(
@@ -587,6 +576,6 @@ def mcp_routes(ws: Any, opts: Any) -> list[Route]:
     methods = ["GET", "POST", "OPTIONS", "DELETE", "PUT", "PATCH", "HEAD"]
     return [
         Route("/mcp", McpEndpoint(core), methods=methods),
-        Route("/sse", _Asgi(legacy.sse), methods=None),
-        Route("/messages", _Asgi(legacy.messages), methods=None),
+        Route("/sse", AsgiEndpoint(legacy.sse), methods=None),
+        Route("/messages", AsgiEndpoint(legacy.messages), methods=None),
     ]

@@ -40,6 +40,7 @@ from binlens.api.registry import CallContext
 from binlens.errors import BinlensError
 from binlens.server.mcp_tools import ResourceNotFound, ToolError, ToolSet
 from binlens.server.slots import shared_slots
+from binlens.server.wire import valid_id
 
 log = logging.getLogger("binlens.mcp")
 
@@ -135,10 +136,6 @@ def error_response(err: RpcError, msg_id: Any, version: str | None, *, identifia
     return out
 
 
-def _valid_id(value: Any) -> bool:
-    return (isinstance(value, (str, int))) and not isinstance(value, bool)
-
-
 @dataclass
 class Inbound:
     """One decoded JSON-RPC message, classified."""
@@ -168,7 +165,7 @@ def classify(msg: Any, version: str | None) -> Inbound:
         raise RpcError(INVALID_REQUEST, "'params' must be an object")
     if "id" not in msg:
         return Inbound("notification", method, None, params, msg)
-    if not _valid_id(msg["id"]):
+    if not valid_id(msg["id"]):
         raise RpcError(INVALID_REQUEST, "'id' must be a string or an integer")
     return Inbound("request", method, msg["id"], params, msg)
 

@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 from mcp_types import INVALID_REQUEST
 
 from binlens.server.mcp_protocol import McpCore, RpcError, Session, classify, error_response, internal_error
-from binlens.server.wire import FrameError, decode, dump_bytes
+from binlens.server.wire import FrameError, decode, dump_bytes, valid_id
 
 log = logging.getLogger("binlens.mcp")
 
@@ -152,7 +152,7 @@ class StdioServer:
             inbound = classify(msg, version)
         except RpcError as err:
             rid = msg.get("id") if isinstance(msg, dict) else None
-            ok = isinstance(rid, (str, int)) and not isinstance(rid, bool)
+            ok = valid_id(rid)
             self._write(error_response(err, rid, version, identifiable=ok))
             return
         if inbound.kind == "response":

@@ -155,10 +155,6 @@ class ToolSet:
         """Every tool in wire form (help first, then the domains in name order)."""
         return [dict(t) for t in self._tools]
 
-    def tool_names(self) -> list[str]:
-        """The tool names this server answers to."""
-        return [t["name"] for t in self._tools]
-
     def has_tool(self, name: Any) -> bool:
         """True when `name` is one of this server's tools."""
         return name == self.help_name or name in self._by_tool

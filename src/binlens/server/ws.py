@@ -41,7 +41,7 @@ from binlens.errors import BinlensError
 from binlens.server.auth import refuse
 from binlens.server.options import ServerOptions
 from binlens.server.slots import shared_slots
-from binlens.server.wire import FrameError, decode, dumps
+from binlens.server.wire import FrameError, decode, dumps, valid_id
 
 log = logging.getLogger("binlens.ws")
 
@@ -58,20 +58,12 @@ CLOSE_GOING_AWAY = 1001
 CLOSE_UNSUPPORTED = 1003
 
 
-def _dump(message: dict[str, Any]) -> str:
-    return dumps(message)
-
-
 def rpc_error(msg_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
     """A JSON-RPC error response (`data` only when given)."""
     err: dict[str, Any] = {"code": code, "message": message}
     if data is not None:
         err["data"] = data
     return {"jsonrpc": "2.0", "id": msg_id, "error": err}
-
-
-def _valid_id(value: Any) -> bool:
-    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
 class WsHub:
@@ -203,7 +195,7 @@ class WsSession:
         """Write one JSON-RPC message; False when the socket is already closed."""
         if not self.open:
             return False
-        text = _dump(message)
+        text = dumps(message)
         async with self._send_lock:
             if not self.open:
                 return False
@@ -293,7 +285,7 @@ class WsSession:
             return
         has_id = "id" in msg
         msg_id = msg.get("id")
-        reply_id = msg_id if has_id and _valid_id(msg_id) else None
+        reply_id = msg_id if has_id and valid_id(msg_id) else None
 
         async def invalid(why: str) -> None:
             await self.send(rpc_error(reply_id, INVALID_REQUEST, f"Invalid Request: {why}"))
@@ -313,7 +305,7 @@ class WsSession:
             await invalid('"params" must be an object')
             return
         params: dict[str, Any] = msg.get("params") or {}
-        if has_id and not _valid_id(msg_id):
+        if has_id and not valid_id(msg_id):
             await invalid('"id" must be a string or an integer')
             return
         if method == CANCEL_METHOD:
@@ -347,7 +339,7 @@ class WsSession:
 
     def cancel(self, target: Any) -> bool:
         """Cancel the running request `target` of this client; False when there is none."""
-        if not _valid_id(target):
+        if not valid_id(target):
             return False
         ctx = self.calls.get(target)
         if ctx is None:

@@ -122,10 +122,6 @@ def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
 
 
-class EditRejected(Exception):
-    """Raised by an edit plan to abort without writing (wraps the method's own error)."""
-
-
 class AnnotationStore:
     """Reads and journaled writes of one program's annotations."""
 
