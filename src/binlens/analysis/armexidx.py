@@ -41,7 +41,8 @@ def _prel31(word: int, place: int) -> int:
 def parse_exidx(image: Image) -> list[ExidxEntry]:
     """The entries of the image's `.ARM.exidx`, sorted by address (empty when it has none).
 
-    Entries whose address is not in a section are dropped; a truncated last entry is ignored.
+    Entries whose address is not in a section are dropped; a truncated last entry, and entries
+    past the end of the file, are ignored.
     """
     if image.identity.arch != "arm" or image.identity.format != "ELF":
         return []
@@ -50,6 +51,8 @@ def parse_exidx(image: Image) -> list[ExidxEntry]:
         return []
     n = min(sec.size, sec.fsize) // 8
     data = bytes(image.data[sec.offset : sec.offset + 8 * n])
+    n = len(data) // 8  # (a section table may claim more bytes than the file holds)
+    data = data[: 8 * n]
     order = "<" if image.identity.endian == "little" else ">"
     words = struct.unpack(f"{order}{2 * n}I", data)
     raw = []
