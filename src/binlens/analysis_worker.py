@@ -211,6 +211,11 @@ class AnalysisProcess:
             from binlens.loader.image import encode_image
 
             request = dataclasses.replace(request, image=encode_image(self._image))
+        from binlens.store.analysis import stored_run_row
+
+        # the committed run before this one can commit: a process that dies after its commit and
+        # before its "done" frame (a kill landing then) has still saved a whole run
+        before = stored_run_row(self.request.db_path)
         with contextlib.suppress(OSError):  # an early start may have stopped already: its frames say why
             write_frame(self.proc.stdin, ("save", request) if self._early else request)
         del request
@@ -232,6 +237,9 @@ class AnalysisProcess:
                 except queue.Empty:
                     continue
                 if frame is None:
+                    saved = self._saved_since(before)
+                    if saved is not None:
+                        return saved
                     raise BinlensError("internal", self._death_message())
                 kind = frame[0]
                 if kind == "progress":
@@ -243,6 +251,18 @@ class AnalysisProcess:
         except BaseException:
             self.kill()
             raise
+
+    def _saved_since(self, before: tuple[Any, ...] | None) -> int | None:
+        """The functions of a whole run this process committed (the stored run differs from
+        `before` and is this engine's), or None when it saved nothing."""
+        from binlens.analysis import ENGINE_VERSION
+        from binlens.store.analysis import stored_run_row
+
+        self.proc.wait()
+        now = stored_run_row(self.request.db_path)
+        if now is None or now == before or now[1] != ENGINE_VERSION or now[2] != "done":
+            return None
+        return int(now[3])
 
     def _death_message(self) -> str:
         code = self.proc.wait()

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import accumulate, chain
 from operator import attrgetter, itemgetter
+from pathlib import Path
+from typing import Any
 
 from binlens.analysis.model import XREF_KINDS
 from binlens.store.database import Migration, ProgramDatabase, s64, u64
@@ -187,6 +189,23 @@ class RunInfo:
     seconds: float
     finished_at: str | None
     warnings: list[str] = field(default_factory=list)
+
+
+def stored_run_row(db_path: str | Path) -> tuple[Any, ...] | None:
+    """The `analysis_run` row of the database file at `db_path` as it is committed now (None when
+    there is none, or no such database): read on a connection of its own, so that a caller can
+    tell whether another process committed a new run since it last looked."""
+    try:
+        conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5.0)
+    except sqlite3.Error:
+        return None
+    try:
+        row = conn.execute("SELECT * FROM analysis_run WHERE id=1").fetchone()
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
+    return tuple(row) if row is not None else None
 
 
 def load_run(db: ProgramDatabase) -> RunInfo | None:
