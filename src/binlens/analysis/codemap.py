@@ -51,7 +51,7 @@ class CodeMap:
             CodeRegion(name, va, data) for name, va, data in code_ranges(image, self.warnings)
         ]
         # (an i386 switch table lies inside its function, after the code: the code around it stays
-        # one region, so that a gap trial sees the whole function; no start is taken in it: `_Refused`)
+        # one region, so that a gap trial sees the whole function; no start is taken in it: `refused.RefusedStarts`)
         cut = [r for r in image.data_ranges if r[2] != "table"]
         if cut:
             self.regions = _without_data(self.regions, cut)

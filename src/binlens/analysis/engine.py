@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import gc
 import importlib
@@ -32,6 +31,7 @@ from binlens.analysis.model import (
 )
 from binlens.analysis.native import native
 from binlens.analysis.noreturn import noret_callers, returning_functions
+from binlens.analysis.refused import RefusedStarts, data_like_test
 from binlens.analysis.seeds import Seeds, with_source
 from binlens.analysis.strings import find_strings, past_the_top
 from binlens.analysis.thunks import find_thunks
@@ -39,7 +39,6 @@ from binlens.analysis.version import ENGINE_VERSION
 from binlens.analysis.xrefs import collect_refs, pointers_in_data
 from binlens.errors import BinlensError
 from binlens.loader.image import Image
-from binlens.loader.pe_data import looks_like_data
 
 # Discovery walks each body without its edges (`Explorer.record_edges`; `None`: with them, as the
 # tests compare): they are walked once when it ends, and on demand for the non-returning test.
@@ -239,8 +238,8 @@ def explore(
         seeds.starts.pop(va, None)
     # what may not become a function start: the user's removed starts, and in an ARM32 Mach-O section
     # that LC_FUNCTION_STARTS covers, any address the linker did not list there
-    refused = _Refused(image, excluded)
-    data_like = _data_like(image)
+    refused = RefusedStarts(image, excluded)
+    data_like = data_like_test(image)
     noret_slots = {imp.slot for imp in image.imports if imp.name in NORETURN_NAMES}
     named_noret = {va for va, name in thunks.items() if name in NORETURN_NAMES}
     named_noret |= {s.address for s in image.symbols if s.name in NORETURN_NAMES and codemap.contains(s.address)}
@@ -465,57 +464,6 @@ def _discover(
     # with `noret` (no edge after a call to a function flagged as not returning) and the fragments
     bodies, _new = explorer.partition(set(starts), extents, frag, noret)
     return bodies, starts, noret
-
-
-def _data_like(image: Image) -> Callable[[int], bool]:
-    """A test for a guessed start (a heuristic's) whose bytes read as data: in a PE, a string or
-    zeros (`pe_data.looks_like_data`; x64 code outside the functions `.pdata` lists is a small leaf,
-    so there a string of two characters is data); elsewhere none."""
-    if image.identity.format != "PE":
-        return lambda va: False
-    listed = set(image.function_hints.get("pdata", ()))
-    short = image.identity.arch == "x86-64" and bool(listed)
-    return lambda va: va not in listed and looks_like_data(image.read, va, short)
-
-
-class _Refused:
-    """Addresses that may not become function starts (`in`): the user's removed starts (`user`), data
-    the loader located in code sections (`Image.data_ranges`), and
-    in an ARM32 Mach-O section that LC_FUNCTION_STARTS covers, every address it does not list. On
-    armv7 the starts found there besides the linker's list were labels inside functions and ARM
-    code decoded as Thumb or the reverse (armv7 BatteryLife of the corpus: 8.5k of them, tail-call
-    targets, gap and data-pointer guesses and calls from misdecoded code, beside its 4.6k listed
-    functions; a sample of twelve: all inside listed functions). Not on AArch64, where code
-    the list leaves out is real: Dart's AOT snapshot (flutter's HelloApp: 3.1k called functions
-    the list does not name) and functions after a tail call that data points to."""
-
-    def __init__(self, image: Image, user: set[int]) -> None:
-        self.user = user
-        arm = image.identity.arch == "arm"
-        listed = image.function_hints.get("function_starts") if image.identity.format == "MachO" and arm else None
-        self.listed = {a & ~1 if arm else a for a in listed or ()}
-        order = sorted(self.listed)
-
-        def holds_one(lo: int, hi: int) -> bool:
-            i = bisect.bisect_left(order, lo)
-            return i < len(order) and order[i] < hi
-
-        self.spans = sorted((s.va, s.va + s.size) for s in image.sections if s.size and holds_one(s.va, s.va + s.size))
-        self.starts = [lo for lo, _hi in self.spans]
-        self.data = image.data_ranges  # (sorted, disjoint)
-        self.data_starts = [lo for lo, _hi, _k in self.data]
-
-    def __contains__(self, va: object) -> bool:
-        if va in self.user:
-            return True
-        if self.data and isinstance(va, int):
-            i = bisect.bisect_right(self.data_starts, va) - 1
-            if i >= 0 and va < self.data[i][1]:
-                return True
-        if not self.spans or va in self.listed or not isinstance(va, int):
-            return False
-        i = bisect.bisect_right(self.starts, va) - 1
-        return i >= 0 and va < self.spans[i][1]
 
 
 def _table_entry_seeds(
