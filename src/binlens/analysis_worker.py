@@ -24,7 +24,6 @@ import os
 import pickle
 import queue
 import signal
-import sqlite3
 import stat
 import subprocess
 import sys
@@ -330,12 +329,13 @@ def analyse_early(req: AnalysisRequest, stdin: Any, send: Callable[[Any], None])
     """
     from binlens.analysis import ENGINE_VERSION
     from binlens.store import database_path
+    from binlens.store.analysis import stored_state
 
     send(("progress", 0, None, "loading the image"))
     image = _load(req)
     ident = image.identity
     db_path = database_path(Path(req.home or "."), ident.sha256, ident.slice)
-    cached, extra, excluded = _stored_state(db_path, ENGINE_VERSION)
+    cached, extra, excluded = stored_state(db_path, ENGINE_VERSION)
     rows = None
     if not cached:
         rows = _analyse(image, _throttled(send), extra, excluded)
@@ -545,24 +545,6 @@ def _save(req: AnalysisRequest, rows: _Rows, send: Callable[[Any], None]) -> Non
     send(("done", rows.functions.counts[0]))
     conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
     db.close()
-
-
-def _stored_state(db_path: Path, engine: str) -> tuple[bool, list[int], list[int]]:
-    """(analysis stored by this engine, user-defined starts, user-removed starts), read-only."""
-    if not db_path.exists():
-        return False, [], []
-    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5.0)
-    try:
-        run = conn.execute("SELECT engine, status FROM analysis_run WHERE id=1").fetchone()
-        rows = conn.execute("SELECT address, defined FROM user_function").fetchall()
-    except sqlite3.Error:
-        return False, [], []
-    finally:
-        conn.close()
-    mask = (1 << 64) - 1
-    extra = sorted(a & mask for a, d in rows if d)
-    excluded = sorted(a & mask for a, d in rows if not d)
-    return run is not None and tuple(run) == (engine, "done"), extra, excluded
 
 
 def main() -> None:

@@ -12,15 +12,17 @@ import json
 import sqlite3
 import sys
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import accumulate, chain
 from operator import attrgetter, itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from binlens.analysis.model import XREF_KINDS
 from binlens.store.database import Migration, ProgramDatabase, s64, u64
+
+_T = TypeVar("_T")
 
 ANALYSIS_MIGRATIONS: list[Migration] = [
     """
@@ -191,21 +193,46 @@ class RunInfo:
     warnings: list[str] = field(default_factory=list)
 
 
-def stored_run_row(db_path: str | Path) -> tuple[Any, ...] | None:
-    """The `analysis_run` row of the database file at `db_path` as it is committed now (None when
-    there is none, or no such database): read on a connection of its own, so that a caller can
-    tell whether another process committed a new run since it last looked."""
+def _read_only(db_path: str | Path, query: Callable[[sqlite3.Connection], _T]) -> _T | None:
+    """`query` on a read-only connection of its own to the database file at `db_path` (what other
+    processes committed so far); None when there is no such database or the query fails."""
     try:
         conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5.0)
     except sqlite3.Error:
         return None
     try:
-        row = conn.execute("SELECT * FROM analysis_run WHERE id=1").fetchone()
+        return query(conn)
     except sqlite3.Error:
         return None
     finally:
         conn.close()
+
+
+def stored_run_row(db_path: str | Path) -> tuple[Any, ...] | None:
+    """The `analysis_run` row of the database file at `db_path` as it is committed now (None when
+    there is none): a caller tells by it whether another process committed a new run since."""
+    row = _read_only(db_path, lambda conn: conn.execute("SELECT * FROM analysis_run WHERE id=1").fetchone())
     return tuple(row) if row is not None else None
+
+
+def stored_state(db_path: Path, engine: str) -> tuple[bool, list[int], list[int]]:
+    """(analysis stored by this engine, user-defined starts, user-removed starts), read-only."""
+    if not db_path.exists():
+        return False, [], []
+    got = _read_only(
+        db_path,
+        lambda conn: (
+            conn.execute("SELECT engine, status FROM analysis_run WHERE id=1").fetchone(),
+            conn.execute("SELECT address, defined FROM user_function").fetchall(),
+        ),
+    )
+    if got is None:
+        return False, [], []
+    run, rows = got
+    mask = (1 << 64) - 1
+    extra = sorted(a & mask for a, d in rows if d)
+    excluded = sorted(a & mask for a, d in rows if not d)
+    return run is not None and tuple(run) == (engine, "done"), extra, excluded
 
 
 def load_run(db: ProgramDatabase) -> RunInfo | None:
