@@ -15,9 +15,9 @@ system-run:
 system-test:
 	@bash scripts/system-packages.sh test
 
-$(VENV)/.installed: pyproject.toml setup.py src/binlens/analysis/_x86scan.c src/binlens/analysis/_descent.c \
-		src/binlens/analysis/_chunkmap.h src/binlens/analysis/_addrbits.h \
-		src/binlens/analysis/_predmap.h src/binlens/analysis/_packedrefs.h src/binlens/store/_rows.c
+$(VENV)/.installed: pyproject.toml setup.py src/binlens/analysis/native/_x86scan.c src/binlens/analysis/native/_descent.c \
+		src/binlens/analysis/native/_chunkmap.h src/binlens/analysis/native/_addrbits.h \
+		src/binlens/analysis/native/_predmap.h src/binlens/analysis/native/_packedrefs.h src/binlens/store/_rows.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from binlens.analysis import analyze
-from binlens.analysis.armexidx import decodes, guess_state, parse_exidx
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.engine import make_backend
+from binlens.analysis.metadata.armexidx import decodes, guess_state, parse_exidx
 from binlens.loader.isolate import load_image
 from binlens.loader.parse_lief import parse_path
 

@@ -18,8 +18,8 @@ import pytest
 
 import crossbuild as xb
 from binlens.analysis import analyze
-from binlens.analysis.capstone_backend import CapstoneBackend
 from binlens.analysis.codemap import CodeMap
+from binlens.analysis.decode.capstone_backend import CapstoneBackend
 from binlens.loader.parse_lief import parse_path
 
 SRC = Path(__file__).resolve().parent / "fixtures" / "src" / "callbacks.c"

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from binlens.analysis import xrefs as X
 from binlens.analysis.codemap import CodeMap
-from binlens.analysis.strings import find_strings
+from binlens.analysis.refs import xrefs as X
+from binlens.analysis.refs.strings import find_strings
 from binlens.loader.parse_lief import parse_path
 from conftest import corpus_dir
 

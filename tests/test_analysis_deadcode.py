@@ -18,7 +18,7 @@ import pytest
 
 from binlens.analysis import analyze
 from binlens.analysis.codemap import CodeMap
-from binlens.analysis.xrefs import pointers_in_data
+from binlens.analysis.refs.xrefs import pointers_in_data
 from binlens.loader.parse_lief import parse_path
 
 SRC = Path(__file__).resolve().parent / "fixtures" / "src" / "deadcode.c"

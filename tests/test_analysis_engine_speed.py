@@ -9,8 +9,8 @@ import pytest
 
 from binlens.analysis import analyze
 from binlens.analysis.codemap import CodeMap
+from binlens.analysis.decode.x86 import X86Backend
 from binlens.analysis.engine import gc_paused
-from binlens.analysis.x86 import X86Backend
 from binlens.loader.parse_lief import parse_path
 from conftest import corpus_dir
 
@@ -84,7 +84,7 @@ def test_analysis_raising_from_progress_restores_the_collector(compile_c):
 
 def _check_gap_rounds(path: Path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Analyse `path`, checking each round's kept coverage map against a full rebuild."""
-    from binlens.analysis import gapmap
+    from binlens.analysis.heuristics import gapmap
 
     rounds: list[int] = []
     kept = gapmap.Gaps.covered
@@ -123,8 +123,8 @@ def test_incremental_gap_coverage_through_changed_bodies_and_splits(monkeypatch)
 
 def test_partition_and_functions_with_no_starts(compile_c):
     """No function starts at all (a damaged file): empty results, not an error."""
-    from binlens.analysis.discovery import Explorer
-    from binlens.analysis.functions import iter_functions
+    from binlens.analysis.discovery.explorer import Explorer
+    from binlens.analysis.discovery.functions import iter_functions
     from binlens.analysis.intervals import IntervalSet
 
     image = parse_path(str(compile_c("sample.c", "-O2", True)))
@@ -139,7 +139,7 @@ def _check_partition_turns(path: Path, monkeypatch: pytest.MonkeyPatch) -> int:
     """Analyse `path`; every partition that grows the starts by tail calls must give the bodies and
     the added starts of a fresh partitioner that is called again after each turn. The most turns
     that added starts in one call."""
-    from binlens.analysis import partition
+    from binlens.analysis.discovery import partition
 
     kept = partition.Partitioner.run
     most = [0]

@@ -16,10 +16,10 @@ import capstone as cs
 import pytest
 
 import crossbuild as xb
-from binlens.analysis import fastcs
-from binlens.analysis.branchflow import F_CALL, F_COND, F_JUMP, F_NEXT, F_RET, last_number, text_flow
-from binlens.analysis.capstone_backend import CapstoneBackend, _may_flow_for, _mode
 from binlens.analysis.codemap import CodeMap
+from binlens.analysis.decode import fastcs
+from binlens.analysis.decode.branchflow import F_CALL, F_COND, F_JUMP, F_NEXT, F_RET, last_number, text_flow
+from binlens.analysis.decode.capstone_backend import CapstoneBackend, _may_flow_for, _mode
 from binlens.loader.parse_lief import parse_path
 
 # (triple, extra flags, thumb): the architectures the capstone backend decodes with FastCs
@@ -246,7 +246,7 @@ def test_the_chunk_decoders_window_does_not_change_the_analysis(fastcs_build, mo
     """The chunk decoder asks capstone for a few instructions at a time (`_WINDOW`: fewer decoded and
     printed for nothing); one at a time (every instruction at a window's edge, a Thumb-2 one cut by
     it) and the former 24 give the same analysis of the stripped build without unwind tables."""
-    from binlens.analysis import capstone_backend
+    from binlens.analysis.decode import capstone_backend
     from conftest import analysis_summary
 
     b = fastcs_build(triple, flags, thumb)

@@ -10,7 +10,7 @@ import pytest
 
 from binlens.analysis import codemap as C
 from binlens.analysis import engine as E
-from binlens.analysis.functions import _held_twice
+from binlens.analysis.discovery.functions import _held_twice
 from binlens.loader.isolate import load_image
 from conftest import corpus_dir
 

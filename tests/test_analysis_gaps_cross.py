@@ -15,7 +15,7 @@ import pytest
 
 import crossbuild as xb
 from binlens.analysis import analyze
-from binlens.analysis.prologues import GapPrologues
+from binlens.analysis.heuristics.prologues import GapPrologues
 from binlens.loader.parse_lief import parse_path
 
 SRC = Path(__file__).resolve().parent / "fixtures" / "src" / "gaps.c"
@@ -123,7 +123,7 @@ def test_incremental_gap_coverage_equals_a_full_recount(gaps_build, monkeypatch,
     counted again, chunks that overlap others included (MIPS delay slots that start a chunk, code
     entered at a misaligned address): each round's map must equal a rebuild from every body, and
     the analysis must find the same functions."""
-    from binlens.analysis import gapmap
+    from binlens.analysis.heuristics import gapmap
 
     b = gaps_build(triple, opt, pic, extra)
     plain = {f.address for f in analyze(parse_path(str(b.no_eh))).functions}
@@ -146,10 +146,10 @@ def test_chunks_that_overlap_stay_covered_by_the_other(gaps_build):
     """A MIPS branch's chunk also holds its delay slot, where another chunk may start: when the
     chunk of the slot leaves every body, the round's map must still cover the slot (the branch's
     chunk holds it), as a full recount does."""
-    from binlens.analysis import gapmap
     from binlens.analysis.codemap import CodeMap
-    from binlens.analysis.discovery import Body, Explorer
+    from binlens.analysis.discovery.explorer import Body, Explorer
     from binlens.analysis.engine import make_backend
+    from binlens.analysis.heuristics import gapmap
 
     b = gaps_build("mipsel-linux-gnu", "-O0", True, ())
     image = parse_path(str(b.no_eh))

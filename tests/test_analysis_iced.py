@@ -1,4 +1,4 @@
-"""`binlens.analysis.iced`: iced-x86's extension and six constant modules, without the package's rest."""
+"""`binlens.analysis.decode.iced`: iced-x86's extension and six constant modules, without the package's rest."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from conftest import ROOT
 
 CHECK = r"""
 import json, sys
-from binlens.analysis import iced as ix
-from binlens.analysis.x86 import X86Backend
+from binlens.analysis.decode import iced as ix
+from binlens.analysis.decode.x86 import X86Backend
 lean = "iced_x86" not in sys.modules
 import iced_x86
 same = all(getattr(ix, c) is getattr(iced_x86, c) for c in ix.CLASSES)

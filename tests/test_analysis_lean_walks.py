@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from binlens.analysis import discovery as D
 from binlens.analysis import engine as E
+from binlens.analysis.discovery import explorer as D
 from conftest import assert_same_analysis_without, corpus_dir
 
 CORPUS = [

@@ -1,10 +1,10 @@
-"""The non-returning fixpoint on hand-built bodies (`analysis/noreturn.py`): what each rule decides."""
+"""The non-returning fixpoint on hand-built bodies (`analysis/discovery/noreturn.py`): what each rule decides."""
 
 from __future__ import annotations
 
-from binlens.analysis.discovery import Body
+from binlens.analysis.discovery.explorer import Body
+from binlens.analysis.discovery.noreturn import noret_callers, returning_functions
 from binlens.analysis.model import T_CALL, T_COND, T_FALL, T_RET
-from binlens.analysis.noreturn import noret_callers, returning_functions
 
 F, G, H = 0x1000, 0x1010, 0x1020
 

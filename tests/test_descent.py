@@ -1,4 +1,4 @@
-"""The explorer's walk and the block merge in C (`binlens/analysis/_descent.c`) against the
+"""The explorer's walk and the block merge in C (`binlens/analysis/native/_descent.c`) against the
 Python code they replace.
 
 Same reached chunks, call targets and first-seen predecessors, in the same order, on synthetic
@@ -14,15 +14,15 @@ from array import array
 import pytest
 
 from binlens.analysis import codemap as M
-from binlens.analysis import discovery as D
 from binlens.analysis import engine as E
-from binlens.analysis import functions as F
-from binlens.analysis import gapmap as G
-from binlens.analysis import xrefs as X
+from binlens.analysis.discovery import explorer as D
+from binlens.analysis.discovery import functions as F
+from binlens.analysis.heuristics import gapmap as G
 from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET, T_STOP
+from binlens.analysis.refs import xrefs as X
 from conftest import assert_same_analysis_without, corpus_dir
 
-C = pytest.importorskip("binlens.analysis._descent", reason="the C walk is not built (no C compiler?)")
+C = pytest.importorskip("binlens.analysis.native._descent", reason="the C walk is not built (no C compiler?)")
 R = pytest.importorskip("binlens.store._rows", reason="the C row packers are not built (no C compiler?)")
 
 

@@ -1,4 +1,4 @@
-"""The C scanner of plain x86 code (`binlens/analysis/_x86scan.c`) against iced-x86.
+"""The C scanner of plain x86 code (`binlens/analysis/native/_x86scan.c`) against iced-x86.
 
 The scanner may decline any instruction (iced-x86 then decodes it), but every one it accepts must
 be exactly what iced-x86 says: the same length, flow and branch target, not `hlt`, and flagged
@@ -19,12 +19,12 @@ import pytest
 
 import crossbuild as xb
 from binlens.analysis import analyze
-from binlens.analysis import x86 as X
 from binlens.analysis.codemap import CodeMap
+from binlens.analysis.decode import x86 as X
 from binlens.loader.parse_lief import parse_path
 from conftest import assert_same_analysis_without, corpus_dir
 
-S = pytest.importorskip("binlens.analysis._x86scan", reason="the C scanner is not built (no C compiler?)")
+S = pytest.importorskip("binlens.analysis.native._x86scan", reason="the C scanner is not built (no C compiler?)")
 FC = ix.FlowControl
 FLOW = {
     FC.NEXT: S.FLOW_NEXT,

@@ -12,7 +12,7 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from binlens.analysis.native import native
+from binlens.analysis.native.kernels import native
 from binlens.loader.image import ADDRESS_END, Image
 
 UNEXPLORED, INSN, BODY, CHUNK = 0, 1, 2, 3
@@ -121,7 +121,7 @@ def code_ranges(image: Image, warnings: list[str]) -> list[tuple[str, int, bytes
     out is added to `warnings`, a line each (at most `MAX_WARNINGS`, then a count)."""
     secs = [s for s in image.sections if s.kind == "code" and s.size > 0 and s.fsize > 0 and s.va > 0]
     if image.identity.format == "MachO":
-        from binlens.analysis.strings import MACHO_CODE
+        from binlens.analysis.refs.strings import MACHO_CODE
 
         secs = [s for s in secs if s.name.rsplit(",", 1)[-1] in MACHO_CODE or "stub" in s.name]
     if secs:

@@ -10,16 +10,19 @@ import time
 from collections.abc import Callable, Container, Iterator
 from contextlib import contextmanager
 
-from binlens.analysis.armexidx import seed_exidx_starts
 from binlens.analysis.codemap import CodeMap
-from binlens.analysis.discovery import NORETURN_NAMES, Body, Explorer
-from binlens.analysis.ehframe import parse_eh_frame
-from binlens.analysis.functions import iter_functions
-from binlens.analysis.gapmap import Gaps
-from binlens.analysis.gototables import goto_tables
-from binlens.analysis.heuristics import heuristic_starts
-from binlens.analysis.heuristics_arm import arm_labels
+from binlens.analysis.discovery.explorer import NORETURN_NAMES, Body, Explorer
+from binlens.analysis.discovery.functions import iter_functions
+from binlens.analysis.discovery.noreturn import noret_callers, returning_functions
+from binlens.analysis.discovery.refused import RefusedStarts, data_like_test
+from binlens.analysis.heuristics.arm import arm_labels
+from binlens.analysis.heuristics.gapmap import Gaps
+from binlens.analysis.heuristics.starts import heuristic_starts
 from binlens.analysis.intervals import IntervalSet
+from binlens.analysis.metadata.armexidx import seed_exidx_starts
+from binlens.analysis.metadata.ehframe import parse_eh_frame
+from binlens.analysis.metadata.seeds import Seeds, with_source
+from binlens.analysis.metadata.thunks import find_thunks
 from binlens.analysis.model import (
     SOURCES,
     XREF_KINDS,
@@ -29,14 +32,11 @@ from binlens.analysis.model import (
     Refs,
     Xref,
 )
-from binlens.analysis.native import native
-from binlens.analysis.noreturn import noret_callers, returning_functions
-from binlens.analysis.refused import RefusedStarts, data_like_test
-from binlens.analysis.seeds import Seeds, with_source
-from binlens.analysis.strings import find_strings, past_the_top
-from binlens.analysis.thunks import find_thunks
+from binlens.analysis.native.kernels import native
+from binlens.analysis.refs.strings import find_strings, past_the_top
+from binlens.analysis.refs.xrefs import collect_refs, pointers_in_data
+from binlens.analysis.switches.gotos import goto_tables
 from binlens.analysis.version import ENGINE_VERSION
-from binlens.analysis.xrefs import collect_refs, pointers_in_data
 from binlens.errors import BinlensError
 from binlens.loader.image import Image
 
@@ -83,10 +83,10 @@ def make_backend(image: Image, codemap: CodeMap) -> object:
     """The decoder for the image's architecture, or `unsupported`."""
     arch = image.identity.arch
     if arch in ("x86-64", "x86"):
-        from binlens.analysis.x86 import X86Backend
+        from binlens.analysis.decode.x86 import X86Backend
 
         return X86Backend(image, codemap)
-    from binlens.analysis import capstone_backend
+    from binlens.analysis.decode import capstone_backend
 
     if capstone_backend.supported(image):
         return capstone_backend.CapstoneBackend(image, codemap)
@@ -376,13 +376,13 @@ def _metadata_seeds(image: Image, seeds: Seeds) -> dict[int, str]:
 # architecture -> (module, function) of its jump-table resolver: called as
 # `fn(backend, codemap, slice_start, jump_va, earlier)` -> (case targets, table address or 0, guarded)
 _JUMP_TABLE_RESOLVERS: dict[str, tuple[str, str]] = {
-    "x86-64": ("binlens.analysis.jumptable", "jump_table_targets"),
-    "x86": ("binlens.analysis.jumptable", "jump_table_targets"),
-    "aarch64": ("binlens.analysis.jumptable_a64", "a64_jump_table_targets"),
-    "arm": ("binlens.analysis.jumptable_arm", "arm_jump_table_targets"),
-    "mips": ("binlens.analysis.jumptable_mips", "mips_jump_table_targets"),
-    "ppc": ("binlens.analysis.jumptable_ppc", "ppc_jump_table_targets"),
-    "riscv": ("binlens.analysis.jumptable_riscv", "riscv_jump_table_targets"),
+    "x86-64": ("binlens.analysis.switches.x86", "jump_table_targets"),
+    "x86": ("binlens.analysis.switches.x86", "jump_table_targets"),
+    "aarch64": ("binlens.analysis.switches.aarch64", "a64_jump_table_targets"),
+    "arm": ("binlens.analysis.switches.arm", "arm_jump_table_targets"),
+    "mips": ("binlens.analysis.switches.mips", "mips_jump_table_targets"),
+    "ppc": ("binlens.analysis.switches.ppc", "ppc_jump_table_targets"),
+    "riscv": ("binlens.analysis.switches.riscv", "riscv_jump_table_targets"),
 }
 
 

@@ -8,15 +8,15 @@ and returns their functions and the references from their code; the caller
 from __future__ import annotations
 
 from binlens.analysis.codemap import CodeMap
-from binlens.analysis.discovery import NORETURN_NAMES
-from binlens.analysis.ehframe import parse_eh_frame
+from binlens.analysis.discovery.explorer import NORETURN_NAMES
+from binlens.analysis.discovery.functions import iter_functions
 from binlens.analysis.engine import _text_names, gc_paused, make_backend, make_explorer
-from binlens.analysis.functions import iter_functions
 from binlens.analysis.intervals import IntervalSet
+from binlens.analysis.metadata.ehframe import parse_eh_frame
+from binlens.analysis.metadata.seeds import Seeds
+from binlens.analysis.metadata.thunks import find_thunks
 from binlens.analysis.model import Function, Xref
-from binlens.analysis.seeds import Seeds
-from binlens.analysis.thunks import find_thunks
-from binlens.analysis.xrefs import collect_refs
+from binlens.analysis.refs.xrefs import collect_refs
 from binlens.loader.image import Image
 
 

@@ -8,7 +8,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include "../analysis/_packedrefs.h"
+#include "../analysis/native/_packedrefs.h"
 
 /* little-endian u64 at p */
 static void put_u64(unsigned char *p, unsigned long long v) {

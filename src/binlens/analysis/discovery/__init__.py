@@ -1,0 +1,1 @@
+"""Function discovery: the explorer's walk, partition into functions, no-return inference, function records."""

@@ -1,0 +1,1 @@
+"""Cross-references and strings: what the code and data point at."""

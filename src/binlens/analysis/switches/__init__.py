@@ -1,0 +1,1 @@
+"""Indirect jumps: jump tables, one module per instruction set, on a shared symbolic evaluator; computed gotos."""
