@@ -124,7 +124,7 @@ def _child(job: Job, workdir: Path, limits: Limits) -> None:
 def _end_helpers() -> None:
     """Wait for the analysis processes and stop the loader's parser worker, so that their peak RSS
     counts in this process's (wait4 reports the largest of the processes a process has reaped)."""
-    from binlens.analysis_worker import wait_for_processes
+    from binlens.jobs.client import wait_for_processes
     from binlens.loader import isolate
 
     wait_for_processes(30.0)
@@ -416,10 +416,10 @@ class Runner:
 def _prepare_parent() -> None:
     """Import binlens (the API with its domains, the loader, the analysis client) once, before any
     fork, so each child starts warm."""
-    import binlens.analysis_worker  # noqa: F401
     import binlens.api  # noqa: F401 - registers the domains
+    import binlens.jobs.client  # noqa: F401
+    import binlens.jobs.state  # noqa: F401
     import binlens.loader.isolate  # noqa: F401
-    import binlens.program_analysis  # noqa: F401
     import binlens.workspace  # noqa: F401
 
 

@@ -5,7 +5,7 @@ segments (addresses, sizes, file offsets, permissions, counts) and writes seeded
 one to three fields (`--most`) set to an odd value: zero, all ones, just below 2**64 (or 2**32),
 past the end of the file, or a neighbour's value (overlaps); one in twenty is also truncated.
 Each mutant is parsed and analysed in a forked child, as the analysis process does
-(`analysis_worker.analyse_and_save`, saved to a scratch database), under a time and memory limit.
+(`jobs.child.analyse_and_save`, saved to a scratch database), under a time and memory limit.
 The outcome of each is one of:
 
 - `ok`: analysed and saved;
@@ -197,8 +197,9 @@ def mutant(rng: random.Random, data: bytes, fields: list[Field], order: str, mos
 def _child(path: str, db: str, wfd: int, memory: int) -> None:
     """Analyse `path` as the analysis process does; write (outcome, detail) to `wfd`."""
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    from binlens.analysis_worker import AnalysisRequest, analyse_and_save
     from binlens.errors import BinlensError
+    from binlens.jobs.child import analyse_and_save
+    from binlens.jobs.request import AnalysisRequest
 
     try:
         with open(path, "rb") as fh:
@@ -262,7 +263,7 @@ def main() -> int:
     args = ap.parse_args()
     os.environ["BINLENS_SERIAL"] = "1"
     import binlens.analysis  # noqa: F401 - once, before the forks
-    import binlens.analysis_worker  # noqa: F401
+    import binlens.jobs.child  # noqa: F401
     import binlens.loader.parse_lief  # noqa: F401
 
     log = open(args.log, "w") if args.log else None  # noqa: SIM115 - closed at the end

@@ -11,7 +11,7 @@ command on the same file (a fresh program database). It prints one Markdown tabl
 Steps (the median of `--repeat` runs of each):
 - the interpreter alone (the venv's python, site packages on the path);
 - the iced-x86 decoder as the analysis process loads it (`binlens.analysis.decode.iced`);
-- the analysis process's imports (`binlens.analysis_worker` and the engine), then with the file read
+- the analysis process's imports (`binlens.jobs.child` and the engine), then with the file read
   and its image decoded (the loader's forked parser, as the analysis process does it);
 - pydantic with one strict model: any process that serves the typed API (SPEC, DESIGN: `Params` are
   pydantic models) pays this, whatever binlens does;
@@ -58,7 +58,7 @@ def steps(py: str, path: Path, home: str) -> list[tuple[str, list[str]]]:
     return [
         ("interpreter (`python -c pass`)", [py, "-c", "pass"]),
         ("+ iced-x86 (`binlens.analysis.decode.iced`)", [py, "-c", "import binlens.analysis.decode.iced"]),
-        ("analysis process: imports", [py, "-c", "import binlens.analysis_worker, binlens.analysis.engine"]),
+        ("analysis process: imports", [py, "-c", "import binlens.jobs.child, binlens.analysis.engine"]),
         ("analysis process: imports + file + image", [py, "-c", _IMAGE, str(path)]),
         ("pydantic + one strict model", [py, "-c", _PYDANTIC]),
         ("CLI: imports for `functions` (API + function.list)", [py, "-c", _CLI_IMPORTS]),

@@ -110,11 +110,11 @@ def test_console_exit_closes_the_database_and_survives_a_closed_pipe(home, compi
 
 SPAWN_PROBE = r"""
 import json, sys, io
-import binlens.analysis_spawn as sp
+import binlens.jobs.spawn as sp
 seen = {}
 real = sp.spawn_analysis_process
 def spy():
-    heavy = ("argparse", "logging", "binlens.api", "binlens.analysis_worker")
+    heavy = ("argparse", "logging", "binlens.api", "binlens.jobs.client")
     seen["heavy_at_spawn"] = [m for m in heavy if m in sys.modules]
     return real()
 sp.spawn_analysis_process = spy

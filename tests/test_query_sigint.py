@@ -106,7 +106,7 @@ def test_sigint_cancels_the_first_analysis(tmp_path: Path) -> None:
         pytest.skip(f"{LIBC} is not on this machine")
     proc = start_query(tmp_path / "home", LIBC, {"method": "function.list", "params": {"page": {"limit": 1}}})
     try:
-        worker = child_running(proc.pid, "binlens.analysis_worker")
+        worker = child_running(proc.pid, "binlens.jobs.child")
         assert worker is not None, "the query never started its analysis process"
         # that process starts before the query's own imports; the program database opens once the
         # query's SIGINT handler is in place

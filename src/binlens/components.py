@@ -29,7 +29,7 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
 # "module:function" of each open hook, called as hook(workspace, program)
 OPEN_HOOKS: tuple[str, ...] = (
     "binlens.api.edits:on_open",  # the annotation store, user names, the patch overlay
-    "binlens.program_analysis:on_open",  # the analysis state (stored analysis or a background run)
+    "binlens.jobs.state:on_open",  # the analysis state (stored analysis or a background run)
 )
 
 # the modules of `binlens.api` that register methods (a method's namespace names its module

@@ -314,11 +314,7 @@ class Workspace:
             if existing is not None:
                 return existing
             db = ProgramDatabase(database_path(self.config.home, ident.sha256, ident.slice), ident.size)
-            with db.transaction() as conn:
-                conn.execute(
-                    "INSERT OR IGNORE INTO image(sha256, file_name, size, format, arch, slice) VALUES(?,?,?,?,?,?)",
-                    (ident.sha256, ident.file_name, ident.size, ident.format, ident.arch, ident.slice),
-                )
+            db.record_image(ident.sha256, ident.file_name, ident.size, ident.format, ident.arch, ident.slice)
             prog = Program(handle, real, image, db, home_key(self.config.home, CURSOR_KEY_FILE))
             self.programs[handle] = prog
             for hook in open_hooks():

@@ -114,7 +114,7 @@ def analyze(
 class Explored:
     """The engine after discovery and heuristics: every function's code is found. What remains are
     two independent parts, the references (with strings) and the functions' blocks; the analysis
-    process runs them in two processes at once (`analysis_worker`), `analyze` one after the other."""
+    process runs them in two processes at once (`jobs/fork.py`), `analyze` one after the other."""
 
     image: Image
     codemap: CodeMap

@@ -2,7 +2,7 @@
 
 `analyze_functions` walks only the given entries, with every other known start as a boundary,
 and returns their functions and the references from their code; the caller
-(`program_analysis`) replaces those rows in the stored analysis (`store.analysis.replace_functions`).
+(`binlens.jobs.state`) replaces those rows in the stored analysis (`store.analysis.replace_functions`).
 """
 
 from __future__ import annotations

@@ -165,7 +165,7 @@ def pairs(flat: array | list[int]) -> Iterator[tuple[int, int]]:
 
 def function_display_name(address: int, symbol: str | None = None, thunk: str | None = None) -> str:
     """The name a function goes by when no one has named it: its symbol, else the import its thunk
-    jumps to, else `sub_<hex>` (the form `binlens.program_analysis` resolves back to an address)."""
+    jumps to, else `sub_<hex>` (the form `binlens.jobs.state` resolves back to an address)."""
     return symbol or thunk or f"sub_{address:x}"
 
 

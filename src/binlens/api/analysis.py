@@ -10,7 +10,7 @@ from binlens.analysis import ENGINE_VERSION
 from binlens.api.models import Params, ProgramRef, Result, Selector
 from binlens.api.registry import READ_ONLY, CallContext, method
 from binlens.errors import BinlensError
-from binlens.program_analysis import analysis_of
+from binlens.jobs.state import analysis_of
 from binlens.store.analysis import AnalysisView, FunctionRow, load_run
 from binlens.workspace import Program
 

@@ -16,7 +16,7 @@ from binlens.api.registry import DESTRUCTIVE, MUTATION, READ_ONLY, CallContext, 
 from binlens.cdecl import CType, DeclarationError, Definition, TypeSystem
 from binlens.cdecl.abi import SCALARS
 from binlens.errors import BinlensError
-from binlens.store.annotations import Change
+from binlens.store.annotations import Change, last_data_type_position
 
 TypeName = Annotated[str, Field(min_length=1, max_length=256, description="'struct foo', 'foo_t', 'int', ...")]
 Declaration = Annotated[
@@ -240,7 +240,7 @@ def _write_types(
                 "invalid_argument", f"the declaration does not define {name!r}", target="/params/declaration"
             )
         changes: list[Change] = []
-        pos = conn.execute("SELECT COALESCE(MAX(position), 0) FROM ann_data_type").fetchone()[0]
+        pos = last_data_type_position(conn)
         for d in new:
             have = ts.defs.get(d.name)
             if d.name in SCALARS or (have is not None and have.source == "builtin"):

@@ -21,8 +21,14 @@ from binlens.api.models import Result
 from binlens.api.registry import CallContext
 from binlens.cdecl import CType, DeclarationError, TypeSystem, abi_for
 from binlens.errors import BinlensError
-from binlens.store.annotations import AnnotationStore, Change, in_spans
-from binlens.store.database import s64, u64
+from binlens.store.annotations import (
+    AnnotationStore,
+    Change,
+    comment_rows_at,
+    comment_rows_in,
+    name_owner,
+    user_name_at,
+)
 from binlens.workspace import Program, Workspace
 
 _NAME_BAD = re.compile(r"[\x00-\x1f\x7f]|^\s|\s$")
@@ -162,17 +168,16 @@ def check_name(name: str, target: str) -> None:
 
 def name_conflict(prog: Program, conn: sqlite3.Connection, va: int, name: str, target: str) -> None:
     """Raise `conflict` when `name` already names another address (user, symbol or analysis name)."""
-    row = conn.execute("SELECT address FROM ann_name WHERE name=? AND address<>?", (name, s64(va))).fetchone()
-    if row is not None:
-        named = u64(row[0])
+    named = name_owner(conn, name, va)
+    if named is not None:
         raise BinlensError(
             "conflict", f"{name!r} already names {hex(named)}", target=target, details={"address": hex(named)}
         )
     other = prog.lookup_name(name)
     if other is None or other == va:
         return
-    renamed = conn.execute("SELECT name FROM ann_name WHERE address=?", (s64(other),)).fetchone()
-    if renamed is not None and renamed[0] != name:
+    renamed = user_name_at(conn, other)
+    if renamed is not None and renamed != name:
         return  # that address was renamed away from this name
     raise BinlensError(
         "conflict", f"{name!r} already names {hex(other)}", target=target, details={"address": hex(other)}
@@ -234,13 +239,12 @@ def on_open(ws: Workspace, prog: Program) -> None:
 
 def comments_at(prog: Program, va: int) -> dict[str, str]:
     """The comments at `va` by kind (eol, pre, plate), for the listing."""
-    rows = prog.db.connect().execute("SELECT kind, text FROM ann_comment WHERE address=?", (s64(va),)).fetchall()
-    return dict(rows)
+    return comment_rows_at(prog.db.connect(), va)
 
 
 def comments_in(prog: Program, start: int, end: int) -> dict[int, dict[str, str]]:
     """Every user comment in [start, end), by address then kind: one query for a whole listing."""
-    rows = in_spans(prog.db.connect(), "SELECT address, kind, text FROM ann_comment WHERE {span}", start, end)
+    rows = comment_rows_in(prog.db.connect(), start, end)
     out: dict[int, dict[str, str]] = {}
     for va, kind, text in rows:
         out.setdefault(va, {})[kind] = text

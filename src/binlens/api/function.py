@@ -12,8 +12,8 @@ from binlens.api.analysis import NeedsAnalysis, need_view, select_function
 from binlens.api.models import HexAddress, Listing, Page, Result, Scan, Selector
 from binlens.api.pages import page_by_address, page_by_offset
 from binlens.api.registry import READ_ONLY, CallContext, method
+from binlens.jobs.state import function_name
 from binlens.printable import escape_controls
-from binlens.program_analysis import function_name
 from binlens.store.analysis import AnalysisView, FunctionRow
 from binlens.workspace import Program
 

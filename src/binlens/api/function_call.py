@@ -12,7 +12,7 @@ from binlens.api.function import FunctionItem, function_item
 from binlens.api.models import HexAddress, Listing, Page, Result, Selector
 from binlens.api.pages import page_by_offset
 from binlens.api.registry import READ_ONLY, CallContext, method
-from binlens.program_analysis import name_for_address
+from binlens.jobs.state import name_for_address
 from binlens.store.analysis import AnalysisView
 from binlens.workspace import Program
 

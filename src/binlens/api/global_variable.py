@@ -15,7 +15,7 @@ from binlens.api.symbol_edit import selected_address
 from binlens.cdecl import DeclarationError
 from binlens.cdecl.decode import decode
 from binlens.errors import BinlensError
-from binlens.store.annotations import Change, in_spans
+from binlens.store.annotations import Change, globals_near
 
 TypeText = Annotated[str, Field(min_length=1, max_length=1024, description="A C type name: 'int', 'char [16]'.")]
 NameText = Annotated[str, Field(min_length=1, max_length=1024)]
@@ -157,10 +157,7 @@ def _write(ws: Any, p: GlobalRef, ctx: CallContext, method_name: str, must_exist
 
 
 def _no_overlap(prog: Any, conn: sqlite3.Connection, va: int, size: int) -> None:
-    # globals never overlap, so only the closest one below and those inside the new range can collide
-    below = in_spans(conn, "SELECT address, type FROM ann_global WHERE {span} ORDER BY address DESC LIMIT 1", 0, va)
-    rows = below[-1:] + in_spans(conn, "SELECT address, type FROM ann_global WHERE {span}", va + 1, va + size)
-    for addr, type_text in rows:
+    for addr, type_text in globals_near(conn, va, size):
         other = global_at(prog, addr)
         osize = other[1] if other else 1
         if addr < va + size and va < addr + osize:

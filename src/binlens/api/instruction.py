@@ -21,7 +21,7 @@ from binlens.api.models import AddressRange, HexAddress, Listing, Page, Result, 
 from binlens.api.pages import scan_bounds
 from binlens.api.registry import READ_ONLY, CallContext, method
 from binlens.errors import BinlensError
-from binlens.program_analysis import function_name, name_for_address
+from binlens.jobs.state import function_name, name_for_address
 from binlens.store.analysis import AnalysisView
 from binlens.workspace import Program
 

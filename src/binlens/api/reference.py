@@ -12,7 +12,7 @@ from binlens.api.models import AddressText, HexAddress, Listing, Page, Result
 from binlens.api.pages import page_by_offset
 from binlens.api.registry import READ_ONLY, CallContext, method
 from binlens.errors import BinlensError
-from binlens.program_analysis import name_for_address
+from binlens.jobs.state import name_for_address
 
 XrefKind = Literal[XREF_KINDS]  # type: ignore[valid-type]
 

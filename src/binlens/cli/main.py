@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 _YIELD = 5  # the niceness a command that analyses adds to itself once its analysis process runs
 
-# Commands that need the program's analysis (which runs in its own process, see analysis_worker).
+# Commands that need the program's analysis (which runs in its own process, see binlens.jobs).
 NEEDS_ANALYSIS = {"functions", "disasm", "strings", "xrefs", "cfg"}
 
 
@@ -142,7 +142,7 @@ def _prestart(
     the command needs it."""
     from pathlib import Path
 
-    from binlens.analysis_worker import prestart
+    from binlens.jobs.client import prestart
     from binlens.store import default_home
 
     prestart(file, slice_name, str(Path(home) if home else default_home()), process)
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `binlens` command (see `console`)."""
     early = _early_target(sys.argv[1:] if argv is None else argv)
     if early is not None:  # the analysis process starts before this process imports anything more
-        from binlens.analysis_spawn import spawn_analysis_process
+        from binlens.jobs.spawn import spawn_analysis_process
 
         _prestart(*early, spawn_analysis_process())
         # This process's own start-up (the API's imports, the parser worker, opening the program)
@@ -200,7 +200,7 @@ def console() -> None:
     except BrokenPipeError:  # the reader went away (`binlens functions FILE | head`): nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the buffered rest goes nowhere
         code = 1
-    worker = sys.modules.get("binlens.analysis_worker")
+    worker = sys.modules.get("binlens.jobs.client")
     if worker is not None:  # its analysis processes end (and are reaped) before the command does
         worker.wait_for_processes()
     for ws in _workspaces:

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 from binlens.errors import BinlensError
+from binlens.frames import FALLBACK, STATUS_ERROR, STATUS_OK, read_frame, write_answer
 from binlens.loader.elf_machines import fast_machine
 from binlens.loader.image import Image, cap_names, encode_image
-from binlens.loader.isolate import FALLBACK, STATUS_ERROR, STATUS_OK, read_frame, write_answer
 
 Parser = Callable[[bytes, str, "str | None"], Image]
 

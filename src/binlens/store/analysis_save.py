@@ -4,7 +4,7 @@
 `func`, `func_blocks`, `call`, `xref_pack` and `string` (packed as `store.analysis` reads them);
 `write_analysis` replaces the stored analysis with them atomically. `save_analysis` composes the
 three for an in-process `ProgramAnalysis`; the analysis process builds the rows in two processes
-and merges them (`merge_function_rows`, `analysis_worker`). `replace_functions` rewrites the rows
+and merges them (`merge_function_rows`, `jobs/fork.py`). `replace_functions` rewrites the rows
 of a few functions after a local re-analysis.
 """
 

@@ -54,6 +54,41 @@ def in_spans(conn: sqlite3.Connection, sql: str, start: int, end: int) -> list[t
     return rows
 
 
+# --- reads the API's checks and listings make (inside an edit's transaction, or on their own) ------
+def name_owner(conn: sqlite3.Connection, name: str, other_than: int) -> int | None:
+    """The address the user gave `name`, other than `other_than`; None when no other has it."""
+    row = conn.execute("SELECT address FROM ann_name WHERE name=? AND address<>?", (name, s64(other_than))).fetchone()
+    return None if row is None else u64(row[0])
+
+
+def user_name_at(conn: sqlite3.Connection, va: int) -> str | None:
+    """The name the user gave `va`, or None."""
+    row = conn.execute("SELECT name FROM ann_name WHERE address=?", (s64(va),)).fetchone()
+    return None if row is None else row[0]
+
+
+def comment_rows_at(conn: sqlite3.Connection, va: int) -> dict[str, str]:
+    """The user's comments at `va` by kind."""
+    return dict(conn.execute("SELECT kind, text FROM ann_comment WHERE address=?", (s64(va),)).fetchall())
+
+
+def comment_rows_in(conn: sqlite3.Connection, start: int, end: int) -> list[tuple[Any, ...]]:
+    """(address, kind, text) of every user comment in [start, end), in address order."""
+    return in_spans(conn, "SELECT address, kind, text FROM ann_comment WHERE {span}", start, end)
+
+
+def last_data_type_position(conn: sqlite3.Connection) -> int:
+    """The highest list position of the user's data types (0 when there is none)."""
+    return int(conn.execute("SELECT COALESCE(MAX(position), 0) FROM ann_data_type").fetchone()[0])
+
+
+def globals_near(conn: sqlite3.Connection, va: int, size: int) -> list[tuple[Any, ...]]:
+    """(address, type) of the globals that could overlap [va, va+size), other than one at `va`:
+    globals never overlap each other, so only the closest one below and those inside can."""
+    below = in_spans(conn, "SELECT address, type FROM ann_global WHERE {span} ORDER BY address DESC LIMIT 1", 0, va)
+    return below[-1:] + in_spans(conn, "SELECT address, type FROM ann_global WHERE {span}", va + 1, va + size)
+
+
 def _db_key(kind: str, key: Key) -> Key:
     return (s64(key[0]), *key[1:]) if kind in _ADDRESS_KEYED else key
 

@@ -285,6 +285,23 @@ class ProgramDatabase:
         self.set_meta(key, str(have + 1), conn)
         return True
 
+    def record_image(self, sha256: str, file_name: str, size: int, fmt: str, arch: str, slice_name: str | None) -> None:
+        """Record the file this database describes (its first record stays)."""
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO image(sha256, file_name, size, format, arch, slice) VALUES(?,?,?,?,?,?)",
+                (sha256, file_name, size, fmt, arch, slice_name),
+            )
+
+    def defer_checkpoints(self) -> None:
+        """Let this thread's commits only append to the write-ahead log: nothing copies it into the
+        database until `checkpoint` (a writer that reports its commit first, then checkpoints)."""
+        self.connect().execute("PRAGMA wal_autocheckpoint=0")
+
+    def checkpoint(self) -> None:
+        """Copy the write-ahead log into the database now, as far as no reader holds it back."""
+        self.connect().execute("PRAGMA wal_checkpoint(PASSIVE)")
+
     def close(self) -> None:
         """Close the connections of every thread (the last one closed copies the write-ahead log into
         the database and removes it)."""

@@ -6,10 +6,10 @@ its progress to the waiting call's `CallContext.progress`, honours cancellation,
 returns the stored view, fails with `timeout` past the caller's bound, or with `unavailable`
 (plus progress) when the caller asked not to wait.
 
-The full analysis runs in its own process (`binlens.analysis_worker`): it loads the image,
-analyses it and saves the result to the program database, while this process only relays its
-progress, kills it on cancellation or past `budget_s`, and reads the committed result. Local
-re-analysis (`define_function`/`undefine_function`) stays in-process: it is small.
+The full analysis runs in its own process (`jobs/child.py`, driven by `jobs/client.py`): it
+loads the image, analyses it and saves the result to the program database, while this process
+only relays its progress, kills it on cancellation or past `budget_s`, and reads the committed
+result. Local re-analysis (`define_function`/`undefine_function`) stays in-process: it is small.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from typing import Any
 
 from binlens.analysis import ENGINE_VERSION
 from binlens.analysis.model import function_display_name
-from binlens.analysis_worker import AnalysisProcess, AnalysisRequest
 from binlens.errors import BinlensError
+from binlens.jobs.client import AnalysisProcess
+from binlens.jobs.request import AnalysisRequest
 from binlens.store.analysis import (
     AnalysisView,
     FunctionRow,

@@ -22,7 +22,7 @@ def _libc() -> Path:
 
 
 def _state(workspace, path):  # noqa: ANN001, ANN202
-    from binlens.program_analysis import analysis_of
+    from binlens.jobs.state import analysis_of
 
     return analysis_of(workspace.open(path, check_roots=False))
 
@@ -189,31 +189,31 @@ def test_file_changed_on_disk_is_analysed_from_the_opened_bytes(workspace, compi
 
 def _run_watching_pids(st) -> set[int]:  # noqa: ANN001
     """Run the program's analysis to its end; the ids of the processes that ran it."""
-    from binlens import analysis_worker
+    from binlens.jobs import client
 
     pids = set()
-    real_run = analysis_worker.AnalysisProcess.run
+    real_run = client.AnalysisProcess.run
 
     def run(self, *args):  # noqa: ANN001, ANN002, ANN202 - records which process each run uses
         pids.add(self.pid)
         return real_run(self, *args)
 
-    analysis_worker.AnalysisProcess.run = run
+    client.AnalysisProcess.run = run
     try:
         st.start()
         assert st._done.wait(60)
     finally:
-        analysis_worker.AnalysisProcess.run = real_run
+        client.AnalysisProcess.run = real_run
     return pids
 
 
 def test_early_start_is_taken_over_and_saves_only_then(workspace, compile_c, home) -> None:  # noqa: ANN001
-    from binlens import analysis_worker
     from binlens.analysis import analyze
+    from binlens.jobs import client
 
     path = compile_c("sample.c", "-O2", True, strip=True)
-    analysis_worker.prestart(str(path), None, str(home))
-    early = analysis_worker._spare
+    client.prestart(str(path), None, str(home))
+    early = client._spare
     assert early is not None
     time.sleep(0.5)  # it analyses meanwhile, but saves nothing before the caller takes it over
     prog = workspace.open(path, check_roots=False)
@@ -226,13 +226,13 @@ def test_early_start_is_taken_over_and_saves_only_then(workspace, compile_c, hom
 def test_early_start_whose_user_starts_changed_analyses_again(workspace, compile_c, home) -> None:  # noqa: ANN001
     """The early process analysed with no user starts; the caller's request has one removed: the
     process analyses again with it (the request carries no image: it parses its own bytes)."""
-    from binlens import analysis_worker
     from binlens.analysis import analyze
+    from binlens.jobs import client
     from binlens.store.analysis import set_user_function
 
     path = compile_c("sample.c", "-O2", True, strip=True)
-    analysis_worker.prestart(str(path), None, str(home))
-    early = analysis_worker._spare
+    client.prestart(str(path), None, str(home))
+    early = client._spare
     time.sleep(0.5)
     prog = workspace.open(path, check_roots=False)
     whole = analyze(prog.image).functions
@@ -246,14 +246,14 @@ def test_early_start_whose_user_starts_changed_analyses_again(workspace, compile
 
 
 def test_early_start_not_needed_exits_without_saving(home, compile_c) -> None:  # noqa: ANN001
-    from binlens import analysis_worker
+    from binlens.jobs import client
     from binlens.store import ProgramDatabase, database_path
     from binlens.store.analysis import load_run
 
     path = compile_c("sample.c", "-O0", True, strip=True)
-    analysis_worker.prestart(str(path), None, str(home))
-    proc = analysis_worker._spare
-    analysis_worker._spare = None
+    client.prestart(str(path), None, str(home))
+    proc = client._spare
+    client._spare = None
     time.sleep(0.5)
     proc.stdin.close()  # the caller ends without needing the analysis
     assert proc.wait(10) == 0
@@ -281,12 +281,12 @@ def test_cli_functions_with_the_early_analysis(home, compile_c) -> None:  # noqa
 
 
 def test_an_early_start_that_failed_is_replaced(workspace, compile_c, home, tmp_path, monkeypatch) -> None:  # noqa: ANN001
-    from binlens import analysis_worker
+    from binlens.jobs import client
 
     copy = tmp_path / "prog"
-    monkeypatch.setattr(analysis_worker, "_fast_format", lambda path: True)  # start early though it is absent
-    analysis_worker.prestart(str(copy), None, str(home))  # the file is not there yet: it fails and exits
-    early = analysis_worker._spare
+    monkeypatch.setattr(client, "_fast_format", lambda path: True)  # start early though it is absent
+    client.prestart(str(copy), None, str(home))  # the file is not there yet: it fails and exits
+    early = client._spare
     assert early.wait(10) == 0
     shutil.copy(compile_c("sample.c", "-O2", True, strip=True), copy)
     st = _state(workspace, copy)
@@ -301,7 +301,8 @@ def test_the_callers_parsed_image_is_used_not_parsed_again(workspace, compile_c,
     fresh parse of the (unstripped) file would give them."""
     import dataclasses
 
-    from binlens.analysis_worker import AnalysisProcess, AnalysisRequest
+    from binlens.jobs.client import AnalysisProcess
+    from binlens.jobs.request import AnalysisRequest
     from binlens.loader.image import encode_image
     from binlens.store import ProgramDatabase
     from binlens.store.analysis import AnalysisView
@@ -330,19 +331,19 @@ def test_the_callers_parsed_image_is_used_not_parsed_again(workspace, compile_c,
 def test_only_fast_reader_formats_start_early(home, tmp_path) -> None:  # noqa: ANN001
     """The CLI's early start is for x86/x86-64 ELF only: another format would make the early process
     import LIEF beside the parser worker; its request comes later, with the parsed image."""
-    from binlens import analysis_worker
+    from binlens.jobs import client
 
     pe = tmp_path / "prog.exe"
     pe.write_bytes(b"MZ" + bytes(200))
-    analysis_worker.prestart(str(pe), None, str(home))
-    spare = analysis_worker._spare
-    assert analysis_worker._spare_key is None and spare.poll() is None  # warm, idle, not analysing
-    analysis_worker._drop_spare()
+    client.prestart(str(pe), None, str(home))
+    spare = client._spare
+    assert client._spare_key is None and spare.poll() is None  # warm, idle, not analysing
+    client._drop_spare()
     elf = tmp_path / "prog"
     elf.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(9) + b"\x03\x00\x3e\x00" + bytes(44))
-    analysis_worker.prestart(str(elf), None, str(home))
-    assert analysis_worker._spare_key == (os.path.realpath(elf), None)
-    analysis_worker._drop_spare()
+    client.prestart(str(elf), None, str(home))
+    assert client._spare_key == (os.path.realpath(elf), None)
+    client._drop_spare()
 
 
 def _dump(db_path: Path) -> dict:
@@ -364,13 +365,14 @@ def test_two_process_analysis_stores_what_the_in_process_save_stores(compile_c, 
     """The analysis process builds the functions in a forked child beside the references (two
     CPUs); with BINLENS_SERIAL=1 it does all in one process. Both store what `save_analysis` of
     the in-process analysis stores."""
-    from binlens import analysis_worker
     from binlens.analysis import analyze
+    from binlens.jobs import client, fork
+    from binlens.jobs.request import AnalysisRequest
     from binlens.loader.parse_lief import parse_path
     from binlens.store import ProgramDatabase
     from binlens.store.analysis_save import save_analysis
 
-    if not analysis_worker._parallel():
+    if not fork.parallel():
         pytest.skip("one CPU (or no fork): the analysis process never forks here")
     libc = [p for p in (Path("/lib/x86_64-linux-gnu/libc.so.6"), Path("/usr/lib64/libc.so.6")) if p.exists()]
     for path in (compile_c("sample.c", "-O2", True, strip=True), *libc[:1]):
@@ -383,10 +385,10 @@ def test_two_process_analysis_stores_what_the_in_process_save_stores(compile_c, 
         assert want["func"] and want["xref_pack"] and want["string"]
         for serial in ("0", "1"):
             monkeypatch.setenv("BINLENS_SERIAL", serial)
-            analysis_worker._drop_spare()  # (a spare would have started with the other setting)
+            client._drop_spare()  # (a spare would have started with the other setting)
             target = tmp_path / f"{path.name}-{serial}.sqlite"
-            request = analysis_worker.AnalysisRequest(str(path), image.identity.sha256, str(target))
-            n = analysis_worker.AnalysisProcess(request).run(lambda *_: None, threading.Event(), 300)
+            request = AnalysisRequest(str(path), image.identity.sha256, str(target))
+            n = client.AnalysisProcess(request).run(lambda *_: None, threading.Event(), 300)
             assert n == len(want["func"])
             assert _dump(target) == want, f"{path.name} serial={serial}"
 
@@ -398,8 +400,8 @@ def test_the_engine_state_is_gone_before_the_references_rows(compile_c, monkeypa
     the rows are whole."""
     import weakref
 
-    from binlens import analysis_worker
     from binlens.analysis import engine
+    from binlens.jobs.rows import analyse
     from binlens.loader.parse_lief import parse_path
     from binlens.store import analysis_save
 
@@ -420,7 +422,7 @@ def test_the_engine_state_is_gone_before_the_references_rows(compile_c, monkeypa
 
     monkeypatch.setattr(engine, "explore", explore)
     monkeypatch.setattr(analysis_save, "reference_rows", reference_rows)
-    rows = analysis_worker._analyse(image, lambda *_: None, [], [])
+    rows = analyse(image, lambda *_: None, [], [])
     assert seen["alive"] == []
     assert rows.functions.counts[0] > 5 and rows.references.counts[0] > 0
     assert rows.figures[1] > 0 and 0 < rows.figures[2] <= rows.figures[1]  # code bytes, covered bytes
@@ -431,10 +433,11 @@ def test_without_a_temporary_file_the_child_rows_come_through_the_pipe(compile_c
     temporary directory), they come through the pipe as before: the same rows either way."""
     import tempfile
 
-    from binlens import analysis_worker
+    from binlens.jobs import fork
+    from binlens.jobs.rows import analyse
     from binlens.loader.parse_lief import parse_path
 
-    if not analysis_worker._parallel():
+    if not fork.parallel():
         pytest.skip("one CPU (or no fork): the analysis process never forks here")
     image = parse_path(str(compile_c("sample.c", "-O2", True, strip=True)))
 
@@ -443,26 +446,27 @@ def test_without_a_temporary_file_the_child_rows_come_through_the_pipe(compile_c
         func = sorted(r for p in parts for r in p[0])
         return func, sorted(r for p in parts for r in p[1]), sorted(c for p in parts for c in p[2]), result.references
 
-    spooled = analysis_worker._analyse(image, lambda *_: None, [], [])
+    spooled = analyse(image, lambda *_: None, [], [])
     assert spooled.functions.spooled > 0 and spooled.functions.spool is not None
 
     def no_file(*_a, **_k):  # noqa: ANN002, ANN003, ANN202
         raise OSError(30, "Read-only file system")
 
     monkeypatch.setattr(tempfile, "TemporaryFile", no_file)
-    piped = analysis_worker._analyse(image, lambda *_: None, [], [])
+    piped = analyse(image, lambda *_: None, [], [])
     assert piped.functions.spooled == 0 and piped.functions.spool is None
     assert rows_of(piped) == rows_of(spooled) and piped.functions.counts == spooled.functions.counts
 
 
 def test_a_dead_function_builder_is_a_clean_error(compile_c, monkeypatch) -> None:  # noqa: ANN001
     """The forked child that builds functions dies: the analysis fails with a clear message."""
-    from binlens import analysis_worker
     from binlens.errors import BinlensError
+    from binlens.jobs import fork
+    from binlens.jobs.rows import analyse
     from binlens.loader.parse_lief import parse_path
     from binlens.store import analysis_save as store
 
-    if not analysis_worker._parallel():
+    if not fork.parallel():
         pytest.skip("one CPU (or no fork): the analysis process never forks here")
     image = parse_path(str(compile_c("sample.c", "-O2", True, strip=True)))
     parent = os.getpid()
@@ -475,7 +479,7 @@ def test_a_dead_function_builder_is_a_clean_error(compile_c, monkeypatch) -> Non
 
     monkeypatch.setattr(store, "function_rows", dying)
     with pytest.raises(BinlensError) as err:
-        analysis_worker._analyse(image, lambda *_: None, [], [])
+        analyse(image, lambda *_: None, [], [])
     assert err.value.code == "internal"
     assert err.value.message == "the analysis failed: its function builder stopped (exit status 3)"
 
@@ -483,12 +487,13 @@ def test_a_dead_function_builder_is_a_clean_error(compile_c, monkeypatch) -> Non
 def test_a_full_disk_for_the_child_rows_is_a_clean_error(compile_c, monkeypatch) -> None:  # noqa: ANN001
     """The child cannot write its rows to the temporary file (its disk is full): the analysis
     fails with the reason."""
-    from binlens import analysis_worker
     from binlens.errors import BinlensError
+    from binlens.jobs import fork
+    from binlens.jobs.rows import analyse
     from binlens.loader.parse_lief import parse_path
     from binlens.store import analysis_save as store
 
-    if not analysis_worker._parallel():
+    if not fork.parallel():
         pytest.skip("one CPU (or no fork): the analysis process never forks here")
     image = parse_path(str(compile_c("sample.c", "-O2", True, strip=True)))
 
@@ -502,7 +507,7 @@ def test_a_full_disk_for_the_child_rows_is_a_clean_error(compile_c, monkeypatch)
 
     monkeypatch.setattr(store, "streamed_function_rows", full)
     with pytest.raises(BinlensError) as err:
-        analysis_worker._analyse(image, lambda *_: None, [], [])
+        analyse(image, lambda *_: None, [], [])
     assert err.value.code == "internal"
     assert err.value.message == (
         "the analysis failed: its function builder could not write its rows: [Errno 28] No space left on device"
@@ -512,16 +517,17 @@ def test_a_full_disk_for_the_child_rows_is_a_clean_error(compile_c, monkeypatch)
 def test_a_command_can_wait_for_its_analysis_processes_to_end(compile_c, tmp_path) -> None:  # noqa: ANN001
     """After "done" the process still folds the write-ahead log into the database; a one-shot
     command waits for it (`wait_for_processes`) so that nothing of it outlives the command."""
-    from binlens import analysis_worker
+    from binlens.jobs import client
+    from binlens.jobs.request import AnalysisRequest
     from binlens.loader.parse_lief import parse_path
 
     path = compile_c("sample.c", "-O2", True, strip=True)
     sha256 = parse_path(str(path)).identity.sha256
-    request = analysis_worker.AnalysisRequest(str(path), sha256, str(tmp_path / "p.sqlite"))
-    worker = analysis_worker.AnalysisProcess(request)
+    request = AnalysisRequest(str(path), sha256, str(tmp_path / "p.sqlite"))
+    worker = client.AnalysisProcess(request)
     assert worker.run(lambda *_: None, threading.Event(), 300) > 0
-    analysis_worker.wait_for_processes()
-    assert worker.proc.poll() == 0 and not analysis_worker._running
+    client.wait_for_processes()
+    assert worker.proc.poll() == 0 and not client._running
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.sqlite"]  # its log folded in and removed
 
 
@@ -538,8 +544,9 @@ def test_a_command_can_wait_for_its_analysis_processes_to_end(compile_c, tmp_pat
 )
 def test_two_process_analysis_of_other_formats_and_architectures(name: str, tmp_path) -> None:  # noqa: ANN001
     """The forked split stores what the in-process save stores on ARM, MIPS, RISC-V, Mach-O and PE."""
-    from binlens import analysis_worker
     from binlens.analysis import analyze
+    from binlens.jobs import client
+    from binlens.jobs.request import AnalysisRequest
     from binlens.loader.parse_lief import parse_path
     from binlens.store import ProgramDatabase
     from binlens.store.analysis_save import save_analysis
@@ -550,21 +557,21 @@ def test_two_process_analysis_of_other_formats_and_architectures(name: str, tmp_
     db = ProgramDatabase(tmp_path / "in-process.sqlite")
     save_analysis(db, analyze(image))
     db.close()
-    request = analysis_worker.AnalysisRequest(str(path), image.identity.sha256, str(tmp_path / "worker.sqlite"))
-    assert analysis_worker.AnalysisProcess(request).run(lambda *_: None, threading.Event(), 300) > 0
-    analysis_worker.wait_for_processes()
+    request = AnalysisRequest(str(path), image.identity.sha256, str(tmp_path / "worker.sqlite"))
+    assert client.AnalysisProcess(request).run(lambda *_: None, threading.Event(), 300) > 0
+    client.wait_for_processes()
     assert _dump(tmp_path / "worker.sqlite") == _dump(tmp_path / "in-process.sqlite")
 
 
 def test_no_fork_when_the_machine_lacks_memory_for_the_child(tmp_path) -> None:  # noqa: ANN001
-    from binlens import analysis_worker
+    from binlens.jobs import fork
 
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       1000 kB\nMemAvailable:       1000 kB\n")  # 1 MB: less than this process
-    assert analysis_worker._memory_allows_fork(str(meminfo)) is False
+    assert fork.memory_allows_fork(str(meminfo)) is False
     meminfo.write_text("MemTotal:       1 kB\nMemAvailable:   1000000000 kB\n")
-    assert analysis_worker._memory_allows_fork(str(meminfo)) is True
-    assert analysis_worker._memory_allows_fork(str(tmp_path / "absent")) is True  # no /proc: fork
+    assert fork.memory_allows_fork(str(meminfo)) is True
+    assert fork.memory_allows_fork(str(tmp_path / "absent")) is True  # no /proc: fork
 
 
 def test_the_analysis_process_does_not_load_openssl(compile_c, tmp_path) -> None:  # noqa: ANN001
@@ -581,7 +588,7 @@ def test_the_analysis_process_does_not_load_openssl(compile_c, tmp_path) -> None
     path = compile_c("sample.c", "-O2", True, strip=True)
     script = (
         "import sys\n"
-        "from binlens import analysis_worker as w\n"
+        "from binlens.jobs import child as w\n"
         "sent = []\n"
         f"req = w.AnalysisRequest({str(path)!r}, '', {str(tmp_path / 'db.sqlite')!r})\n"
         "w.analyse_and_save(req, sent.append)\n"
@@ -597,7 +604,7 @@ def test_a_frame_read_from_the_stream_is_whole_or_an_eof() -> None:
     frame cut short, as a dying writer leaves it, is an EOFError like a missing one."""
     import io
 
-    from binlens.loader.isolate import load_frame, write_frame
+    from binlens.frames import load_frame, write_frame
 
     rows = [(i, i * 16, "x" * (i % 7)) for i in range(50_000)]
     buf = io.BytesIO()
