@@ -19,7 +19,7 @@ import pytest
 
 from binlens.analysis import analyze
 from binlens.analysis.codemap import CodeMap
-from binlens.analysis.engine import make_backend
+from binlens.analysis.decode.backend import make_backend
 from binlens.analysis.metadata.armexidx import decodes, guess_state, parse_exidx
 from binlens.loader.isolate import load_image
 from binlens.loader.parse_lief import parse_path

@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any
 from binlens.analysis.version import ENGINE_VERSION
 
 if TYPE_CHECKING:
-    from binlens.analysis.engine import analyze, make_backend
+    from binlens.analysis.decode.backend import make_backend
+    from binlens.analysis.engine import analyze
     from binlens.analysis.model import BasicBlock, Edge, FoundString, Function, Instruction, ProgramAnalysis, Xref
 
 _WHERE = {
     "analyze": "engine",
-    "make_backend": "engine",
+    "make_backend": "decode.backend",
     **dict.fromkeys(
         ("BasicBlock", "Edge", "FoundString", "Function", "Instruction", "ProgramAnalysis", "Xref"), "model"
     ),

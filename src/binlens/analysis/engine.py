@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import importlib
 import threading
 import time
 from collections.abc import Callable, Container, Iterator
 from contextlib import contextmanager
 
+from binlens.analysis.arch.profiles import profile
 from binlens.analysis.codemap import CodeMap
+from binlens.analysis.decode.backend import Backend, make_backend
 from binlens.analysis.discovery.explorer import NORETURN_NAMES, Body, Explorer
 from binlens.analysis.discovery.functions import iter_functions
 from binlens.analysis.discovery.noreturn import noret_callers, returning_functions
@@ -36,8 +37,8 @@ from binlens.analysis.native.kernels import native
 from binlens.analysis.refs.strings import find_strings, past_the_top
 from binlens.analysis.refs.xrefs import collect_refs, pointers_in_data
 from binlens.analysis.switches.gotos import goto_tables
+from binlens.analysis.switches.resolvers import resolver_for
 from binlens.analysis.version import ENGINE_VERSION
-from binlens.errors import BinlensError
 from binlens.loader.image import Image
 
 # Discovery walks each body without its edges (`Explorer.record_edges`; `None`: with them, as the
@@ -79,18 +80,6 @@ def gc_paused() -> Iterator[None]:
                 gc.enable()
 
 
-def make_backend(image: Image, codemap: CodeMap) -> object:
-    """The decoder for the image's architecture, or `unsupported`."""
-    arch = image.identity.arch
-    if arch in ("x86-64", "x86"):
-        from binlens.analysis.decode.x86 import X86Backend
-
-        return X86Backend(image, codemap)
-    from binlens.analysis.decode import capstone_backend
-
-    if capstone_backend.supported(image):
-        return capstone_backend.CapstoneBackend(image, codemap)
-    raise BinlensError("unsupported", f"no disassembler for architecture {arch!r}", target="/params/program")
 
 
 def analyze(
@@ -118,7 +107,7 @@ class Explored:
 
     image: Image
     codemap: CodeMap
-    backend: object
+    backend: Backend
     explorer: Explorer
     bodies: dict[int, Body]
     starts: dict[int, frozenset[str]]
@@ -373,39 +362,26 @@ def _metadata_seeds(image: Image, seeds: Seeds) -> dict[int, str]:
     return thunks
 
 
-# architecture -> (module, function) of its jump-table resolver: called as
-# `fn(backend, codemap, slice_start, jump_va, earlier)` -> (case targets, table address or 0, guarded)
-_JUMP_TABLE_RESOLVERS: dict[str, tuple[str, str]] = {
-    "x86-64": ("binlens.analysis.switches.x86", "jump_table_targets"),
-    "x86": ("binlens.analysis.switches.x86", "jump_table_targets"),
-    "aarch64": ("binlens.analysis.switches.aarch64", "a64_jump_table_targets"),
-    "arm": ("binlens.analysis.switches.arm", "arm_jump_table_targets"),
-    "mips": ("binlens.analysis.switches.mips", "mips_jump_table_targets"),
-    "ppc": ("binlens.analysis.switches.ppc", "ppc_jump_table_targets"),
-    "riscv": ("binlens.analysis.switches.riscv", "riscv_jump_table_targets"),
-}
 
 
-def make_explorer(image: Image, codemap: CodeMap, backend: object, jt_tables: dict[int, int]) -> Explorer:
+def make_explorer(image: Image, codemap: CodeMap, backend: Backend, jt_tables: dict[int, int]) -> Explorer:
     """The explorer for `image`, with its architecture's jump-table reader (tables found go into
     `jt_tables`) and branch conventions."""
-    arch = image.identity.arch
+    isa = profile(image.identity.arch)
     return Explorer(
         codemap,
         backend,
         _jump_table_fn(image, codemap, backend, jt_tables),
-        cond_preds=arch in ("aarch64", "arm", "mips", "ppc", "riscv"),
-        cond_first=arch in ("ppc", "riscv"),
-        case_extent=arch in ("ppc", "riscv"),
+        cond_preds=isa.cond_preds,
+        cond_first=isa.cond_first,
+        case_extent=isa.case_extent,
     )
 
 
-def _jump_table_fn(image: Image, codemap: CodeMap, backend: object, tables: dict[int, int]) -> Callable | None:
-    where = _JUMP_TABLE_RESOLVERS.get(image.identity.arch)
-    if where is None:
+def _jump_table_fn(image: Image, codemap: CodeMap, backend: Backend, tables: dict[int, int]) -> Callable | None:
+    jump_table_targets = resolver_for(image.identity.arch)
+    if jump_table_targets is None:
         return None
-    module, name = where
-    jump_table_targets = getattr(importlib.import_module(module), name)
 
     def resolve(slice_start: int, jump_va: int, earlier: list[tuple[int, int]]) -> tuple[list[int], bool]:
         targets, table, guarded = jump_table_targets(backend, codemap, slice_start, jump_va, earlier)
@@ -470,7 +446,7 @@ def _table_entry_seeds(
     image: Image,
     codemap: CodeMap,
     explorer: Explorer,
-    backend: object,
+    backend: Backend,
     tables: dict[int, int],
     seeds: dict[int, frozenset[str]],
 ) -> set[int]:
@@ -495,7 +471,7 @@ def _table_entry_seeds(
         return set()
     inside = IntervalSet([(lo, hi - lo) for lo, hi in spans])
     in_table: dict[int, bool] = {}
-    thumb_bit = 1 if image.identity.arch == "arm" else 0  # starts are even; Thumb pointers are odd
+    thumb_bit = profile(image.identity.arch).thumb_bit  # starts are even; Thumb pointers are odd
     for src, dst in pointers_in_data(image, codemap, set()):
         dst &= ~thumb_bit
         if dst in guessed:

@@ -8,9 +8,10 @@ and returns their functions and the references from their code; the caller
 from __future__ import annotations
 
 from binlens.analysis.codemap import CodeMap
+from binlens.analysis.decode.backend import make_backend
 from binlens.analysis.discovery.explorer import NORETURN_NAMES
 from binlens.analysis.discovery.functions import iter_functions
-from binlens.analysis.engine import _text_names, gc_paused, make_backend, make_explorer
+from binlens.analysis.engine import _text_names, gc_paused, make_explorer
 from binlens.analysis.intervals import IntervalSet
 from binlens.analysis.metadata.ehframe import parse_eh_frame
 from binlens.analysis.metadata.seeds import Seeds

@@ -1,0 +1,1 @@
+"""Per-instruction-set knowledge the passes share: one profile per ISA (`arch/profiles.py`)."""
