@@ -41,6 +41,7 @@ test: system-test
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy  # src/binlens, with the settings of [tool.mypy] in pyproject.toml
 	PYTHONPATH=src $(VENV)/bin/lint-imports  # this checkout's code, whichever binlens the venv holds
 
 clean:
