@@ -346,7 +346,7 @@ def _relocations(
     tables = [
         (_rel_table(rd, dyn, DT_RELA, DT_RELASZ, True), False),
         (_rel_table(rd, dyn, DT_REL, DT_RELSZ, False), False),
-        ([(va, relative, 0) for va in relr], False),
+        ([(va, relative, 0) for va in relr] if relative is not None else [], False),
         (_rel_table(rd, dyn, DT_JMPREL, DT_PLTRELSZ, plt_rela), True),
     ]
     out = []
@@ -430,11 +430,14 @@ def _libraries(rd: _Reader, dyn: dict[int, list[int]], nsyms: int) -> Callable[[
     return library
 
 
+RawImport = tuple[str, str, str | None, int, int | None, str]  # the fields of an Import
+
+
 def _imports(
     rd: _Reader, dyn: dict[int, list[int]], dynsyms: list[tuple[Any, ...]], relocs: list[tuple[Any, ...]]
-) -> list[tuple[str, str, str | None, int, None, str]]:
+) -> list[RawImport]:
     library = _libraries(rd, dyn, len(dynsyms))
-    out = []
+    out: list[RawImport] = []
     seen = set()
     for address, _t, name, _a, index, is_plt in relocs:
         if is_plt and name:
@@ -450,8 +453,8 @@ def _imports(
 
 
 def _mips_got_imports(
-    rd: _Reader, dyn: dict[int, list[int]], dynsyms: list[RawSymbol], known: list[tuple[Any, ...]]
-) -> list[tuple[str, str, str | None, int, int | None, str]]:
+    rd: _Reader, dyn: dict[int, list[int]], dynsyms: list[RawSymbol], known: list[RawImport]
+) -> list[RawImport]:
     """The imports bound through MIPS's global GOT entries (`mips_got`), beside those of relocations."""
     library = _libraries(rd, dyn, len(dynsyms))
     first = {tag: values[0] for tag, values in dyn.items()}
