@@ -240,6 +240,7 @@ def definitions(ast: c_ast.FileAST) -> list[Definition]:
                 out.append(_tagged_definition(tagged, gen))
                 split = copy.deepcopy(node)
                 inner = _inline_tagged(split.type)
+                assert inner is not None  # a copy of `tagged`'s typedef
                 if isinstance(inner, c_ast.Enum):
                     inner.values = None
                 else:
