@@ -243,7 +243,7 @@ class AnnotationStore:
         entry id, or None when nothing actually changed.
         """
         with self.transaction() as conn:
-            changes = []
+            changes: list[dict[str, Any]] = []
             for kind, key, after in plan(conn):
                 before = self.get(conn, kind, key)
                 if before == after:
@@ -355,7 +355,7 @@ class AnnotationStore:
     # --- byte patches ---------------------------------------------------------------------------
     def patched_bytes(self, start: int, length: int) -> list[tuple[int, int]]:
         """(address, byte) of every patched byte in [start, start+length)."""
-        return in_spans(self.db.connect(), _PATCH_BYTES, start, start + length)  # type: ignore[return-value]
+        return in_spans(self.db.connect(), _PATCH_BYTES, start, start + length)
 
 
 def _runs(rows: list[tuple[int, int]]) -> list[list[Any]]:

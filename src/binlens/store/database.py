@@ -31,15 +31,14 @@ _MIGRATIONS: dict[str, list[Migration]] = {}
 _listed_loaded = False
 _listed_lock = threading.Lock()
 
-CORE_MIGRATIONS: list[Migration] = [
-    """
+_CORE_SCHEMA = """
     CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
     CREATE TABLE IF NOT EXISTS image (
         sha256 TEXT PRIMARY KEY, file_name TEXT, size INTEGER, format TEXT, arch TEXT,
         slice TEXT, first_opened TEXT DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now'))
     );
-    """,
-]
+    """
+CORE_MIGRATIONS: list[Migration] = [_CORE_SCHEMA]
 
 
 def _migrations() -> dict[str, list[Migration]]:
@@ -174,7 +173,8 @@ class ProgramDatabase:
         """
         with self.write_lock:
             conn = self.connect()
-            if conn.in_transaction:
+            nested = conn.in_transaction  # (held apart: a type checker would take the property as fixed below)
+            if nested:
                 depth = getattr(self._local, "depth", 0) + 1
                 self._local.depth = depth
                 name = f"nested_{depth}"
@@ -296,7 +296,7 @@ class ProgramDatabase:
 
 
 def _create_meta(conn: sqlite3.Connection) -> None:
-    for stmt in _split_sql(CORE_MIGRATIONS[0]):
+    for stmt in _split_sql(_CORE_SCHEMA):
         conn.execute(stmt)
 
 
