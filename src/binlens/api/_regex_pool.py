@@ -49,6 +49,8 @@ class RegexProcess:
             close_fds=True,
             start_new_session=True,  # a kill of its group never reaches the server
         )
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # (both are pipes)
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         with _lock:
             _live.add(self)
 
@@ -58,9 +60,9 @@ class RegexProcess:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-        for pipe in (self.proc.stdin, self.proc.stdout):
+        for pipe in (self.stdin, self.stdout):
             with contextlib.suppress(OSError):
-                pipe.close()  # type: ignore[union-attr]
+                pipe.close()
         with _lock:
             _live.discard(self)
 
@@ -68,13 +70,13 @@ class RegexProcess:
         """Write one request frame."""
         blob = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
         try:
-            self.proc.stdin.write(len(blob).to_bytes(4, "little") + blob)  # type: ignore[union-attr]
+            self.stdin.write(len(blob).to_bytes(4, "little") + blob)
         except OSError:
             raise BinlensError("internal", "the regex process stopped unexpectedly") from None
 
     def receive(self, ctx: Any, deadline: float) -> Any:
         """The next answer; None past `deadline` (the child is killed), `cancelled` when the call is."""
-        fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        fd = self.stdout.fileno()
         while True:
             if ctx is not None and ctx.cancelled:
                 self.kill()
@@ -90,7 +92,7 @@ class RegexProcess:
     def _read_exactly(self, size: int) -> bytes:
         parts = []
         while size:
-            part = self.proc.stdout.read(size)  # type: ignore[union-attr]
+            part = self.stdout.read(size)
             if not part:
                 self.kill()
                 raise BinlensError("internal", "the regex process stopped unexpectedly")

@@ -92,7 +92,7 @@ def status_of(prog: Program) -> AnalysisStatus:
     """analysis.get's report for one program."""
     st = analysis_of(prog)
     out = AnalysisStatus(
-        status=st.status,  # type: ignore[arg-type]
+        status=st.status,  # type: ignore[arg-type]  # ProgramAnalysis.status is a str of the same five values
         engine_version=ENGINE_VERSION,
         progress=round(st.fraction, 4),
         message=st.message,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -15,8 +15,8 @@ from binlens.cdecl import DeclarationError, TypeSystem
 from binlens.errors import BinlensError
 from binlens.store.annotations import Change
 
-FORMAT = "binlens.annotations"
-VERSION = 1
+FORMAT: Final = "binlens.annotations"
+VERSION: Final = 1
 
 
 class _Doc(BaseModel):

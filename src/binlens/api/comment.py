@@ -13,6 +13,7 @@ from binlens.api.pages import page_by_address
 from binlens.api.registry import DESTRUCTIVE, MUTATION, READ_ONLY, CallContext, method
 from binlens.api.symbol_edit import selected_address
 from binlens.errors import BinlensError
+from binlens.workspace import Program
 
 CommentKind = Literal["eol", "pre", "plate"]
 CommentText = Annotated[str, Field(min_length=1, max_length=65536)]
@@ -57,11 +58,11 @@ class CommentListParams(Params):
     scan: Scan = Scan()
 
 
-def _item(prog: Any, va: int, kind: str, text: str) -> CommentItem:
-    return CommentItem(address=hex(va), kind=kind, text=text, name=prog.name_at(va))  # type: ignore[arg-type]
+def _item(prog: Program, va: int, kind: CommentKind, text: str) -> CommentItem:
+    return CommentItem(address=hex(va), kind=kind, text=text, name=prog.name_at(va))
 
 
-def _get(prog: Any, va: int, kind: str) -> CommentItem | None:
+def _get(prog: Program, va: int, kind: CommentKind) -> CommentItem | None:
     row = store(prog).get(prog.db.connect(), "comment", (va, kind))
     return _item(prog, va, kind, row["text"]) if row else None
 

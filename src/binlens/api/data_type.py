@@ -142,9 +142,9 @@ def describe(ts: TypeSystem, name: str) -> DataTypeItem:
     d = ts.defs.get(name)
     item = DataTypeItem(
         name=name,
-        kind="scalar" if d is None else d.kind,  # type: ignore[arg-type]
+        kind="scalar" if d is None else d.kind,
         category="/builtin" if d is None else d.category,
-        source="builtin" if d is None else d.source,  # type: ignore[arg-type]
+        source="builtin" if d is None else d.source,
         size=t.size,
         alignment=t.align,
         declaration=name if d is None else d.declaration,

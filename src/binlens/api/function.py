@@ -17,7 +17,7 @@ from binlens.program_analysis import function_name
 from binlens.store.analysis import AnalysisView, FunctionRow
 from binlens.workspace import Program
 
-Source = Literal[SOURCES]  # type: ignore[valid-type]
+Source = Literal[SOURCES]  # type: ignore[valid-type]  # the engine's tuple, spelled once; pydantic reads it
 
 
 class FunctionItem(Result):

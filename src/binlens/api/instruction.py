@@ -17,7 +17,7 @@ from binlens.api.cursor import decode_cursor, encode_cursor, query_key
 from binlens.api.edits import comments_in
 from binlens.api.function_edit import load_prototype, render_prototype
 from binlens.api.global_variable import global_item_at
-from binlens.api.models import AddressRange, HexAddress, Listing, Page, Result, Scan, ScanReport, Selector
+from binlens.api.models import AddressRange, HexAddress, Listing, Page, Result, Scan, ScanReport, Selector, StopReason
 from binlens.api.pages import scan_bounds
 from binlens.api.registry import READ_ONLY, CallContext, method
 from binlens.errors import BinlensError
@@ -182,7 +182,7 @@ def instruction_list(ws: Any, p: InstructionListParams, ctx: CallContext) -> Lis
     deadline = time.monotonic() + p.scan.timeout_ms / 1000
     dec = decoder(prog)
     out: list[InstructionItem] = []
-    stop = "range_end"
+    stop: StopReason = "range_end"
     nxt: int | None = None
     if p.mode == "linear":
         if p.scan.range is None:

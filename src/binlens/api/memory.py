@@ -26,10 +26,12 @@ from binlens.api.models import (
     Scan,
     ScanReport,
     Selector,
+    StopReason,
 )
 from binlens.api.pages import scan_bounds
 from binlens.api.registry import READ_ONLY, CallContext, method
 from binlens.errors import BinlensError
+from binlens.loader import Image
 
 
 class MemoryBlock(Result):
@@ -204,8 +206,9 @@ def compile_pattern(p: MemorySearchParams) -> regex.Pattern[bytes]:
                     "invalid_argument", f"bad pattern token {tok!r}: use hex bytes and '??'", target="/params/pattern"
                 )
         return regex.compile(b"".join(parts), regex.DOTALL)
+    assert p.regex is not None  # exactly one of the two is given
     try:
-        return regex.compile(p.regex.encode("latin-1"), USER_FLAGS)  # type: ignore[union-attr]
+        return regex.compile(p.regex.encode("latin-1"), USER_FLAGS)
     except (regex.error, UnicodeEncodeError) as err:
         raise BinlensError("invalid_argument", f"bad regex: {err}", target="/params/regex") from None
 
@@ -251,15 +254,15 @@ def memory_search(ws: Any, p: MemorySearchParams, ctx: CallContext) -> Listing[S
     cursor = encode_cursor(prog, qkey, hex(resume)) if resume is not None else None
     report = ScanReport(
         complete=resume is None,
-        stop_reason=stop,  # type: ignore[arg-type]
+        stop_reason=stop,
         scanned_to=hex(resume) if resume is not None else None,
     )
     return Listing[SearchHit](items=hits, next_cursor=cursor, scan=report)
 
 
 def _search(
-    img: Any, find: Find, cur: int, end: int, limit: int, deadline: float, ctx: CallContext
-) -> tuple[list[SearchHit], str, int | None]:
+    img: Image, find: Find, cur: int, end: int, limit: int, deadline: float, ctx: CallContext
+) -> tuple[list[SearchHit], StopReason, int | None]:
     """Hits from `cur` to `end` chunk by chunk: (hits, stop reason, resume address or None)."""
     hits: list[SearchHit] = []
     size = CHUNK

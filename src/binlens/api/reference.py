@@ -14,7 +14,7 @@ from binlens.api.registry import READ_ONLY, CallContext, method
 from binlens.errors import BinlensError
 from binlens.program_analysis import name_for_address
 
-XrefKind = Literal[XREF_KINDS]  # type: ignore[valid-type]
+XrefKind = Literal[XREF_KINDS]  # type: ignore[valid-type]  # the engine's tuple, spelled once; pydantic reads it
 
 
 class ReferenceItem(Result):

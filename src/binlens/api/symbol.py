@@ -55,7 +55,7 @@ def all_symbols(prog: Any) -> list[SymbolItem]:
             kind=s.kind,
             binding=s.binding,
             source=s.source,
-        )  # type: ignore[arg-type]
+        )
         for s in img.symbols
     ]
     items += [

@@ -312,11 +312,11 @@ class AnnotationStore:
         limit: int,
         state: str | None = None,
         newest_first: bool = False,
-        filters: dict[str, str] | None = None,
+        filters: dict[str, str | None] | None = None,
     ) -> list[dict[str, Any]]:
         """Journal entries after `position` (an id; None: from the start) in id order or newest first.
 
-        `filters` match columns exactly (state, client, method, batch).
+        `filters` match columns exactly (state, client, method, batch); a None filter matches all.
         """
         cols = ("id", "time", "client", "method", "summary", "batch", "state", "changes", "undone_time", "undone_by")
         where = ["id < ?" if newest_first else "id > ?"]
