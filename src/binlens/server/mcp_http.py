@@ -532,8 +532,8 @@ class LegacySse:
         if inbound.kind == "notification":
             self.core.handle_notification(inbound, sess.session)
         elif inbound.kind == "request" and sess.session.running(inbound.id):
-            err = RpcError(INVALID_REQUEST, f"id {inbound.id!r} is already used by a running request")
-            self._deliver(sess, error_response(err, inbound.id, sess.session.negotiated))
+            reused = RpcError(INVALID_REQUEST, f"id {inbound.id!r} is already used by a running request")
+            self._deliver(sess, error_response(reused, inbound.id, sess.session.negotiated))
         elif inbound.kind == "request":
             task = asyncio.ensure_future(self._request(sess, inbound))
             sess.session.begin(inbound.id, task)

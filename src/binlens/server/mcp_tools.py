@@ -169,6 +169,7 @@ class ToolSet:
             raise ToolError(f"unknown tool {name!r}; tools/list names them")
         if arguments is None:
             arguments = {}
+        data: Any  # help's object, or whatever the domain method returns
         try:
             if not isinstance(arguments, dict):
                 raise BinlensError("invalid_argument", "arguments must be an object", target="/arguments")
@@ -191,7 +192,8 @@ class ToolSet:
         if tool == self.help_name:
             return None
         specs = {s.operation: s for s in self.domains[self._by_tool[tool]]}
-        spec = specs.get(arguments.get("operation"))  # type: ignore[arg-type]
+        op = arguments.get("operation")
+        spec = specs.get(op) if isinstance(op, str) else None
         if spec is None:
             return None
         return program_identity(self.ws, spec.name, arguments.get("params") or {}, data)
