@@ -173,8 +173,7 @@ class ProgramDatabase:
         """
         with self.write_lock:
             conn = self.connect()
-            nested = conn.in_transaction  # (held apart: a type checker would take the property as fixed below)
-            if nested:
+            if conn.in_transaction:
                 depth = getattr(self._local, "depth", 0) + 1
                 self._local.depth = depth
                 name = f"nested_{depth}"
