@@ -303,12 +303,13 @@ def _load(req: AnalysisRequest) -> Any:
 
 
 def _throttled(send: Callable[[Any], None]) -> Progress:
-    last = [0.0, ""]
+    last_at, last_message = 0.0, ""
 
     def progress(done: float, total: float | None, message: str | None) -> None:
+        nonlocal last_at, last_message
         now = time.monotonic()
-        if now - last[0] >= _PROGRESS_EVERY_S or (message and message != last[1]):
-            last[0], last[1] = now, message or last[1]
+        if now - last_at >= _PROGRESS_EVERY_S or (message and message != last_message):
+            last_at, last_message = now, message or last_message
             send(("progress", done, total, message))
 
     return progress
