@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import operator
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Literal
 
 EF_ARM_BE8 = 0x00800000  # ELF e_flags: a big-endian ARM image whose instructions are little-endian
 # Where every mapped region and every run of code ends at the latest: the last byte of the 64-bit
@@ -83,6 +83,9 @@ def section_kind(perms: str, nobits: bool) -> str:
     return "data" if perms[0] == "r" else "other"
 
 
+SymbolKind = Literal["function", "object", "other"]
+
+
 @dataclass(frozen=True, slots=True)
 class Symbol:
     """A named address from a symbol table (demangled `name`, original `raw_name`)."""
@@ -91,7 +94,7 @@ class Symbol:
     raw_name: str
     address: int
     size: int
-    kind: str  # "function" | "object" | "other"
+    kind: SymbolKind
     binding: str  # "local" | "global" | "weak"
     source: str  # "symtab" | "dynsym" | "export" | "coff" | "macho"
 

@@ -29,6 +29,7 @@ from binlens.loader.image import (
     Section,
     Segment,
     Symbol,
+    SymbolKind,
     perms_text,
     section_kind,
 )
@@ -48,7 +49,7 @@ DT_VERSYM, DT_VERNEED, DT_VERNEEDNUM = 0x6FFFFFF0, 0x6FFFFFFE, 0x6FFFFFFF
 _UNSUPPORTED_TAGS = {0x6000000F, 0x60000010, 0x60000011, 0x60000012}  # Android's packed relocations
 
 SHT_SYMTAB, SHT_NOBITS, SHT_DYNSYM = 2, 8, 11
-SYM_KIND = {2: "function", 10: "function", 1: "object", 6: "object"}
+SYM_KIND: dict[int, SymbolKind] = {2: "function", 10: "function", 1: "object", 6: "object"}
 SYM_BINDING = {0: "local", 2: "weak"}
 
 

@@ -24,6 +24,7 @@ from binlens.loader.image import (
     Section,
     Segment,
     Symbol,
+    SymbolKind,
     perms_text,
     section_kind,
 )
@@ -217,7 +218,9 @@ def _elf_symbols(b: Any) -> list[Symbol]:
             if s.shndx == 0:  # undefined: an import, not a symbol of this image
                 continue
             t = _enum_name(s.type)
-            kind = "function" if t in ("FUNC", "GNU_IFUNC") else "object" if t in ("OBJECT", "TLS") else "other"
+            kind: SymbolKind = (
+                "function" if t in ("FUNC", "GNU_IFUNC") else "object" if t in ("OBJECT", "TLS") else "other"
+            )
             binding = {"LOCAL": "local", "WEAK": "weak"}.get(_enum_name(s.binding), "global")
             key = (s.name, s.value)
             if key in out:
@@ -326,7 +329,7 @@ def _parse_pe(data: bytes, sha: str, file_name: str) -> Image:
         name = _text(sym.name)
         if not name or sym.section_idx <= 0 or sym.section_idx > len(sections) or sym.is_file_record:
             continue
-        kind = "function" if sym.is_function else "other"
+        kind: SymbolKind = "function" if sym.is_function else "other"
         binding = "global" if sym.is_external else "local"
         addr = (sections[sym.section_idx - 1].va + sym.value) % top
         symbols.append(Symbol(demangle(name), name, addr, 0, kind, binding, "coff"))
@@ -440,7 +443,7 @@ def _parse_macho(data: bytes, sha: str, file_name: str, slice_name: str | None) 
             continue
         name = raw[1:] if raw.startswith("_") else raw
         binding = "global" if t & 0x01 else "local"
-        kind = "function" if sym.value in starts else "other"
+        kind: SymbolKind = "function" if sym.value in starts else "other"
         symbols.append(Symbol(demangle(name), raw, sym.value, 0, kind, binding, "macho"))
         if sym.description & N_ARM_THUMB_DEF and arch == "arm":
             thumb.add(sym.value)
