@@ -221,6 +221,7 @@ class Workspace:
         self._lock = threading.RLock()
         self._slots = threading.BoundedSemaphore(self.config.limits.max_concurrent)
         self.version = __version__
+        self.extensions: dict[str, Any] = {}  # workspace-wide state owned by other layers (the server's slots)
 
     @property
     def read_only(self) -> bool:
