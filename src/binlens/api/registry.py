@@ -22,6 +22,8 @@ from binlens.errors import BinlensError, pointer
 if TYPE_CHECKING:
     from _collections_abc import dict_items, dict_keys, dict_values
 
+    from binlens.workspace import Workspace
+
 log = logging.getLogger("binlens")
 
 READ_ONLY = "read-only"
@@ -294,7 +296,7 @@ def lookup(name: Any) -> MethodSpec:
 
 
 def invoke(
-    ws: Any,
+    ws: Workspace,
     name: str,
     params: Any,
     ctx: CallContext | None = None,
@@ -403,7 +405,7 @@ def json_size_at_least(value: Any, budget: int) -> int:
     return total
 
 
-def program_identity(ws: Any, name: str, params: Any, result: Any = None) -> dict[str, Any] | None:
+def program_identity(ws: Workspace, name: str, params: Any, result: Any = None) -> dict[str, Any] | None:
     """The identity of the program a call concerned (SPEC: carried by every such response), or None.
 
     A method concerns a program when its params take `program` (named, or the only open one), or
@@ -424,7 +426,7 @@ def program_identity(ws: Any, name: str, params: Any, result: Any = None) -> dic
     return None
 
 
-def _run(spec: MethodSpec, ws: Any, parsed: BaseModel, ctx: CallContext) -> Any:
+def _run(spec: MethodSpec, ws: Workspace, parsed: BaseModel, ctx: CallContext) -> Any:
     if spec.func.__code__.co_argcount >= 3:
         return spec.func(ws, parsed, ctx)
     return spec.func(ws, parsed)

@@ -38,6 +38,7 @@ from binlens.server.mcp_protocol import (
     modern_meta,
 )
 from binlens.server.wire import FrameError, decode, dump_bytes, valid_id
+from binlens.workspace import Workspace
 
 log = logging.getLogger("binlens.mcp")
 
@@ -559,7 +560,7 @@ class LegacySse:
         self._deliver(sess, response)
 
 
-def mcp_routes(ws: Any, opts: Any) -> list[Route]:
+def mcp_routes(ws: Workspace, opts: Any) -> list[Route]:
     """The MCP routes of `binlens serve`: /mcp, /sse and /messages over one McpCore."""
     core = McpCore(
         ws,

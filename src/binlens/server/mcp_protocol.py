@@ -41,6 +41,7 @@ from binlens.errors import BinlensError
 from binlens.server.mcp_tools import ResourceNotFound, ToolError, ToolSet
 from binlens.server.slots import shared_slots
 from binlens.server.wire import valid_id
+from binlens.workspace import Workspace
 
 log = logging.getLogger("binlens.mcp")
 
@@ -221,7 +222,7 @@ class McpCore:
     """One server's MCP behaviour: shared by every transport and connection."""
 
     def __init__(
-        self, ws: Any, prefix: str = "binlens", *, max_concurrent: int | None = None, separator: str = "."
+        self, ws: Workspace, prefix: str = "binlens", *, max_concurrent: int | None = None, separator: str = "."
     ) -> None:
         self.ws = ws
         self.tools = ToolSet(ws, prefix, separator)

@@ -42,6 +42,7 @@ from binlens.server.auth import refuse
 from binlens.server.options import ServerOptions
 from binlens.server.slots import shared_slots
 from binlens.server.wire import FrameError, decode, dumps, valid_id
+from binlens.workspace import Workspace
 
 log = logging.getLogger("binlens.ws")
 
@@ -69,7 +70,7 @@ def rpc_error(msg_id: Any, code: int, message: str, data: Any = None) -> dict[st
 class WsHub:
     """The connected /ws clients of one server: slots, notifications, shutdown."""
 
-    def __init__(self, ws: Any, opts: ServerOptions) -> None:
+    def __init__(self, ws: Workspace, opts: ServerOptions) -> None:
         self.ws = ws
         self.opts = opts
         self.max_clients = max(1, opts.ws_clients)
