@@ -23,9 +23,12 @@ import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from binlens.errors import BinlensError
+
+if TYPE_CHECKING:
+    from binlens.api.registry import CallContext
 
 CHILD = Path(__file__).with_name("_regex_child.py")
 POLL_S = 0.05  # how often a waiting call looks at its cancellation
@@ -74,7 +77,7 @@ class RegexProcess:
         except OSError:
             raise BinlensError("internal", "the regex process stopped unexpectedly") from None
 
-    def receive(self, ctx: Any, deadline: float) -> Any:
+    def receive(self, ctx: CallContext | None, deadline: float) -> Any:
         """The next answer; None past `deadline` (the child is killed), `cancelled` when the call is."""
         fd = self.stdout.fileno()
         while True:
@@ -128,7 +131,7 @@ class SharedBytes:
 class UserRegex:
     """A compiled client pattern bound to a child process for the length of one call."""
 
-    def __init__(self, pattern: str | bytes, flags: int, ctx: Any, child: RegexProcess) -> None:
+    def __init__(self, pattern: str | bytes, flags: int, ctx: CallContext | None, child: RegexProcess) -> None:
         self.pattern = pattern
         self.flags = flags
         self.ctx = ctx
@@ -165,7 +168,7 @@ def _checked(answer: Any) -> Any:
     return answer
 
 
-def _checkout(ctx: Any) -> RegexProcess:
+def _checkout(ctx: CallContext | None) -> RegexProcess:
     while True:
         with _lock:
             idle = _idle.pop() if _idle else None
@@ -197,7 +200,7 @@ def _checkin(child: RegexProcess | None) -> None:
 
 
 @contextlib.contextmanager
-def user_regex(pattern: str | bytes, flags: int, ctx: Any) -> Iterator[UserRegex]:
+def user_regex(pattern: str | bytes, flags: int, ctx: CallContext | None) -> Iterator[UserRegex]:
     """A child process ready to run `pattern` (already compiled once here, so it is valid)."""
     rx = UserRegex(pattern, flags, ctx, _checkout(ctx))
     try:

@@ -37,6 +37,7 @@ from binlens.server.mcp_protocol import (
     internal_error,
     modern_meta,
 )
+from binlens.server.options import ServerOptions
 from binlens.server.wire import FrameError, decode, dump_bytes, valid_id
 from binlens.workspace import Workspace
 
@@ -560,7 +561,7 @@ class LegacySse:
         self._deliver(sess, response)
 
 
-def mcp_routes(ws: Workspace, opts: Any) -> list[Route]:
+def mcp_routes(ws: Workspace, opts: ServerOptions) -> list[Route]:
     """The MCP routes of `binlens serve`: /mcp, /sse and /messages over one McpCore."""
     core = McpCore(
         ws,
