@@ -69,7 +69,7 @@ class NameMap(dict[int, str]):
         self._unindex(va)
         super().__delitem__(va)
 
-    def pop(self, va: int, *default: Any) -> Any:  # type: ignore[override]
+    def pop(self, va: int, *default: Any) -> Any:
         """Remove `va`'s name and return it (or the default)."""
         if va in self:
             self._unindex(va)
@@ -80,12 +80,12 @@ class NameMap(dict[int, str]):
         super().clear()
         self._rev.clear()
 
-    def update(self, other: Any = (), **kw: str) -> None:  # type: ignore[override]
+    def update(self, other: Any = (), **kw: str) -> None:
         """Set many names (through `__setitem__`, so the index follows)."""
         for va, name in dict(other, **kw).items():
             self[va] = name
 
-    def setdefault(self, va: int, name: str) -> str:  # type: ignore[override]
+    def setdefault(self, va: int, name: str) -> str:
         """`va`'s name, giving it `name` first when it has none."""
         if va not in self:
             self[va] = name
@@ -221,6 +221,7 @@ class Workspace:
         self._lock = threading.RLock()
         self._slots = threading.BoundedSemaphore(self.config.limits.max_concurrent)
         self.version = __version__
+        self.extensions: dict[str, Any] = {}  # workspace-wide state owned by other layers (the server's slots)
 
     @property
     def read_only(self) -> bool:

@@ -12,12 +12,17 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from binlens import components
 from binlens.errors import BinlensError, pointer
+
+if TYPE_CHECKING:
+    from _collections_abc import dict_items, dict_keys, dict_values
+
+    from binlens.workspace import Workspace
 
 log = logging.getLogger("binlens")
 
@@ -175,7 +180,7 @@ class Registry(dict[str, MethodSpec]):
         self._find(name)
         return dict.__getitem__(self, name)
 
-    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, name: str, default: Any = None) -> Any:
         return dict.__getitem__(self, name) if self._find(name) else default
 
     def __iter__(self) -> typing.Iterator[str]:
@@ -186,15 +191,15 @@ class Registry(dict[str, MethodSpec]):
         self.load_all()
         return dict.__len__(self)
 
-    def keys(self) -> typing.KeysView[str]:  # type: ignore[override]
+    def keys(self) -> dict_keys[str, MethodSpec]:
         self.load_all()
         return dict.keys(self)
 
-    def values(self) -> typing.ValuesView[MethodSpec]:  # type: ignore[override]
+    def values(self) -> dict_values[str, MethodSpec]:
         self.load_all()
         return dict.values(self)
 
-    def items(self) -> typing.ItemsView[str, MethodSpec]:  # type: ignore[override]
+    def items(self) -> dict_items[str, MethodSpec]:
         self.load_all()
         return dict.items(self)
 
@@ -269,7 +274,7 @@ def _server_built(err: ValidationError) -> bool:
     """Did `err` come from a result model (named by `err.title`), which the server fills itself?"""
     from binlens.api.models import Params, Result
 
-    def names(cls: type) -> set[str]:
+    def names(cls: type[BaseModel]) -> set[str]:
         out: set[str] = set()
         for sub in cls.__subclasses__():
             out.add(sub.__name__)
@@ -291,7 +296,7 @@ def lookup(name: Any) -> MethodSpec:
 
 
 def invoke(
-    ws: Any,
+    ws: Workspace,
     name: str,
     params: Any,
     ctx: CallContext | None = None,
@@ -400,7 +405,7 @@ def json_size_at_least(value: Any, budget: int) -> int:
     return total
 
 
-def program_identity(ws: Any, name: str, params: Any, result: Any = None) -> dict[str, Any] | None:
+def program_identity(ws: Workspace, name: str, params: Any, result: Any = None) -> dict[str, Any] | None:
     """The identity of the program a call concerned (SPEC: carried by every such response), or None.
 
     A method concerns a program when its params take `program` (named, or the only open one), or
@@ -421,7 +426,7 @@ def program_identity(ws: Any, name: str, params: Any, result: Any = None) -> dic
     return None
 
 
-def _run(spec: MethodSpec, ws: Any, parsed: BaseModel, ctx: CallContext) -> Any:
+def _run(spec: MethodSpec, ws: Workspace, parsed: BaseModel, ctx: CallContext) -> Any:
     if spec.func.__code__.co_argcount >= 3:
         return spec.func(ws, parsed, ctx)
     return spec.func(ws, parsed)

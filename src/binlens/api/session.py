@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from binlens.api.common import ProgramIdentity
 from binlens.api.models import Params, Result
 from binlens.api.registry import READ_ONLY, method
+from binlens.workspace import Workspace
 
 
 class SessionGetParams(Params):
@@ -31,7 +30,7 @@ class SessionInfo(Result):
 
 
 @method("session.get", effect=READ_ONLY)
-def session_get(ws: Any, p: SessionGetParams) -> SessionInfo:
+def session_get(ws: Workspace, p: SessionGetParams) -> SessionInfo:
     """Server name and version, open programs, roots and limits."""
     lim = ws.limits
     return SessionInfo(
