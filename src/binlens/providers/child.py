@@ -14,29 +14,12 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Protocol
+from typing import Any
 
 from binlens.providers import frames
+from binlens.providers.base import Handler, ProviderFailure
 
 EXIT_OUT_OF_MEMORY = 3
-
-
-class ProviderFailure(Exception):
-    """A request the handler cannot answer: becomes a BinlensError of `code` in the server."""
-
-    def __init__(self, code: str, message: str, **details: Any) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.details = details
-
-
-class Handler(Protocol):
-    """The child side of a provider: answers the session's requests."""
-
-    def handle(self, op: str, args: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
-        """Answer one request `op` (the session's first is `open`) with a JSON result and a blob."""
-        ...
 
 
 def _limit_memory(limit: int) -> None:

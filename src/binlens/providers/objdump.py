@@ -17,8 +17,7 @@ import tempfile
 import threading
 from typing import TYPE_CHECKING, Any
 
-from binlens.providers.base import Availability, Cancellable, DisassembledInstruction
-from binlens.providers.child import ProviderFailure
+from binlens.providers.base import Availability, Cancellable, DisassembledInstruction, ProviderFailure
 from binlens.providers.process import ProcessSession
 
 if TYPE_CHECKING:
