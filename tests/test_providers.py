@@ -394,3 +394,23 @@ def test_over_websocket_unavailable_then_a_hung_provider_times_out(tmp_path: Pat
         listed = ws_call(srv.ws_url, "provider.list", {})["result"]["items"]
         assert listed[0]["available"] is True and listed[0]["version"] == "2.99"
         assert srv.proc.poll() is None
+
+
+def test_session_get_reports_each_methods_availability(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """session.get says, for every method, whether it can run and why not (SPEC §6): a missing
+    provider and read-only mode, with their remedies."""
+    monkeypatch.setenv("BINLENS_OBJDUMP", "/nonexistent/objdump")
+    ws = Workspace(Config(home=home, read_only=True))
+    methods = invoke(ws, "session.get", {})["methods"]
+    assert set(methods) == set(REGISTRY)
+    assert methods["function.list"] == {"available": True, "reason": None, "remediation": None}
+    assert methods["disassembly.get"] == {
+        "available": False,
+        "reason": "/nonexistent/objdump does not exist",
+        "remediation": "apt-get install binutils (or set $BINLENS_OBJDUMP to an objdump executable)",
+    }
+    assert methods["comment.create"] == {
+        "available": False,
+        "reason": "the server is read-only",
+        "remediation": "start the server without --read-only",
+    }
