@@ -414,3 +414,21 @@ def test_session_get_reports_each_methods_availability(home: Path, monkeypatch: 
         "reason": "the server is read-only",
         "remediation": "start the server without --read-only",
     }
+
+
+def test_closing_a_session_during_a_call_ends_it_at_once(session: ProcessSession, tmp_path: Path) -> None:
+    """Closing a session (its program closed) while a call hangs kills the child: the call answers
+    `unavailable` (closed) long before its own timeout."""
+    pid = session.call("echo", {}, timeout=60)[0]["pid"]
+    errors: list[BinlensError] = []
+
+    def hang() -> None:
+        errors.append(fails("unavailable", session.call, "hang", {"pidfile": str(tmp_path / "p")}, timeout=3600))
+
+    t = threading.Thread(target=hang)
+    t.start()
+    time.sleep(0.5)
+    session.close()
+    t.join(HANG_BOUND_S)
+    assert not t.is_alive() and errors[0].details["reason"] == "closed"
+    assert wait_gone(pid)

@@ -48,7 +48,7 @@ def method_availability(ws: Any) -> dict[str, MethodAvailability]:
     for name, spec in sorted(REGISTRY.items()):
         unmet = first_missing(ws, spec.requires)
         if unmet is None:
-            out[name] = MethodAvailability(available=True)
+            out[name] = MethodAvailability(available=True, reason=None, remediation=None)
         else:
             out[name] = MethodAvailability(available=False, reason=unmet[1].reason, remediation=unmet[1].remediation)
     return out

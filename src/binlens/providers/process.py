@@ -122,9 +122,16 @@ class ProcessSession:
         return proc.pid if proc is not None and proc.returncode is None else None
 
     def close(self) -> None:
-        """Ask the child to exit, kill it if it does not within a moment, and refuse later calls."""
-        with self._lock:
-            self._closed = True
+        """Refuse later calls and end the child: asked to exit (killed if it does not within a
+        moment), or killed at once when a call is running (that call then answers `unavailable`)."""
+        self._closed = True
+        if not self._lock.acquire(blocking=False):
+            proc = self._proc
+            if proc is not None and proc.returncode is None:  # (the running call reaps it)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            return
+        try:
             proc = self._proc
             if proc is None or proc.poll() is not None:
                 self._reap()
@@ -134,6 +141,8 @@ class ProcessSession:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(CLOSE_WAIT_S)
             self._reap()
+        finally:
+            self._lock.release()
 
     def kill(self) -> None:
         """Kill the child's whole process group now (whatever it is doing) and reap it."""
@@ -232,6 +241,13 @@ class ProcessSession:
             self.kill()
             raise BinlensError("cancelled", "the request was cancelled") from None
         except (_Gone, frames.FrameError) as err:
+            if self._closed:
+                self.kill()
+                raise BinlensError(
+                    "unavailable",
+                    f"the {self.provider} session was closed during the call",
+                    details={"provider": self.provider, "reason": "closed"},
+                ) from None
             raise self._died(str(err)) from None
         if message.get("ok") is True:
             result = message.get("result")
