@@ -7,10 +7,12 @@ side, imported by the child from this file."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from binlens import components
 from binlens.api import REGISTRY, invoke
 from binlens.api.models import Params
 from binlens.api.registry import READ_ONLY, method
@@ -26,7 +29,7 @@ from binlens.errors import BinlensError
 from binlens.providers.base import ProviderFailure
 from binlens.providers.process import ProcessSession
 from binlens.workspace import Config, Workspace
-from conftest import ROOT
+from conftest import ROOT, corpus_dir
 from serve_support import ServerProcess, env_for, ws_call
 
 pytestmark = pytest.mark.timeout(180)
@@ -356,6 +359,46 @@ def test_program_close_ends_its_provider_sessions(ws: Workspace, sample: Path) -
     assert wait_gone(pid)
 
 
+def test_objdump_failures_are_error_results(ws: Workspace, sample: Path, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """An objdump that crashes is `internal` with the reason; the session serves the next call."""
+    fake = tmp_path / "objdump"
+    fake.write_text('#!/bin/sh\nif [ "$1" = --version ]; then echo "GNU objdump 2.40"; exit 0; fi\nkill -SEGV $$\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("BINLENS_OBJDUMP", str(fake))
+    ws.open(sample, check_roots=False)
+    err = fails("internal", invoke, ws, "disassembly.get", {"selector": {"name": "main"}})
+    assert err.details == {"reason": "objdump_crashed", "provider": "objdump"}
+    assert invoke(ws, "provider.list", {})["items"][0]["available"] is True
+
+
+def test_objdump_refuses_an_architecture_it_does_not_know(home: Path) -> None:
+    """A program objdump cannot disassemble (host binutils, an ARM file) is `unsupported` with the remedy."""
+    needs_objdump()
+    path = corpus_dir("elf") / "bashbot.arm.gcc.O0.elf"
+    ws = Workspace(Config(home=home))
+    prog = ws.open(path, check_roots=False)
+    entry = prog.image.identity.entry
+    done = subprocess.run(["objdump", "-f", str(path)], capture_output=True, text=True)
+    if "UNKNOWN" not in done.stdout and "arm" in done.stdout:
+        pytest.skip("this objdump knows ARM (binutils-multiarch)")
+    err = fails("unsupported", invoke, ws, "disassembly.get", {"range": {"start": hex(entry), "end": hex(entry + 64)}})
+    assert err.details["remediation"].startswith("apt-get install binutils-multiarch")
+    assert "<program>" in err.message or "architecture" in err.message
+
+
+def test_every_listed_provider_has_the_protocol() -> None:
+    """`components.PROVIDERS` entries load to providers with unique ids and a kind, and answer availability."""
+    from binlens.providers.registry import providers
+
+    loaded = [components.load(ref) for ref in components.PROVIDERS]
+    assert [p.id for p in loaded] == list(providers())
+    for provider in loaded:
+        assert provider.kind in ("disassembler", "decompiler", "debugger")
+        got = provider.availability()
+        assert got.available or (got.reason and got.remediation)
+        assert callable(provider.open_session)
+
+
 # --- over a real transport -----------------------------------------------------------------------
 
 FAKE_OBJDUMP = """#!/bin/sh
@@ -432,3 +475,19 @@ def test_closing_a_session_during_a_call_ends_it_at_once(session: ProcessSession
     t.join(HANG_BOUND_S)
     assert not t.is_alive() and errors[0].details["reason"] == "closed"
     assert wait_gone(pid)
+
+
+def test_one_shot_query_answers_unavailable(tmp_path: Path, sample: Path) -> None:
+    """`binlens query` (a real process): a missing provider is the error object, exit status 1."""
+    env = env_for(tmp_path / "home", BINLENS_OBJDUMP=str(tmp_path / "none"))
+    request = '{"method": "disassembly.get", "params": {"selector": {"name": "main"}}}'
+    done = subprocess.run(
+        [sys.executable, "-m", "binlens", "query", "-b", str(sample), request],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    error = json.loads(done.stdout)["error"]
+    assert error["code"] == "unavailable" and error["details"]["reason"] == f"{tmp_path / 'none'} does not exist"

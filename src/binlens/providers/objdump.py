@@ -182,16 +182,21 @@ class ObjdumpHandler:
                 reason="objdump did not run",
                 remediation=REMEDIATION,
             ) from None
-        err_text = done.stderr.decode(errors="replace")
-        if done.returncode != 0 or "file format not recognized" in err_text or "can't disassemble" in err_text:
-            first = (err_text.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-            first = first.replace(target, "<program>")
+        err_text = done.stderr.decode(errors="replace").replace(target, "<program>")
+        last = (err_text.strip().splitlines() or [f"exit status {done.returncode}"])[-1][:300]
+        if "file format not recognized" in err_text or "can't disassemble" in err_text:
             raise ProviderFailure(
                 "unsupported",
-                f"objdump cannot disassemble this program: {first[:300]}",
-                reason=first[:300],
+                f"objdump cannot disassemble this program: {last}",
+                reason=last,
                 remediation=MULTIARCH,
             )
+        if done.returncode < 0:
+            raise ProviderFailure(
+                "internal", f"objdump was killed by signal {-done.returncode}", reason="objdump_crashed"
+            )
+        if done.returncode != 0:
+            raise ProviderFailure("internal", f"objdump failed: {last}", reason="objdump_failed")
         return _parse(done.stdout[:MAX_OUTPUT].decode(errors="replace"), start, end)
 
 
