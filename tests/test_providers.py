@@ -63,6 +63,8 @@ class EdgeHandler:
         if op == "eat":
             hog = bytearray(args["bytes"])
             return {"ate": len(hog)}, b""
+        if op == "big":
+            return {}, b"b" * args["bytes"]
         if op == "refuse":
             raise ProviderFailure("unsupported", "not this one", reason="testing")
         if op == "raise":
@@ -161,6 +163,21 @@ def test_a_memory_blow_up_is_an_error_result(session: ProcessSession) -> None:
     assert err.details["reason"] == "memory_limit" and err.details["memory_limit_bytes"] == 512 << 20
     assert "ran out of memory" in err.message
     alive_again(session)
+
+
+def test_an_answer_over_the_limit_is_refused_unread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A frame whose header claims more than `max_answer_bytes` is `internal` (bad_answer) before
+    it is read: a subverted child cannot make the server hold what it likes."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "tests") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    s = ProcessSession("edge", HANDLER, max_answer_bytes=1 << 20, start_timeout=60)
+    try:
+        assert len(s.call("big", {"bytes": 1000}, timeout=60)[1]) == 1000
+        err = fails("internal", s.call, "big", {"bytes": 2 << 20}, timeout=60)
+        assert err.details["reason"] == "bad_answer" and err.details["max_answer_bytes"] == 1 << 20
+        assert len(s.call("big", {"bytes": 1000}, timeout=60)[1]) == 1000
+        assert s.starts == 2
+    finally:
+        s.close()
 
 
 def test_cancellation_kills_the_request(session: ProcessSession, tmp_path: Path) -> None:

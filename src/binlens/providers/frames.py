@@ -13,7 +13,9 @@ import struct
 from typing import Any
 
 HEADER = struct.Struct(">IQ")  # JSON length, blob length
-MAX_JSON = 256 * 1024 * 1024  # a frame whose header claims more is refused before it is read
+# what a frame may claim before it is refused unread: the child takes a whole image's bytes; the
+# server takes at most `ProcessSession.max_answer_bytes` of an answer
+MAX_JSON = 256 << 20
 MAX_BLOB = 1 << 40
 
 
@@ -27,11 +29,12 @@ def encode(message: dict[str, Any], blob: bytes = b"") -> list[bytes | memoryvie
     return [HEADER.pack(len(body), len(blob)), body, memoryview(blob)]
 
 
-def decode_header(head: bytes) -> tuple[int, int]:
-    """The (JSON length, blob length) of a frame header; FrameError when they are out of bounds."""
+def decode_header(head: bytes, limit: int = MAX_BLOB) -> tuple[int, int]:
+    """The (JSON length, blob length) of a frame header; FrameError when they are out of bounds
+    (the JSON part over `MAX_JSON`, the whole over `limit`)."""
     size, blob = HEADER.unpack(head)
-    if size > MAX_JSON or blob > MAX_BLOB:
-        raise FrameError(f"frame header claims {size} + {blob} bytes")
+    if size > MAX_JSON or size + blob > limit:
+        raise FrameError(f"frame header claims {size} + {blob} bytes, over the {limit}-byte limit")
     return size, blob
 
 

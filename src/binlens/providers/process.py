@@ -34,6 +34,7 @@ POLL_S = 0.05  # how often a waiting call looks at its cancellation
 CHUNK = 1 << 20
 DEFAULT_MEMORY_LIMIT = 2 << 30
 DEFAULT_START_TIMEOUT = 30.0
+DEFAULT_MAX_ANSWER = 256 << 20  # bytes of one answer frame the server reads; a bigger one is refused unread
 CLOSE_WAIT_S = 2.0
 MAX_MESSAGE = 2000  # characters of a child's error message passed on
 
@@ -70,6 +71,7 @@ class ProcessSession:
         open_blob: bytes = b"",
         memory_limit: int = DEFAULT_MEMORY_LIMIT,
         start_timeout: float = DEFAULT_START_TIMEOUT,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER,
     ) -> None:
         self.provider = provider
         self.handler = handler
@@ -77,6 +79,7 @@ class ProcessSession:
         self.open_blob = open_blob
         self.memory_limit = memory_limit
         self.start_timeout = start_timeout
+        self.max_answer_bytes = max_answer_bytes
         self.starts = 0  # processes started so far (a crash or a timeout makes the next call start one)
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
@@ -240,7 +243,16 @@ class ProcessSession:
         except _Cancelled:
             self.kill()
             raise BinlensError("cancelled", "the request was cancelled") from None
-        except (_Gone, frames.FrameError) as err:
+        except frames.FrameError as err:
+            self.kill()
+            log.error("provider %s: %s", self.provider, err)
+            raise BinlensError(
+                "internal",
+                f"the {self.provider} provider sent an answer that is not a frame or is too large; "
+                "its process was stopped",
+                details={"provider": self.provider, "reason": "bad_answer", "max_answer_bytes": self.max_answer_bytes},
+            ) from None
+        except _Gone as err:
             if self._closed:
                 self.kill()
                 raise BinlensError(
@@ -272,12 +284,10 @@ class ProcessSession:
         return BinlensError(code, message, details=details)
 
     def _died(self, why: str) -> BinlensError:
-        """The error of a child that went away (or spoke garbage): reaped, its fate reported."""
+        """The error of a child that went away: reaped, its fate reported."""
         proc = self._proc
         status: int | None = None
         if proc is not None:
-            if not why.startswith("peer closed"):
-                self.kill()
             try:
                 status = proc.wait(5)
             except subprocess.TimeoutExpired:
@@ -344,7 +354,7 @@ class ProcessSession:
         if proc is None or proc.stdout is None:
             raise _Gone("no process")
         fd = proc.stdout.fileno()
-        size, blob = frames.decode_header(self._read(fd, frames.HEADER.size, deadline, ctx))
+        size, blob = frames.decode_header(self._read(fd, frames.HEADER.size, deadline, ctx), self.max_answer_bytes)
         message = frames.decode_body(self._read(fd, size, deadline, ctx))
         return message, self._read(fd, blob, deadline, ctx)
 
