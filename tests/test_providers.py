@@ -508,3 +508,15 @@ def test_one_shot_query_answers_unavailable(tmp_path: Path, sample: Path) -> Non
     assert done.returncode == 1, done.stderr
     error = json.loads(done.stdout)["error"]
     assert error["code"] == "unavailable" and error["details"]["reason"] == f"{tmp_path / 'none'} does not exist"
+
+
+def test_a_dropped_session_takes_its_process_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session garbage-collected without `close` kills its child (as the server's exit does)."""
+    import gc
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "tests") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    s = ProcessSession("edge", HANDLER, start_timeout=60)
+    pid = s.call("echo", {}, timeout=60)[0]["pid"]
+    del s
+    gc.collect()
+    assert wait_gone(pid)

@@ -11,7 +11,6 @@ the failed call's failure is its result, never retried behind the client's back.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
@@ -37,9 +36,6 @@ DEFAULT_START_TIMEOUT = 30.0
 DEFAULT_MAX_ANSWER = 256 << 20  # bytes of one answer frame the server reads; a bigger one is refused unread
 CLOSE_WAIT_S = 2.0
 MAX_MESSAGE = 2000  # characters of a child's error message passed on
-
-_live: weakref.WeakSet[ProcessSession] = weakref.WeakSet()
-_live_lock = threading.Lock()
 
 
 class _Deadline(Exception):
@@ -84,9 +80,8 @@ class ProcessSession:
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
         self._closed = False
-        self._killed = False
-        with _live_lock:
-            _live.add(self)
+        # kills the running child when the session is dropped unclosed, or when the server exits
+        self._finalizer: weakref.finalize[Any, Any] | None = None
 
     # --- the calls ------------------------------------------------------------------------
     def call(
@@ -151,7 +146,6 @@ class ProcessSession:
         """Kill the child's whole process group now (whatever it is doing) and reap it."""
         proc = self._proc
         if proc is not None and proc.returncode is None:  # (once reaped, its group id may be reused)
-            self._killed = True
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -174,22 +168,17 @@ class ProcessSession:
         for pipe in (proc.stdin, proc.stdout):
             assert pipe is not None
             os.set_blocking(pipe.fileno(), False)
-        self._killed = False
+        self._finalizer = weakref.finalize(self, _kill_group, proc)
         self.starts += 1
         return proc
 
     def _reap(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for pipe in (proc.stdin, proc.stdout):
-            if pipe is not None:
-                with contextlib.suppress(OSError):
-                    pipe.close()
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        if proc is not None:
+            _kill_group(proc)
 
     def _ensure_started(self, ctx: Cancellable | None) -> None:
         if self._proc is not None and self._proc.poll() is None:
@@ -359,10 +348,13 @@ class ProcessSession:
         return message, self._read(fd, blob, deadline, ctx)
 
 
-@atexit.register
-def _kill_all() -> None:
-    """No provider process outlives the server."""
-    with _live_lock:
-        sessions = list(_live)
-    for session in sessions:
-        session.kill()
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Kill a child's process group (unless it is reaped: its group id may be reused) and close its pipes."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
