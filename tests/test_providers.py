@@ -44,7 +44,7 @@ class EdgeHandler:
     def __init__(self) -> None:
         self.opened = -1
 
-    def handle(self, op: str, args: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
+    def handle(self, op: str, args: dict[str, Any], blob: bytes, progress: Any) -> tuple[dict[str, Any], bytes]:
         """Answer (or crash, hang, blow up) as `op` says."""
         if op == "open":
             self.opened = len(blob)
@@ -63,6 +63,11 @@ class EdgeHandler:
         if op == "eat":
             hog = bytearray(args["bytes"])
             return {"ate": len(hog)}, b""
+        if op == "count":
+            for i in range(1, args["to"] + 1):
+                progress(i, args["to"], f"step {i}")
+                time.sleep(args.get("pause", 0))
+            return {"counted": args["to"]}, b""
         if op == "big":
             return {}, b"b" * args["bytes"]
         if op == "refuse":
@@ -178,6 +183,24 @@ def test_an_answer_over_the_limit_is_refused_unread(monkeypatch: pytest.MonkeyPa
         assert s.starts == 2
     finally:
         s.close()
+
+
+def test_progress_reports_reach_the_call_context(session: ProcessSession) -> None:
+    """A handler's progress reports reach the API's CallContext (and so the client's progress
+    notifications) ahead of the answer; cancelling while it reports kills the child."""
+    from binlens.api.registry import CallContext
+
+    seen: list[tuple[float, float | None, str | None]] = []
+    ctx = CallContext(progress=lambda done, total, message: seen.append((done, total, message)))
+    assert session.call("count", {"to": 3, "pause": 0.15}, timeout=60, ctx=ctx)[0] == {"counted": 3}
+    assert seen[-1] == (3.0, 3.0, "step 3") and len(seen) >= 2
+    pid = session.pid
+    assert pid is not None
+    ctx = CallContext(progress=lambda *a: None)
+    threading.Timer(0.5, ctx.cancel).start()
+    fails("cancelled", session.call, "count", {"to": 1000, "pause": 0.05}, timeout=120, ctx=ctx)
+    assert wait_gone(pid)
+    alive_again(session)
 
 
 def test_cancellation_kills_the_request(session: ProcessSession, tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -24,7 +25,8 @@ class Availability:
 
 
 class Cancellable(Protocol):
-    """What a session needs of a call's context: whether the client gave up."""
+    """What a session needs of a call's context: whether the client gave up. A context that also
+    has `progress(done, total, message)` (the API's `CallContext`) gets the child's reports."""
 
     @property
     def cancelled(self) -> bool:
@@ -95,9 +97,14 @@ class ProviderFailure(Exception):
         self.details = details
 
 
+# progress(done, total, message): a handler's report on the request it runs, relayed to the client
+Progress = Callable[[float, "float | None", "str | None"], None]
+
+
 class Handler(Protocol):
     """The child side of a provider: answers the session's requests."""
 
-    def handle(self, op: str, args: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
-        """Answer one request `op` (the session's first is `open`) with a JSON result and a blob."""
+    def handle(self, op: str, args: dict[str, Any], blob: bytes, progress: Progress) -> tuple[dict[str, Any], bytes]:
+        """Answer one request `op` (the session's first is `open`) with a JSON result and a blob,
+        reporting progress on long work."""
         ...

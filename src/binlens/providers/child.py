@@ -17,7 +17,7 @@ import traceback
 from typing import Any
 
 from binlens.providers import frames
-from binlens.providers.base import Handler, ProviderFailure
+from binlens.providers.base import Handler, Progress, ProviderFailure
 
 EXIT_OUT_OF_MEMORY = 3
 
@@ -47,6 +47,15 @@ def _load(ref: str) -> Any:
     return getattr(sys.modules[module], attr)
 
 
+def _reporter(out: Any) -> Progress:
+    """A progress callback that writes a progress frame ahead of the request's answer."""
+
+    def progress(done: float, total: float | None = None, message: str | None = None) -> None:
+        frames.write(out, {"progress": {"done": done, "total": total, "message": message}})
+
+    return progress
+
+
 def _answer(handler: Handler, message: dict[str, Any], blob: bytes, out: Any) -> None:
     """Run one request and write its answer frame (exits the process when memory ran out)."""
     op = message.get("op")
@@ -54,7 +63,7 @@ def _answer(handler: Handler, message: dict[str, Any], blob: bytes, out: Any) ->
     try:
         if not isinstance(op, str) or not isinstance(args, dict):
             raise ProviderFailure("internal", "malformed request frame")
-        result, result_blob = handler.handle(op, args, blob)
+        result, result_blob = handler.handle(op, args, blob, _reporter(out))
     except ProviderFailure as failure:
         frames.write(
             out, {"ok": False, "error": {"code": failure.code, "message": failure.message, "details": failure.details}}

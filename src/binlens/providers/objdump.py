@@ -17,7 +17,7 @@ import tempfile
 import threading
 from typing import TYPE_CHECKING, Any
 
-from binlens.providers.base import Availability, Cancellable, DisassembledInstruction, ProviderFailure
+from binlens.providers.base import Availability, Cancellable, DisassembledInstruction, Progress, ProviderFailure
 from binlens.providers.process import ProcessSession
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ class ObjdumpHandler:
         self.fd: int | None = None
         self.path: str | None = None
 
-    def handle(self, op: str, args: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
+    def handle(self, op: str, args: dict[str, Any], blob: bytes, progress: Progress) -> tuple[dict[str, Any], bytes]:
         """`open` (the program's bytes) or `disassemble` (an address range)."""
         if op == "open":
             self._hold(blob)

@@ -221,6 +221,9 @@ class ProcessSession:
             if request is not None:
                 self._send(request, deadline, ctx)
             message, blob = self._receive(deadline, ctx)
+            while "progress" in message:  # reports ahead of the answer
+                self._relay(message["progress"], ctx)
+                message, blob = self._receive(deadline, ctx)
         except _Deadline:
             self.kill()
             seconds = timeout if timeout is not None else self.start_timeout
@@ -256,6 +259,21 @@ class ProcessSession:
         if message.get("fatal"):
             self.kill()
         raise self._failure(message.get("error"))
+
+    def _relay(self, report: Any, ctx: Cancellable | None) -> None:
+        """Pass a child's progress report (its types checked, its text bounded) to the call's context."""
+        relay = getattr(ctx, "progress", None)
+        if not callable(relay) or not isinstance(report, dict):
+            return
+        done, total, text = report.get("done"), report.get("total"), report.get("message")
+        if not isinstance(done, (int, float)) or not (total is None or isinstance(total, (int, float))):
+            return
+        try:
+            relay(float(done), None if total is None else float(total), str(text)[:200] if text is not None else None)
+        except BinlensError as err:
+            if err.code == "cancelled":  # (the context checks cancellation as it reports)
+                raise _Cancelled from None
+            raise
 
     def _failure(self, error: Any) -> BinlensError:
         """The BinlensError of a child's error frame (its code checked, its text bounded)."""
