@@ -30,6 +30,8 @@ ProviderChoice = Annotated[
 
 
 class DisassemblyGetParams(Params):
+    """What to disassemble (a function or a range) and with which provider."""
+
     program: ProgramRef | None = None
     selector: Selector | None = Field(None, description="A function (its extent; waits for the analysis).")
     range: AddressRange | None = Field(None, description="An address range [start, end) of at most 64 KiB.")
@@ -44,11 +46,15 @@ class DisassemblyGetParams(Params):
 
 
 class ProviderBinding(Result):
+    """The provider that answered."""
+
     id: str
     version: str | None = None
 
 
 class ProviderInstruction(Result):
+    """One instruction as the provider decoded it."""
+
     address: HexAddress
     size: int
     bytes: str = Field(description="Hex bytes.")
@@ -56,6 +62,8 @@ class ProviderInstruction(Result):
 
 
 class Agreement(Result):
+    """Where the provider's instruction starts and binlens's differ."""
+
     agree: bool = Field(description="Both decoders start instructions at the same addresses with the same sizes.")
     compared: int = Field(description="Instruction starts of binlens's decode in the range.")
     binlens_only: list[HexAddress] = Field(description="Starts only binlens decodes (at most 100).")
@@ -64,6 +72,8 @@ class Agreement(Result):
 
 
 class DisassemblyResult(Result):
+    """A range as a disassembler provider decodes it, checked against binlens's decode."""
+
     provider: ProviderBinding
     start: HexAddress
     end: HexAddress

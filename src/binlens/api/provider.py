@@ -12,10 +12,14 @@ from binlens.providers import registry as providers
 
 
 class ProviderListParams(Params):
+    """Which providers to list."""
+
     kind: str | None = Field(None, max_length=64, description="Only providers of this kind (e.g. 'decompiler').")
 
 
 class ProviderItem(Result):
+    """One provider and whether it can run here."""
+
     id: str
     kind: str = Field(description="disassembler, decompiler, debugger")
     available: bool
