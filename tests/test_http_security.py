@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 from urllib.parse import unquote, unquote_plus
 
 import httpx
@@ -17,7 +15,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from serve_support import TOKEN, ServerProcess, env_for, raw_http
+from serve_support import TOKEN, ServerProcess, env_for, raw_http, ws_call
 
 pytestmark = pytest.mark.timeout(120)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -40,18 +38,6 @@ def token_server(tmp_path_factory: pytest.TempPathFactory, sample: Path) -> Iter
     )
     yield srv
     srv.stop()
-
-
-def ws_call(url: str, method: str, params: dict[str, Any], headers: dict[str, str] | None = None) -> dict[str, Any]:
-    """One JSON-RPC request over a fresh /ws connection."""
-
-    async def go() -> dict[str, Any]:
-        async with connect(url, open_timeout=10, additional_headers=headers or {}) as c:
-            json.loads(await c.recv())  # ready
-            await c.send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
-            return json.loads(await asyncio.wait_for(c.recv(), 30))
-
-    return asyncio.run(go())
 
 
 # --- /healthz and bearer tokens -----------------------------------------------------------------

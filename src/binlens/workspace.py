@@ -48,6 +48,9 @@ class Config:
     # `export_dir` beside the program's database.
     files: list[Path] | None = None
     read_only: bool = False
+    # what the server was started allowing beyond reading (`debug`: --allow-debug); methods
+    # declare what they need with `@method(requires=("permission:debug",))`
+    permissions: frozenset[str] = frozenset()
     limits: Limits = field(default_factory=Limits)
     server_name: str = "binlens"
 
@@ -121,6 +124,8 @@ class Program:
         self.lock = threading.RLock()
         self.extensions: dict[str, Any] = {}  # per-program state owned by other layers (analysis, ...)
         self.name_resolvers: list[Callable[[str], int | None]] = []
+        # what other layers release when the program closes (provider sessions, ...), in order
+        self.on_close: list[Callable[[], None]] = []
         # User-given names by address (kept by the annotations layer); they win everywhere.
         self.user_names = NameMap()
         self._by_name: dict[str, int] = {}
@@ -327,6 +332,8 @@ class Workspace:
             prog = self.programs.pop(handle, None)
         if prog is None:
             raise BinlensError("not_found", f"no open program {handle!r}", target="/params/program")
+        for release in prog.on_close:
+            release()
         prog.db.close()
 
     # --- concurrency ----------------------------------------------------------------------

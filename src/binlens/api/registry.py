@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from binlens import components
+from binlens.api.requirements import Requirement, first_missing, parse
 from binlens.errors import BinlensError, pointer
 
 if TYPE_CHECKING:
@@ -106,6 +107,8 @@ class MethodSpec:
     result_type: Any
     func: Callable[..., Any]
     long_running: bool = False
+    # what it needs to run here (`requirements.py`); a mutation needs a writable server
+    requires: tuple[Requirement, ...] = ()
 
     @property
     def domain(self) -> str:
@@ -208,17 +211,30 @@ REGISTRY = Registry()
 
 
 def method(
-    name: str, *, effect: str, summary: str | None = None, long_running: bool = False
+    name: str,
+    *,
+    effect: str,
+    summary: str | None = None,
+    long_running: bool = False,
+    requires: tuple[str, ...] = (),
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register `func(ws, params, ctx?)` as the dotted method `name`.
 
     The params model and result type come from the function's annotations; the docstring's
-    first line is the summary unless given.
+    first line is the summary unless given. `requires` names what the method needs to run
+    (`provider:<id>`, `provider-kind:<kind>`, `permission:<name>`; a mutation needs `writable`
+    without saying so): while one is missing the method stays in the catalog and a call answers
+    `unavailable` (`read_only` for `writable`) with the reason and the remedy.
     """
     if effect not in EFFECTS:
         raise ValueError(f"unknown effect {effect!r}")
     if name.count(".") != 1:
         raise ValueError(f"method name {name!r} must be 'domain.verb'")
+    if isinstance(requires, str):
+        raise ValueError("requires is a tuple of requirements")
+    needs = tuple(parse(text) for text in requires)
+    if effect in (MUTATION, DESTRUCTIVE) and all(r.kind != "writable" for r in needs):
+        needs = (parse("writable"), *needs)
 
     def register(func: Callable[..., Any]) -> Callable[..., Any]:
         hints = typing.get_type_hints(func)
@@ -240,6 +256,7 @@ def method(
             result_type=result_type,
             func=func,
             long_running=long_running,
+            requires=needs,
         )
         return func
 
@@ -309,8 +326,9 @@ def invoke(
         params = {}
     if not isinstance(params, dict):
         raise BinlensError("invalid_argument", "params must be an object", target="/params")
-    if ws.read_only and spec.mutates:
-        raise BinlensError("read_only", f"{name} changes the database and the server is read-only")
+    unmet = first_missing(ws, spec.requires)
+    if unmet is not None:
+        raise unmet[0].error(name, unmet[1])
     try:
         parsed = spec.params_model.model_validate(params)
     except ValidationError as err:
