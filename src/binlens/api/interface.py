@@ -49,8 +49,10 @@ def describe(spec: MethodSpec, schemas: bool = True) -> MethodInfo:
 
 
 def visible_methods(ws: Workspace) -> list[MethodSpec]:
-    """The methods this server offers (mutations are hidden when read-only)."""
-    return [s for name, s in sorted(REGISTRY.items()) if not (ws.read_only and s.mutates)]
+    """Every method, whatever this server can run now: capabilities are never hidden (SPEC §6). A
+    method that cannot run (a mutation under `--read-only`, a missing provider) is listed and
+    answers with the reason; `session.get` reports each method's availability."""
+    return [s for _, s in sorted(REGISTRY.items())]
 
 
 @method("interface.get", effect=READ_ONLY)
