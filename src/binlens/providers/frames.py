@@ -12,6 +12,8 @@ import json
 import struct
 from typing import Any
 
+from binlens.frames import read_exact
+
 HEADER = struct.Struct(">IQ")  # JSON length, blob length
 # what a frame may claim before it is refused unread: the child takes a whole image's bytes; the
 # server takes at most `ProcessSession.max_answer_bytes` of an answer
@@ -58,15 +60,6 @@ def write(stream: Any, message: dict[str, Any], blob: bytes = b"") -> None:
 
 def read(stream: Any) -> tuple[dict[str, Any], bytes]:
     """Read one frame from a blocking binary stream (the child's side); EOFError when the peer is gone."""
-    size, blob = decode_header(_read_exact(stream, HEADER.size))
-    return decode_body(_read_exact(stream, size)), _read_exact(stream, blob)
+    size, blob = decode_header(read_exact(stream, HEADER.size))
+    return decode_body(read_exact(stream, size)), read_exact(stream, blob)
 
-
-def _read_exact(stream: Any, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = stream.read(n - len(buf))
-        if not chunk:
-            raise EOFError("peer closed")
-        buf += chunk
-    return bytes(buf)
