@@ -38,7 +38,7 @@ from capstone import arm
 
 from binlens.analysis.codemap import BODY, CodeMap
 from binlens.analysis.switches import common as jt
-from binlens.analysis.switches.common import writable
+from binlens.analysis.switches.tables import writable
 
 _MAX_CHUNKS = 8  # earlier chunks evaluated before the jump's own slice
 _MAX_MASK = 256  # `and` with a mask of at most this many values bounds a table

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 import capstone as cs
 
 from binlens.analysis.codemap import CodeMap
+from binlens.analysis.switches.tables import writable
 
 MAX_ENTRIES = 4096  # a bound above this is not a switch table
 WINDOW = 1 << 20  # case targets lie within 1 MiB of the jump
@@ -85,10 +86,3 @@ def read_entries(image: object, table: int, size: int, count: int, signed: bool)
 def near_code(codemap: CodeMap, target: int, jump_va: int, align: int) -> bool:
     """Can `target` be a case of the jump at `jump_va`: aligned, within `WINDOW`, in code?"""
     return not target % align and abs(target - jump_va) <= WINDOW and codemap.contains(target)
-
-def writable(image: object, va: int) -> bool:
-    """Whether `va` lies in a section written at run time (a table there may change: not a jump table)."""
-    sec = image.section_at(va)  # type: ignore[attr-defined]
-    if sec is None or sec.name.startswith(".data.rel.ro"):  # read-only once relocated (RELRO)
-        return False
-    return sec.perms[1] == "w" and sec.kind != "code"

@@ -37,7 +37,7 @@ from capstone import mips as mp
 
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.switches import common as jt
-from binlens.analysis.switches.common import writable
+from binlens.analysis.switches.tables import writable
 
 _MAX_CHUNKS = 8  # earlier chunks evaluated before the jump's own slice
 _GP_BIAS = 0x7FF0  # _gp lies this far past the start of the GOT

@@ -14,7 +14,7 @@ import struct
 
 from binlens.analysis.codemap import BODY, CodeMap
 from binlens.analysis.decode import iced as ix
-from binlens.analysis.switches.common import writable
+from binlens.analysis.switches.tables import writable
 
 OK = ix.OpKind
 MN = ix.Mnemonic
