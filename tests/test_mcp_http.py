@@ -133,7 +133,7 @@ def test_handshake_request_with_negotiated_header(base: str) -> None:
     r = post(base, *handshake("tools/list", version="2025-06-18"))
     assert r.status_code == 200
     res = r.json()["result"]
-    assert "binlens.help" in {t["name"] for t in res["tools"]}
+    assert "binlens_help" in {t["name"] for t in res["tools"]}
     assert "resultType" not in res and "ttlMs" not in res  # 2026-07-28 fields stay out of older eras
 
 
@@ -235,18 +235,18 @@ def test_method_header_mismatch_is_32020(base: str) -> None:
 
 
 def test_name_header_mismatch_is_32020(base: str) -> None:
-    body, headers = modern("tools/call", {"name": "binlens.help", "arguments": {}})
-    headers["Mcp-Name"] = "binlens.symbol"
+    body, headers = modern("tools/call", {"name": "binlens_help", "arguments": {}})
+    headers["Mcp-Name"] = "binlens_symbol"
     r = post(base, body, headers)
     assert r.status_code == 400 and r.json()["error"]["code"] == -32020
 
 
 def test_base64_name_header_is_decoded(base: str) -> None:
-    body, headers = modern("tools/call", {"name": "binlens.help", "arguments": {}})
-    headers["Mcp-Name"] = "=?base64?" + base64.b64encode(b"binlens.help").decode() + "?="
+    body, headers = modern("tools/call", {"name": "binlens_help", "arguments": {}})
+    headers["Mcp-Name"] = "=?base64?" + base64.b64encode(b"binlens_help").decode() + "?="
     r = post(base, body, headers)
     assert r.status_code == 200 and r.json()["result"]["isError"] is False
-    headers["Mcp-Name"] = "=?base64?" + base64.b64encode(b"binlens.other").decode() + "?="
+    headers["Mcp-Name"] = "=?base64?" + base64.b64encode(b"binlens_other").decode() + "?="
     r = post(base, body, headers)
     assert r.status_code == 400 and r.json()["error"]["code"] == -32020
 
@@ -286,28 +286,28 @@ def test_unknown_method_is_404_32601(base: str, method: str) -> None:
 
 
 def test_unknown_tool_is_32602(base: str) -> None:
-    r = post(base, *modern("tools/call", {"name": "binlens.nope", "arguments": {}}))
+    r = post(base, *modern("tools/call", {"name": "binlens_nope", "arguments": {}}))
     assert r.status_code == 400 and r.json()["error"]["code"] == -32602
 
 
 def test_tool_result_shape_and_method_error(base: str) -> None:
-    r = post(base, *modern("tools/call", {"name": "binlens.symbol", "arguments": {"operation": "list"}}))
+    r = post(base, *modern("tools/call", {"name": "binlens_symbol", "arguments": {"operation": "list"}}))
     res = r.json()["result"]
     assert res["resultType"] == "complete" and res["isError"] is False
     assert json.loads(res["content"][0]["text"]) == res["structuredContent"]
     args = {"operation": "get", "params": {"selector": {"address": "zzz"}}}
-    res = post(base, *modern("tools/call", {"name": "binlens.symbol", "arguments": args})).json()["result"]
+    res = post(base, *modern("tools/call", {"name": "binlens_symbol", "arguments": args})).json()["result"]
     assert res["isError"] is True
     err = res["structuredContent"]["error"]
     assert set(err) == {"status", "code", "message", "target", "details"}
     assert err["target"] == "/params/selector/address"
-    bad_op = post(base, *modern("tools/call", {"name": "binlens.symbol", "arguments": {"operation": "fly"}}))
+    bad_op = post(base, *modern("tools/call", {"name": "binlens_symbol", "arguments": {"operation": "fly"}}))
     assert bad_op.json()["result"]["structuredContent"]["error"]["target"] == "/arguments/operation"
 
 
 def test_progress_streams_as_sse_scoped_to_the_request(base: str) -> None:
     params = {
-        "name": "binlens.memory",
+        "name": "binlens_memory",
         "arguments": {"operation": "search", "params": {"regex": r"\x00{0,20}[^\x00]\x00{3}z"}},
     }
     body, headers = modern("tools/call", params)
@@ -378,11 +378,11 @@ def test_sse_keepalive_comments(base: str) -> None:
 
 def test_prompts_list_and_get(base: str) -> None:
     res = post(base, *modern("prompts/list")).json()["result"]
-    assert [p["name"] for p in res["prompts"]] == ["binlens.triage"]
+    assert [p["name"] for p in res["prompts"]] == ["binlens_triage"]
     assert isinstance(res["ttlMs"], int)
-    got = post(base, *modern("prompts/get", {"name": "binlens.triage", "arguments": {"program": "p1"}})).json()
+    got = post(base, *modern("prompts/get", {"name": "binlens_triage", "arguments": {"program": "p1"}})).json()
     text = got["result"]["messages"][0]["content"]["text"]
-    assert "binlens.program" in text and "'p1'" in text
+    assert "binlens_program" in text and "'p1'" in text
     r = post(base, *modern("prompts/get", {"name": "nope"}))
     assert r.status_code == 400 and r.json()["error"]["code"] == -32602
 
@@ -413,7 +413,7 @@ def test_huge_body_is_413_and_the_server_keeps_serving(base: str) -> None:
     ],
 )
 def test_bad_tool_arguments_are_tool_errors_with_pointers(base: str, arguments: dict, target: str, code: str) -> None:
-    r = post(base, *modern("tools/call", {"name": "binlens.symbol", "arguments": arguments}))
+    r = post(base, *modern("tools/call", {"name": "binlens_symbol", "arguments": arguments}))
     assert r.status_code == 200
     res = r.json()["result"]
     assert res["isError"] is True
@@ -427,7 +427,7 @@ def test_help_with_bad_arguments(base: str) -> None:
         ({"operation": "list"}, "/arguments/domain"),
         ({"domain": "symbol", "operation": "fly"}, "/arguments/operation"),
     ]:
-        res = post(base, *modern("tools/call", {"name": "binlens.help", "arguments": args})).json()["result"]
+        res = post(base, *modern("tools/call", {"name": "binlens_help", "arguments": args})).json()["result"]
         assert res["isError"] is True and res["structuredContent"]["error"]["target"] == target
 
 
@@ -439,7 +439,7 @@ def test_stopping_server_answers_open_requests_503_and_exits_0(compile_c, tmp_pa
     proc, url = start_http_server(tmp_path, [compile_c("mcp_big.c")])
     slow = {"regex": r"\x00{0,20}[^\x00]\x00{3}z", "scan": {"timeout_ms": 60000}}  # ~9 s uncancelled
     body, headers = handshake(
-        "tools/call", {"name": "binlens.memory", "arguments": {"operation": "search", "params": slow}}
+        "tools/call", {"name": "binlens_memory", "arguments": {"operation": "search", "params": slow}}
     )
     got: dict[str, httpx.Response] = {}
     t = threading.Thread(target=lambda: got.setdefault("r", post(url, body, headers)))
@@ -454,14 +454,15 @@ def test_stopping_server_answers_open_requests_503_and_exits_0(compile_c, tmp_pa
     assert r.status_code == 503 and r.json()["id"] == 7 and r.json()["error"]["code"] == -32603
 
 
-def test_serve_tool_separator_underscore(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
-    """`binlens serve --tool-separator _` names tools binlens_help, binlens_symbol, ..."""
-    proc, url = start_http_server(tmp_path / "home", [compile_c("sample.c")], "--tool-separator", "_")
+def test_serve_tool_separator_dot_from_the_environment(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
+    """`BINLENS_TOOL_SEPARATOR=. binlens serve` names tools binlens.help, binlens.symbol, ..."""
+    env = {"BINLENS_TOOL_SEPARATOR": "."}
+    proc, url = start_http_server(tmp_path / "home", [compile_c("sample.c")], env=env)
     try:
         body, headers = modern("tools/list")
         names = {t["name"] for t in post(url, body, headers).json()["result"]["tools"]}
-        assert {"binlens_help", "binlens_symbol"} <= names
-        assert not any("." in n for n in names)
+        assert {"binlens.help", "binlens.symbol"} <= names
+        assert all(n.startswith("binlens.") for n in names)
     finally:
         stop(proc)
 
@@ -476,7 +477,7 @@ def test_sse_refuses_a_second_request_with_a_running_id(compile_c, tmp_path: Pat
         init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {**INIT, "protocolVersion": "2025-11-25"}}
         assert httpx.post(url, json=init).status_code == 202
         params = {"regex": r"\x00{0,20}[^\x00]\x00{3}z", "scan": {"timeout_ms": 60000}}
-        call = {"name": "binlens.memory", "arguments": {"operation": "search", "params": params}}
+        call = {"name": "binlens_memory", "arguments": {"operation": "search", "params": params}}
         search = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call}
         assert httpx.post(url, json=search).status_code == 202
         assert httpx.post(url, json={"jsonrpc": "2.0", "id": 2, "method": "ping"}).status_code == 202

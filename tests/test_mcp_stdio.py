@@ -100,7 +100,7 @@ def test_stdout_has_only_frames_and_logs_go_to_stderr(compile_c, tmp_path: Path)
                 "jsonrpc": "2.0",
                 "id": 2,
                 "method": "tools/call",
-                "params": {"name": "binlens.symbol", "arguments": {"operation": "list"}},
+                "params": {"name": "binlens_symbol", "arguments": {"operation": "list"}},
             }
         ),
     ]
@@ -184,7 +184,7 @@ def test_modern_requests_over_stdio(tmp_path: Path) -> None:
 def test_eof_cancels_outstanding_work_and_exits_zero(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
     big = compile_c("mcp_big.c")
     call = {
-        "name": "binlens.memory",
+        "name": "binlens_memory",
         "arguments": {
             "operation": "search",
             "params": {"regex": r"\x00{0,20}[^\x00]\x00{3}z", "scan": {"timeout_ms": 60000}},
@@ -219,15 +219,16 @@ def test_tool_prefix(tmp_path: Path) -> None:
     lines = [
         msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}),
         msg({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
-        msg({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "binlens.help"}}),
+        msg({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "binlens_help"}}),
     ]
     frames, _, _ = run_stdio(tmp_path, lines, "--tool-prefix", "re-2")
     names = {t["name"] for t in by_id(frames)[2]["result"]["tools"]}
-    assert "re-2.help" in names and "re-2.symbol" in names and not any(n.startswith("binlens.") for n in names)
+    assert "re-2_help" in names and "re-2_symbol" in names and not any(n.startswith("binlens") for n in names)
     assert by_id(frames)[3]["error"]["code"] == -32602
 
 
-@pytest.mark.parametrize("prefix", ["", "1abc", "a" * 65, "has space", "dot.ted"])
+# "a" * 50: valid alone, but binlens_function_parameter's counterpart would pass 64 characters
+@pytest.mark.parametrize("prefix", ["", "1abc", "a" * 65, "has space", "dot.ted", "a" * 50])
 def test_bad_tool_prefix_is_a_usage_error(tmp_path: Path, prefix: str) -> None:
     _, err, code = run_stdio(tmp_path, [], "--tool-prefix", prefix)
     assert code == 2 and "tool prefix" in err
@@ -239,7 +240,7 @@ def test_read_only_hides_mutations(tmp_path: Path) -> None:
     mutating = {s.domain for s in REGISTRY.values() if s.mutates}
     lines = [
         msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}),
-        msg({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "binlens.help", "arguments": {}}}),
+        msg({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "binlens_help", "arguments": {}}}),
     ]
     frames, _, _ = run_stdio(tmp_path, lines, "--read-only")
     listed = by_id(frames)[2]["result"]["structuredContent"]["tools"]
@@ -265,7 +266,7 @@ def test_program_open_only_under_roots(compile_c, tmp_path: Path) -> None:  # no
                 "jsonrpc": "2.0",
                 "id": rid,
                 "method": "tools/call",
-                "params": {"name": "binlens.program", "arguments": args},
+                "params": {"name": "binlens_program", "arguments": args},
             }
         )
 
@@ -283,9 +284,8 @@ def test_program_open_only_under_roots(compile_c, tmp_path: Path) -> None:  # no
     assert opened["isError"] is False and opened["structuredContent"]["identity"]["file_name"] == "inside"
 
 
-def test_underscore_tool_separator_for_strict_clients(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
-    import re
-
+def test_dot_separator_gives_ghidra_bridge_names(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
+    """`--tool-separator .` names tools binlens.help, binlens.symbol, ...; help takes either form."""
     lines = [
         msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}),
         msg({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
@@ -294,7 +294,7 @@ def test_underscore_tool_separator_for_strict_clients(compile_c, tmp_path: Path)
                 "jsonrpc": "2.0",
                 "id": 3,
                 "method": "tools/call",
-                "params": {"name": "binlens_symbol", "arguments": {"operation": "list"}},
+                "params": {"name": "binlens.symbol", "arguments": {"operation": "list"}},
             }
         ),
         msg(
@@ -302,20 +302,29 @@ def test_underscore_tool_separator_for_strict_clients(compile_c, tmp_path: Path)
                 "jsonrpc": "2.0",
                 "id": 4,
                 "method": "tools/call",
-                "params": {"name": "binlens_help", "arguments": {"domain": "memory_block"}},
+                "params": {"name": "binlens.help", "arguments": {"domain": "binlens.memory_block"}},
             }
         ),
         msg({"jsonrpc": "2.0", "id": 5, "method": "prompts/list"}),
+        msg(
+            {
+                "jsonrpc": "2.0",
+                "id": 6,
+                "method": "tools/call",
+                "params": {"name": "binlens.help", "arguments": {"domain": "binlens_memory_block"}},
+            }
+        ),
     ]
-    frames, _, code = run_stdio(tmp_path, lines, str(compile_c("sample.c")), "--tool-separator", "_")
+    frames, _, code = run_stdio(tmp_path, lines, str(compile_c("sample.c")), "--tool-separator", ".")
     assert code == 0
     got = by_id(frames)
     names = [t["name"] for t in got[2]["result"]["tools"]]
-    assert "binlens_help" in names and "binlens_memory_block" in names
-    assert all(re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", n) for n in names)  # Claude Desktop's rule
+    assert "binlens.help" in names and "binlens.memory_block" in names
+    assert all(n.startswith("binlens.") for n in names)
     assert got[3]["result"]["isError"] is False
-    assert got[4]["result"]["structuredContent"]["tool"] == "binlens_memory_block"
-    assert got[5]["result"]["prompts"][0]["name"] == "binlens_triage"
+    assert got[4]["result"]["structuredContent"]["tool"] == "binlens.memory_block"
+    assert got[5]["result"]["prompts"][0]["name"] == "binlens.triage"
+    assert got[6]["result"]["structuredContent"]["domain"] == "memory_block"
     _, err, code = run_stdio(tmp_path, [], "--tool-separator", "/")
     assert code == 2 and "tool-separator" in err
 
@@ -373,12 +382,12 @@ class StdioClient:
 def _search_call(rid: Any, timeout_ms: int = 60000) -> bytes:
     """A tools/call running a backtracking memory.search for many seconds over mcp_big."""
     params = {"regex": r"\x00{0,20}[^\x00]\x00{3}z", "scan": {"timeout_ms": timeout_ms}}
-    call = {"name": "binlens.memory", "arguments": {"operation": "search", "params": params}}
+    call = {"name": "binlens_memory", "arguments": {"operation": "search", "params": params}}
     return msg({"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": call})
 
 
 def _quick_call(rid: Any) -> bytes:
-    call = {"name": "binlens.symbol", "arguments": {"operation": "list", "params": {"page": {"limit": 1}}}}
+    call = {"name": "binlens_symbol", "arguments": {"operation": "list", "params": {"page": {"limit": 1}}}}
     return msg({"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": call})
 
 

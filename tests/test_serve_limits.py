@@ -145,7 +145,7 @@ def _interface_get(rid: int) -> dict[str, object]:
         "jsonrpc": "2.0",
         "id": rid,
         "method": "tools/call",
-        "params": {"name": "binlens.interface", "arguments": arguments},
+        "params": {"name": "binlens_interface", "arguments": arguments},
     }
 
 

@@ -30,7 +30,7 @@ LONE_ID = r'{"jsonrpc":"2.0","id":"\ud800","method":"ping"}'
 LONE_METHOD = r'{"jsonrpc":"2.0","id":8,"method":"\udc00ping"}'
 LONE_PARAM = (
     r'{"jsonrpc":"2.0","id":9,"method":"tools/call",'
-    r'"params":{"name":"binlens.help","arguments":{"operation":"x\ud800"}}}'
+    r'"params":{"name":"binlens_help","arguments":{"operation":"x\ud800"}}}'
 )
 BROKEN = '{"jsonrpc": "2.0", "id": 10, "method": "ping"'
 # (frame, expected code, expected id: None = no id could be read)

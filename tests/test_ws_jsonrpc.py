@@ -296,14 +296,14 @@ def test_ws_and_mcp_share_the_call_slots(server: ServerProcess, big: Path) -> No
         "jsonrpc": "2.0",
         "id": 1,
         "method": "tools/call",
-        "params": {"name": "binlens.session", "arguments": {"operation": "get"}, "_meta": meta},
+        "params": {"name": "binlens_session", "arguments": {"operation": "get"}, "_meta": meta},
     }
     headers = {
         "Content-Type": "application/json",
         "Accept": "application/json, text/event-stream",
         "MCP-Protocol-Version": modern,
         "Mcp-Method": "tools/call",
-        "Mcp-Name": "binlens.session",
+        "Mcp-Name": "binlens_session",
     }
 
     def mcp_call() -> dict[str, Any]:

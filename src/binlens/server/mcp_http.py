@@ -565,7 +565,7 @@ def mcp_routes(ws: Any, opts: Any) -> list[Route]:
         ws,
         getattr(opts, "tool_prefix", "binlens"),
         max_concurrent=getattr(opts, "max_concurrent", None) or ws.limits.max_concurrent,
-        separator=getattr(opts, "tool_separator", "."),
+        separator=getattr(opts, "tool_separator", "_"),
     )
     legacy = LegacySse(
         core,

@@ -221,7 +221,7 @@ class McpCore:
     """One server's MCP behaviour: shared by every transport and connection."""
 
     def __init__(
-        self, ws: Any, prefix: str = "binlens", *, max_concurrent: int | None = None, separator: str = "."
+        self, ws: Any, prefix: str = "binlens", *, max_concurrent: int | None = None, separator: str = "_"
     ) -> None:
         self.ws = ws
         self.tools = ToolSet(ws, prefix, separator)
