@@ -41,10 +41,10 @@ MIX: list[tuple[str, str, dict[str, Any] | None]] = [
     ("call", "binlens_help", {}),
     ("call", "binlens_help", {"domain": "symbol"}),
     ("call", "binlens_program", {"operation": "get"}),
-    ("call", "binlens.symbol", {"operation": "list", "params": {"page": {"limit": 50}}}),
-    ("call", "binlens.memory", {"operation": "read", "params": {"address": "main", "length": 64}}),
-    ("call", "binlens.memory", {"operation": "search", "params": {"pattern": "48 89 ?? ??"}}),
-    ("error", "binlens.symbol", {"operation": "get", "params": {"selector": {"name": "no_such_symbol"}}}),
+    ("call", "binlens_symbol", {"operation": "list", "params": {"page": {"limit": 50}}}),
+    ("call", "binlens_memory", {"operation": "read", "params": {"address": "main", "length": 64}}),
+    ("call", "binlens_memory", {"operation": "search", "params": {"pattern": "48 89 ?? ??"}}),
+    ("error", "binlens_symbol", {"operation": "get", "params": {"selector": {"name": "no_such_symbol"}}}),
     ("resource", "binlens://contracts/methods", None),
 ]
 
