@@ -86,7 +86,8 @@ class ParameterCreateParams(Params):
     """A parameter to add to a function's prototype."""
 
     program: ProgramRef | None = None
-    function: Selector
+    selector: Selector | None = Field(None, description="The function (give this or 'function').")
+    function: Selector | None = Field(None, description="The same as selector.")
     name: ParamName
     type: TypeText
     ordinal: int | None = Field(None, ge=0, le=255, description="Insert at this position (default: append).")
@@ -96,7 +97,8 @@ class ParameterPatchParams(Params):
     """A parameter to rename or retype."""
 
     program: ProgramRef | None = None
-    function: Selector
+    selector: Selector | None = Field(None, description="The function (give this or 'function').")
+    function: Selector | None = Field(None, description="The same as selector.")
     ordinal: int = Field(ge=0, le=255)
     name: ParamName | None = None
     type: TypeText | None = None
@@ -106,7 +108,8 @@ class ParameterDeleteParams(Params):
     """A parameter to remove."""
 
     program: ProgramRef | None = None
-    function: Selector
+    selector: Selector | None = Field(None, description="The function (give this or 'function').")
+    function: Selector | None = Field(None, description="The same as selector.")
     ordinal: int = Field(ge=0, le=255)
 
 
@@ -308,7 +311,14 @@ def function_prototype_get(ws: Any, p: FunctionPrototypeParams) -> FunctionEdite
 def _param_edit(ws: Any, p: Any, ctx: CallContext, method_name: str, change: Any) -> FunctionEdited:
     prog = ws.program(p.program)
     refresh(prog)
-    va = function_address(prog, p.function, "/params/function")
+    if (p.selector is None) == (p.function is None):
+        raise BinlensError(
+            "invalid_argument", "give 'selector' (the function) or 'function'", target="/params/selector"
+        )
+    if p.selector is not None:
+        va = function_address(prog, p.selector)
+    else:
+        va = function_address(prog, p.function, "/params/function")
 
     def plan(conn: sqlite3.Connection) -> list[Change]:
         proto = load_prototype(prog, va, conn) or _default()

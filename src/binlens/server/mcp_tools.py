@@ -62,6 +62,12 @@ def validate_separator(sep: str) -> str:
     return sep
 
 
+def _sentence(text: str) -> str:
+    """One line ending in exactly one full stop (summaries may or may not end with one)."""
+    line = " ".join(text.split()).rstrip(" .;,:")
+    return line + "."
+
+
 def _json_text(data: Any) -> str:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
@@ -143,15 +149,15 @@ class ToolSet:
         }
 
     def _domain_tool(self, domain: str, specs: list[MethodSpec]) -> dict[str, Any]:
-        ops = "; ".join(f"{s.operation}: {s.summary}" for s in specs)
+        ops = "\n".join(f"- {s.operation}: {_sentence(s.summary)}" for s in specs)
         ann = annotations_for(specs)
         ann["title"] = f"binlens {domain}"
         return {
             "name": self.tool(self.prefix, domain),
             "title": f"binlens: {domain}",
             "description": (
-                f"The {domain} domain. Operations: {ops}. Pass `operation` and its `params`; "
-                f"{self.help_name} with domain={domain!r} gives each operation's JSON Schemas."
+                f"The {domain} operations: pass `operation` and its `params` "
+                f"({self.help_name} with domain {domain!r} gives their JSON Schemas).\n{ops}"
             ),
             "inputSchema": {
                 "type": "object",
