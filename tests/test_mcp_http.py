@@ -495,3 +495,34 @@ def test_sse_refuses_a_second_request_with_a_running_id(compile_c, tmp_path: Pat
     finally:
         sse.close()
         stop(proc)
+
+
+def test_journal_client_is_stable_per_client_info_and_credential(server: tuple[str, Path]) -> None:
+    """Each call of one client is journaled under one name: its clientInfo, and a digest of the
+    credential it sent (never the credential itself); another credential is another client."""
+    base = server[0]
+    secret = "Bearer s3cret-" + "x" * 20
+
+    def comment(kind: str, auth: str | None, *, handshake_era: bool = False) -> None:
+        params = {"selector": {"name": "main"}, "kind": kind, "text": f"journal client {kind} {auth is None}"}
+        call = {"name": "binlens_comment", "arguments": {"operation": "upsert", "params": params}}
+        body, headers = handshake("tools/call", call) if handshake_era else modern("tools/call", call)
+        if auth is not None:
+            headers["Authorization"] = auth
+        assert post(base, body, headers).json()["result"]["isError"] is False
+
+    comment("eol", None)
+    comment("pre", None)
+    comment("eol", secret)
+    comment("pre", secret)
+    comment("plate", None, handshake_era=True)  # no clientInfo on a stateless handshake-era POST
+    args = {"operation": "list", "params": {"newest_first": True, "page": {"limit": 5}}}
+    body, headers = modern("tools/call", {"name": "binlens_journal", "arguments": args})
+    entries = post(base, body, headers).json()["result"]["structuredContent"]["items"]
+    clients = [e["client"] for e in reversed(entries)]
+    assert clients[:2] == ["mcp:raw/1", "mcp:raw/1"]
+    assert (
+        clients[2] == clients[3] and clients[2].startswith("mcp:raw/1#") and len(clients[2]) == len("mcp:raw/1#") + 12
+    )
+    assert "s3cret" not in json.dumps(entries)
+    assert clients[4] == "mcp:unknown"

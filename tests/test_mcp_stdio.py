@@ -442,3 +442,22 @@ def test_second_request_with_a_running_id_is_refused(compile_c, tmp_path: Path) 
     finally:
         code = client.close()
     assert code == 0
+
+
+def test_journal_client_is_the_clients_name_on_every_call(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
+    """Edits over one stdio connection are journaled under its clientInfo, not one id per call."""
+    client = StdioClient(tmp_path, str(compile_c("sample.c")))
+    try:
+        client.send(msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}))
+        assert client.answer(1)["result"]["protocolVersion"] == "2025-11-25"
+        for rid, kind in ((2, "eol"), (3, "plate")):
+            args = {"operation": "create", "params": {"selector": {"name": "main"}, "kind": kind, "text": "seen"}}
+            call = {"name": "binlens_comment", "arguments": args}
+            client.send(msg({"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": call}))
+            assert client.answer(rid)["result"]["isError"] is False
+        listed = {"name": "binlens_journal", "arguments": {"operation": "list", "params": {}}}
+        client.send(msg({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": listed}))
+        entries = client.answer(4)["result"]["structuredContent"]["items"]
+        assert [e["client"] for e in entries] == ["mcp:raw/1", "mcp:raw/1"]
+    finally:
+        client.close()

@@ -261,7 +261,7 @@ class McpEndpoint:
             inbound.method == "tools/call" and isinstance(meta, dict) and meta.get("progressToken") is not None
         )
         key = self._caller(scope, headers, inbound.id)
-        session = Session()
+        session = Session(credential=headers.get("authorization"))
         self.inflight.setdefault(key, []).append(session)
         try:
             if wants_progress and "text/event-stream" in accept:
@@ -444,6 +444,7 @@ class LegacySse:
             await _respond(send, 503, body, "application/json", [*cors, (b"retry-after", b"5")])
             return
         sess = SseSession(self.max_queue)
+        sess.session.credential = headers.get("authorization")
         self.sessions[sess.id] = sess
         root = scope.get("root_path", "")
         await _start_event_stream(send, cors)

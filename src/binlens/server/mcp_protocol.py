@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import itertools
+import hashlib
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -181,6 +182,10 @@ class Session:
     """Per-connection state of stdio and legacy SSE (none on /mcp): the negotiated era, live calls."""
 
     negotiated: str | None = None
+    # Who the client is, for the journal: `initialize`'s clientInfo, and the credential
+    # (Authorization header) it connected with on HTTP
+    client_info: Any = None
+    credential: str | None = None
     # request id -> (the call's context once its tool runs, the task serving it)
     inflight: dict[Any, tuple[CallContext | None, asyncio.Task[Any] | None]] = field(default_factory=dict)
 
@@ -227,7 +232,6 @@ class McpCore:
         self.tools = ToolSet(ws, prefix, separator)
         self.slots = shared_slots(ws, max_concurrent or ws.limits.max_concurrent)
         self.max_concurrent = self.slots.limit
-        self._seq = itertools.count(1)
         self.pool = concurrent.futures.ThreadPoolExecutor(self.max_concurrent, thread_name_prefix="binlens-mcp")
         self.server_info = {"name": "binlens", "version": ws.version, "title": "binlens binary analysis"}
         self.instructions = (
@@ -349,6 +353,7 @@ class McpCore:
         if method == "initialize":
             if session is not None:
                 session.negotiated = version
+                session.client_info = params.get("clientInfo")
             return {
                 "protocolVersion": version,
                 "capabilities": self.capabilities(),
@@ -406,7 +411,8 @@ class McpCore:
         progress_fn = None
         if token is not None and notify is not None:
             progress_fn = self._progress_sender(loop, token, notify)
-        ctx = CallContext(client=f"mcp-{next(self._seq)}", progress=progress_fn)
+        info = meta.get(CLIENT_INFO_META_KEY) or (session.client_info if session is not None else None)
+        ctx = CallContext(client=client_label(info, session.credential if session else None), progress=progress_fn)
         if not self.slots.try_take():
             busy = BinlensError(
                 "busy",
@@ -459,6 +465,25 @@ class McpCore:
             rid = (inbound.params or {}).get("requestId")
             if session.cancel(rid):
                 log.info("cancelled request %r", rid)
+
+
+CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
+_LABEL_TEXT = re.compile(r"[^A-Za-z0-9._+@:-]+")
+
+
+def client_label(info: Any, credential: str | None) -> str:
+    """The journal's name for an MCP client, the same on each of its calls: `mcp:NAME/VERSION` from
+    its clientInfo (`mcp:unknown` without one), then `#` and 12 hex digits of a digest of the
+    credential it authenticated with, when it sent one (never the credential itself)."""
+    name = version = ""
+    if isinstance(info, dict):
+        name = _LABEL_TEXT.sub("_", str(info.get("name") or ""))[:64]
+        version = _LABEL_TEXT.sub("_", str(info.get("version") or ""))[:32]
+    label = f"mcp:{name or 'unknown'}" + (f"/{version}" if version else "")
+    if credential:
+        digest = hashlib.sha256(b"binlens journal client\0" + credential.encode("utf-8", "replace")).hexdigest()
+        label += f"#{digest[:12]}"
+    return label
 
 
 def negotiate(requested: Any) -> str:
