@@ -11,13 +11,14 @@ import json
 import re
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from mcp import Client
+from mcp import Client, MCPDeprecationWarning
 from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters
 
@@ -88,6 +89,10 @@ async def acceptance(client: Client, sample: Path) -> None:
     assert sym_tool.input_schema["required"] == ["operation"]
     prog_tool = next(t for t in tools.tools if t.name == "binlens_program")
     assert prog_tool.annotations.read_only_hint is False  # program.open/close are lifecycle
+
+    with warnings.catch_warnings():  # the SDK warns that 2026-07-28 removed ping; binlens still answers it
+        warnings.simplefilter("ignore", MCPDeprecationWarning)
+        await client.send_ping()
 
     # help navigation: domains -> operations -> one operation's schemas
     top = _payload(await client.call_tool("binlens_help", {}))

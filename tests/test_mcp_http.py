@@ -149,6 +149,43 @@ def test_ping_in_handshake_era(base: str) -> None:
     assert r.status_code == 200 and r.json()["result"] == {}
 
 
+def test_ping_in_2026(base: str) -> None:
+    """Removed from the 2026-07-28 surface, still answered (as Ghidra Bridge does) for liveness checks."""
+    r = post(base, *modern("ping"))
+    assert r.status_code == 200
+    res = r.json()["result"]
+    assert res["resultType"] == "complete" and res["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "binlens"
+    body, headers = modern("ping")
+    del body["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"]
+    r = post(base, body, headers)  # the envelope rules still apply
+    assert r.status_code == 400 and r.json()["error"]["code"] == -32602
+
+
+def test_handshake_request_without_version_header_is_400(base: str) -> None:
+    """After initialize, the negotiated version travels in MCP-Protocol-Version (no session keeps it)."""
+    body, headers = handshake("tools/list")
+    del headers["MCP-Protocol-Version"]
+    r = post(base, body, headers)
+    assert r.status_code == 400
+    doc = r.json()
+    assert doc["id"] == 7 and doc["error"]["code"] == -32600 and "MCP-Protocol-Version" in doc["error"]["message"]
+    # initialize itself needs no header; a notification is still accepted
+    assert post(base, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}, JSON).status_code == 200
+    assert post(base, {"jsonrpc": "2.0", "method": "notifications/initialized"}, JSON).status_code == 202
+
+
+def test_initialize_with_an_unsupported_version_header_is_400(base: str) -> None:
+    headers = {**JSON, "MCP-Protocol-Version": "2024-11-05"}
+    r = post(base, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}, headers)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert (
+        err["code"] == -32022 and err["data"]["requested"] == "2024-11-05" and "2025-06-18" in err["data"]["supported"]
+    )
+    headers["MCP-Protocol-Version"] = "2025-06-18"  # a supported one is fine
+    assert post(base, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}, headers).status_code == 200
+
+
 # --- error id rules ---------------------------------------------------------------------------
 
 
@@ -277,7 +314,7 @@ def test_missing_meta_fields_is_32602(base: str) -> None:
     assert r.status_code == 400 and r.json()["error"]["code"] == -32602
 
 
-@pytest.mark.parametrize("method", ["no/such_method", "ping", "initialize"])
+@pytest.mark.parametrize("method", ["no/such_method", "initialize", "logging/setLevel"])
 def test_unknown_method_is_404_32601(base: str, method: str) -> None:
     r = post(base, *modern(method))
     assert r.status_code == 404
@@ -392,7 +429,7 @@ def test_resource_not_found_codes_per_era(base: str) -> None:
     assert r.status_code == 400
     assert r.json()["error"]["code"] == -32602 and r.json()["error"]["data"]["uri"] == "binlens://nothing"
     r = post(base, *handshake("resources/read", {"uri": "binlens://nothing"}))
-    assert r.json()["error"]["code"] == -32002
+    assert r.status_code == 404 and r.json()["error"]["code"] == -32002
 
 
 def test_huge_body_is_413_and_the_server_keeps_serving(base: str) -> None:

@@ -29,6 +29,7 @@ from starlette.types import Receive, Scope, Send
 from binlens.server.asgi import AsgiEndpoint
 from binlens.server.mcp_protocol import (
     MODERN,
+    RESOURCE_NOT_FOUND,
     McpCore,
     RpcError,
     Session,
@@ -297,6 +298,8 @@ class McpEndpoint:
         status = 200
         if "error" in response and version == MODERN:
             status = RpcError(response["error"]["code"], "").http_status
+        elif "error" in response and response["error"]["code"] == RESOURCE_NOT_FOUND:
+            status = 404  # the handshake eras' unknown resource
         await _respond(send, status, dump_bytes(response), "application/json", cors)
 
     async def _stream(

@@ -47,6 +47,7 @@ log = logging.getLogger("binlens.mcp")
 
 MODERN = "2026-07-28"
 HANDSHAKE_VERSIONS = ("2025-11-25", "2025-06-18")
+RESOURCE_NOT_FOUND = -32002  # resources/read of an unknown URI in the handshake eras
 DEFAULT_HANDSHAKE = "2025-11-25"
 SUPPORTED_VERSIONS = (MODERN, *HANDSHAKE_VERSIONS)
 
@@ -67,6 +68,7 @@ HANDSHAKE_METHODS = frozenset(
 MODERN_METHODS = frozenset(
     {
         "server/discover",
+        "ping",  # removed from the 2026-07-28 surface, still served (as Ghidra Bridge does) for liveness checks
         "tools/list",
         "tools/call",
         "resources/list",
@@ -273,6 +275,8 @@ class McpCore:
                 raise RpcError(route.code, route.message, route.data)
             return MODERN
         if inbound.method == "initialize":
+            if header_version is not None and header_version not in SUPPORTED_VERSIONS:
+                raise unsupported_version(header_version)
             return negotiate((inbound.params or {}).get("protocolVersion"))
         if session is not None:
             if session.negotiated is None:
@@ -282,7 +286,13 @@ class McpCore:
                 )
             return session.negotiated
         if header_version is None:
-            return DEFAULT_HANDSHAKE
+            # Stateless HTTP after initialize: the header is the only place the negotiated version
+            # lives (a client that omits it would otherwise be served in a version it never chose).
+            raise RpcError(
+                INVALID_REQUEST,
+                "the MCP-Protocol-Version header is missing: send the version initialize negotiated",
+                {"supported": list(SUPPORTED_VERSIONS)},
+            )
         if header_version not in HANDSHAKE_VERSIONS:
             raise unsupported_version(header_version)
         return header_version
@@ -309,7 +319,9 @@ class McpCore:
         if method not in served:
             raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
         params = dict(inbound.params or {})
-        surface_version = version if method != "initialize" else DEFAULT_HANDSHAKE
+        # initialize is validated on the handshake surface; ping has no 2026-07-28 surface: its params
+        # are only the envelope, which the ladder has checked
+        surface_version = version if method not in ("initialize", "ping") else DEFAULT_HANDSHAKE
         try:
             sdk_methods.validate_client_request(method, surface_version, params)
         except ValidationError as err:
@@ -329,7 +341,7 @@ class McpCore:
                 result.setdefault("ttlMs", hint[0])
                 result.setdefault("cacheScope", hint[1])
             result.setdefault("resultType", "complete")
-        if method in sdk_methods.SPEC_CLIENT_METHODS:
+        if method in sdk_methods.SPEC_CLIENT_METHODS and (method, version) != ("ping", MODERN):
             try:
                 result = sdk_methods.serialize_server_result(method, version, result)
             except (ValidationError, KeyError):
@@ -387,7 +399,7 @@ class McpCore:
                 content = await anyio.to_thread.run_sync(self.tools.read_resource, uri)
             except ResourceNotFound:
                 # SEP-2164 (2026-07-28): invalid params; the handshake eras used -32002.
-                code = INVALID_PARAMS if version == MODERN else -32002
+                code = INVALID_PARAMS if version == MODERN else RESOURCE_NOT_FOUND
                 raise RpcError(code, f"Resource not found: {uri}", {"uri": uri}) from None
             except BinlensError as err:
                 raise RpcError(INTERNAL_ERROR, err.message, err.to_dict()) from None
