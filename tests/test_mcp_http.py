@@ -402,6 +402,27 @@ def test_messages_needs_a_known_session(base: str) -> None:
     assert r.status_code == 400
     r = httpx.post(base + "/messages?sessionId=deadbeef", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
     assert r.status_code == 404
+    r = httpx.post(base + "/messages", json={"jsonrpc": "2.0", "id": 1}, headers={"Mcp-Session-Id": "deadbeef"})
+    assert r.status_code == 404
+
+
+def test_messages_takes_the_session_id_as_a_header(base: str) -> None:
+    sse = SseReader(base + "/sse")
+    try:
+        _, endpoint = sse.wait(lambda: sse.events and sse.events[0])
+        sid = endpoint.split("sessionId=", 1)[1]
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}
+        r = httpx.post(base + "/messages", json=init, headers={"Mcp-Session-Id": sid})
+        assert r.status_code == 202
+        _, data = sse.wait(lambda: len(sse.events) >= 2 and sse.events[1])
+        assert json.loads(data)["id"] == 1 and json.loads(data)["result"]["protocolVersion"] == "2025-06-18"
+        # the query and the header must agree when both are given
+        r = httpx.post(
+            base + endpoint, json={"jsonrpc": "2.0", "id": 2, "method": "ping"}, headers={"Mcp-Session-Id": "x"}
+        )
+        assert r.status_code == 400
+    finally:
+        sse.close()
 
 
 def test_sse_keepalive_comments(base: str) -> None:

@@ -43,7 +43,9 @@ from binlens.server.wire import FrameError, decode, dump_bytes, valid_id
 log = logging.getLogger("binlens.mcp")
 
 ALLOW = "POST, OPTIONS"
-CORS_HEADERS = "Content-Type, Accept, Authorization, MCP-Protocol-Version, Mcp-Method, Mcp-Name, Last-Event-ID"
+CORS_HEADERS = (
+    "Content-Type, Accept, Authorization, MCP-Protocol-Version, Mcp-Method, Mcp-Name, Mcp-Session-Id, Last-Event-ID"
+)
 MAX_BODY = 4 << 20
 SSE_KEEPALIVE_S = 15.0
 MAX_SSE_SESSIONS = 64
@@ -493,9 +495,18 @@ class LegacySse:
             await _respond(send, 405, b"", None, [*cors, (b"allow", b"POST")])
             return
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        sid = (query.get("sessionId") or [None])[0]
+        # The endpoint event names the session in the query; clients that carry it as a header
+        # (as /mcp sessions do elsewhere) send Mcp-Session-Id instead.
+        in_query = (query.get("sessionId") or [None])[0]
+        in_header = headers.get("mcp-session-id")
+        if in_query and in_header and in_query != in_header:
+            body = dump_bytes({"error": "sessionId and the Mcp-Session-Id header name different sessions"})
+            await _respond(send, 400, body, "application/json", cors)
+            return
+        sid = in_query or in_header
         if not sid:
-            await _respond(send, 400, dump_bytes({"error": "sessionId is required"}), "application/json", cors)
+            body = dump_bytes({"error": "sessionId (query) or Mcp-Session-Id (header) is required"})
+            await _respond(send, 400, body, "application/json", cors)
             return
         sess = self.sessions.get(sid)
         if sess is None:
