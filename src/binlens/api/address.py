@@ -13,8 +13,8 @@ from binlens.api.registry import READ_ONLY, method
 
 class AddressResolveParams(Params):
     program: ProgramRef | None = None
-    selector: Selector | None = Field(None, description="The address, or a name such as `main+0x10`.")
-    address: AddressText | None = Field(None, description="The same as selector.address (give one of the two).")
+    selector: Selector | None = Field(default=None, description="The address, or a name such as `main+0x10`.")
+    address: AddressText | None = Field(default=None, description="The same as selector.address (give one of the two).")
 
 
 class SymbolRef(Result):

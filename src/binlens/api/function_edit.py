@@ -86,8 +86,8 @@ class ParameterCreateParams(Params):
     """A parameter to add to a function's prototype."""
 
     program: ProgramRef | None = None
-    selector: Selector | None = Field(None, description="The function (give this or 'function').")
-    function: Selector | None = Field(None, description="The same as selector.")
+    selector: Selector | None = Field(default=None, description="The function (give this or 'function').")
+    function: Selector | None = Field(default=None, description="The same as selector.")
     name: ParamName
     type: TypeText
     ordinal: int | None = Field(None, ge=0, le=255, description="Insert at this position (default: append).")
@@ -97,8 +97,8 @@ class ParameterPatchParams(Params):
     """A parameter to rename or retype."""
 
     program: ProgramRef | None = None
-    selector: Selector | None = Field(None, description="The function (give this or 'function').")
-    function: Selector | None = Field(None, description="The same as selector.")
+    selector: Selector | None = Field(default=None, description="The function (give this or 'function').")
+    function: Selector | None = Field(default=None, description="The same as selector.")
     ordinal: int = Field(ge=0, le=255)
     name: ParamName | None = None
     type: TypeText | None = None
@@ -108,8 +108,8 @@ class ParameterDeleteParams(Params):
     """A parameter to remove."""
 
     program: ProgramRef | None = None
-    selector: Selector | None = Field(None, description="The function (give this or 'function').")
-    function: Selector | None = Field(None, description="The same as selector.")
+    selector: Selector | None = Field(default=None, description="The function (give this or 'function').")
+    function: Selector | None = Field(default=None, description="The same as selector.")
     ordinal: int = Field(ge=0, le=255)
 
 

@@ -241,16 +241,18 @@ LISTING_MAX_BYTES = 32768  # the text of one listing.get page by default (~8k to
 
 
 class ListingParams(NeedsAnalysis):
-    selector: Selector | None = Field(None, description="A function (by entry, inner address or name).")
-    range: AddressRange | None = Field(None, description="Or an address range, decoded linearly.")
+    selector: Selector | None = Field(default=None, description="A function (by entry, inner address or name).")
+    range: AddressRange | None = Field(default=None, description="Or an address range, decoded linearly.")
     format: Literal["text", "lines", "both"] = Field(
-        "text", description="text: the listing as text; lines: as structured lines instead; both: the two."
+        default="text", description="text: the listing as text; lines: as structured lines instead; both: the two."
     )
-    offset: int = Field(0, ge=0, description="Byte offset into the listing's text: a previous page's next_offset.")
+    offset: int = Field(
+        default=0, ge=0, description="Byte offset into the listing's text: a previous page's next_offset."
+    )
     max_bytes: int = Field(
-        LISTING_MAX_BYTES, ge=256, le=1 << 24, description="At most this many bytes of text per call."
+        default=LISTING_MAX_BYTES, ge=256, le=1 << 24, description="At most this many bytes of text per call."
     )
-    max_instructions: int = Field(20000, ge=1, le=20000, description="Stop the listing after this many.")
+    max_instructions: int = Field(default=20000, ge=1, le=20000, description="Stop the listing after this many.")
 
 
 class ListingLine(Result):
@@ -264,7 +266,7 @@ class ListingLine(Result):
     bytes: str | None = None
     comment: str | None = None
     function: HexAddress | None = Field(
-        None,
+        default=None,
         description="Range listings: the function this line is in (absent outside functions).",
         exclude_if=lambda v: v is None,
     )
@@ -276,10 +278,12 @@ class ListingResult(Result):
     function: HexAddress | None = None
     function_name: str | None = None
     text: str | None = Field(
-        None, description="This page of the listing as text (format text or both).", exclude_if=lambda v: v is None
+        default=None,
+        description="This page of the listing as text (format text or both).",
+        exclude_if=lambda v: v is None,
     )
     lines: list[ListingLine] | None = Field(
-        None,
+        default=None,
         description="The lines whose text starts in this page (format lines or both).",
         exclude_if=lambda v: v is None,
     )

@@ -27,8 +27,8 @@ class ReferenceItem(Result):
 
 
 class ReferenceListParams(NeedsAnalysis):
-    selector: Selector | None = Field(None, description="The address (or name) references go to or come from.")
-    address: AddressText | None = Field(None, description="The same as selector.address (give one of the two).")
+    selector: Selector | None = Field(default=None, description="The address (or name) references go to or come from.")
+    address: AddressText | None = Field(default=None, description="The same as selector.address (give one of the two).")
     direction: Literal["to", "from"] = Field("to", description="References to the address, or made from it.")
     scope: Literal["address", "function"] = Field(
         "address", description="'function' with direction 'from': every reference made inside the function."
