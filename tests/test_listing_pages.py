@@ -178,3 +178,16 @@ def test_fixture_is_what_the_tests_expect(compile_c: Any) -> None:
     """The tail has no copy of its own: say_tail refers into the longer string."""
     data = Path(compile_c("listing_pages.c")).read_bytes()
     assert data.count(b"shared tail of a string\x00") == 1
+
+
+def test_selector_aliases_of_memory_methods(ws: Any) -> None:
+    by_address = invoke(ws, "memory.read", {"address": "mix", "length": 8})
+    assert invoke(ws, "memory.read", {"selector": {"name": "mix"}, "length": 8}) == by_address
+    with pytest.raises(BinlensError) as err:
+        invoke(ws, "memory.read", {"selector": {"address": "0x7fffffff0000"}, "length": 8})
+    assert err.value.target == "/params/selector/address"
+    written = invoke(ws, "memory.write", {"selector": {"name": "mix"}, "data": "90"})
+    assert invoke(ws, "memory.read", {"selector": {"name": "mix"}, "length": 1})["data"] == "90" and written
+    with pytest.raises(BinlensError) as err:
+        invoke(ws, "memory.write", {"data": "90"})
+    assert err.value.code == "invalid_argument" and err.value.target == "/params/selector"
