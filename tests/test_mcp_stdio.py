@@ -160,7 +160,7 @@ def test_modern_requests_over_stdio(tmp_path: Path) -> None:
     lines = [
         msg({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": meta}}),
         msg({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"_meta": meta}}),
-        msg({"jsonrpc": "2.0", "id": 3, "method": "ping", "params": {"_meta": meta}}),
+        msg({"jsonrpc": "2.0", "id": 3, "method": "logging/setLevel", "params": {"_meta": meta, "level": "info"}}),
         msg(
             {
                 "jsonrpc": "2.0",
@@ -170,6 +170,7 @@ def test_modern_requests_over_stdio(tmp_path: Path) -> None:
             }
         ),
         msg({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}),
+        msg({"jsonrpc": "2.0", "id": 6, "method": "ping", "params": {"_meta": meta}}),  # still answered
     ]
     frames, _, code = run_stdio(tmp_path, lines)
     assert code == 0
@@ -179,6 +180,7 @@ def test_modern_requests_over_stdio(tmp_path: Path) -> None:
     assert got[3]["error"]["code"] == -32601
     assert got[4]["error"]["code"] == -32022 and got[4]["error"]["data"]["requested"] == "2030-01-01"
     assert got[5]["error"]["code"] == -32600  # neither initialized nor a 2026-07-28 envelope
+    assert got[6]["result"]["resultType"] == "complete"
 
 
 def test_eof_cancels_outstanding_work_and_exits_zero(compile_c, tmp_path: Path) -> None:  # noqa: ANN001

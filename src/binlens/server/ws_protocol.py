@@ -50,11 +50,18 @@ class BinlensWebSocketProtocol(WebSocketsSansIOProtocol):
         super().handle_cont(event)
 
     def _refuse_fragments(self) -> None:
-        """Close with 1003 and tell the app the client is gone (as uvicorn does for a protocol error)."""
+        """Close with 1003 and tell the app the client is gone. The closing handshake runs as for an
+        app's close: the rest of the message is read and dropped until the client's close frame (or
+        the close timeout), since closing the socket with its later frames unread would reset the
+        connection and could lose the close frame on the way."""
         if self.close_sent:
             return
         self.conn.send_close(CLOSE_UNSUPPORTED, FRAGMENTED)
         self.queue.put_nowait({"type": "websocket.disconnect", "code": CLOSE_UNSUPPORTED, "reason": FRAGMENTED})
         self.transport.write(b"".join(self.conn.data_to_send()))
         self.close_sent = True
-        self.transport.close()
+        self.frames = []
+        if self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()
+        self.close_timer = self.loop.call_later(self.close_timeout, self.transport.close)
