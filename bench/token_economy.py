@@ -117,7 +117,7 @@ class Replay:
 
 async def investigate(binary: Path, needle: str, home: str) -> list[dict[str, Any]]:
     """The replay itself; returns its rows."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), BINLENS_HOME=home)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), BINLENS_HOME=home, BINLENS_TOOL_SEPARATOR="_")
     params = StdioServerParameters(command=sys.executable, args=["-m", "binlens", "mcp", str(binary)], env=env)
     async with Client(params, mode="2026-07-28") as client:
         r = Replay(client)
