@@ -2,7 +2,7 @@
 
 Both servers run as real processes on 127.0.0.1 and get the same 2026-07-28 requests (per-request
 `_meta` envelope and routing headers, JSON responses) from one httpx client:
-  - binlens: `binlens serve SAMPLE`, tools/call binlens.program {operation: get} (the image is decoded
+  - binlens: `binlens serve SAMPLE`, tools/call binlens_program {operation: get} (the image is decoded
     once at open, so the call is served from memory: a "cached" call);
   - baseline: the official SDK's MCPServer with one trivial tool (`echo`), stateless Streamable HTTP.
 Sequential latency (one request at a time, the cases taking turns so they share the machine's load)
@@ -177,8 +177,8 @@ def main() -> int:
             wait_ready(p1, binlens)
             wait_ready(p2, baseline)
             cases = {
-                "binlens program.get": (f"http://127.0.0.1:{p1}/mcp", "binlens.program", {"operation": "get"}),
-                "binlens program.list": (f"http://127.0.0.1:{p1}/mcp", "binlens.program", {"operation": "list"}),
+                "binlens program.get": (f"http://127.0.0.1:{p1}/mcp", "binlens_program", {"operation": "get"}),
+                "binlens program.list": (f"http://127.0.0.1:{p1}/mcp", "binlens_program", {"operation": "list"}),
                 "SDK baseline echo": (f"http://127.0.0.1:{p2}/mcp", "echo", {"text": "hello"}),
             }
             results = interleaved(cases, args.requests)

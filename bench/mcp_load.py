@@ -38,13 +38,13 @@ def free_port() -> int:
 
 MIX: list[tuple[str, str, dict[str, Any] | None]] = [
     ("tools/list", "", None),
-    ("call", "binlens.help", {}),
-    ("call", "binlens.help", {"domain": "symbol"}),
-    ("call", "binlens.program", {"operation": "get"}),
-    ("call", "binlens.symbol", {"operation": "list", "params": {"page": {"limit": 50}}}),
-    ("call", "binlens.memory", {"operation": "read", "params": {"address": "main", "length": 64}}),
-    ("call", "binlens.memory", {"operation": "search", "params": {"pattern": "48 89 ?? ??"}}),
-    ("error", "binlens.symbol", {"operation": "get", "params": {"selector": {"name": "no_such_symbol"}}}),
+    ("call", "binlens_help", {}),
+    ("call", "binlens_help", {"domain": "symbol"}),
+    ("call", "binlens_program", {"operation": "get"}),
+    ("call", "binlens_symbol", {"operation": "list", "params": {"page": {"limit": 50}}}),
+    ("call", "binlens_memory", {"operation": "read", "params": {"address": "main", "length": 64}}),
+    ("call", "binlens_memory", {"operation": "search", "params": {"pattern": "48 89 ?? ??"}}),
+    ("error", "binlens_symbol", {"operation": "get", "params": {"selector": {"name": "no_such_symbol"}}}),
     ("resource", "binlens://contracts/methods", None),
 ]
 
@@ -60,7 +60,7 @@ async def client_loop(url: str, mode: str, stop: float, stats: collections.Count
             try:
                 if kind == "tools/list":
                     res = await client.list_tools()
-                    assert any(t.name == "binlens.help" for t in res.tools)
+                    assert any(t.name == "binlens_help" for t in res.tools)
                 elif kind == "resource":
                     r = await client.read_resource(name)
                     assert json.loads(r.contents[0].text)["methods"]

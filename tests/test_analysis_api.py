@@ -106,7 +106,7 @@ def test_cfg_blocks_listing_and_calls(workspace, sample, names):
     blocks = invoke(workspace, "function.blocks", {"selector": sel})["items"]
     assert len(blocks) == len(cfg["nodes"])
     main = hex(names["main"])
-    listing = invoke(workspace, "listing.get", {"selector": {"address": main}})
+    listing = invoke(workspace, "listing.get", {"selector": {"address": main}, "format": "both"})
     assert '"unique marker string for xrefs"' in listing["text"]
     assert "<puts>" in listing["text"] and listing["lines"][0]["kind"] == "label"
     callees = invoke(workspace, "function_call.list", {"selector": {"address": main}})["items"]

@@ -141,10 +141,10 @@ def test_listing_shows_what_instruction_pairs_and_got_calls_reference(workspace,
     symbols = {s.name: s.address & ~1 for s in parse_path(str(exe)).symbols}
     workspace.open(str(stripped), check_roots=False)
     invoke(workspace, "analysis.start", {"wait": True})
-    after = invoke(workspace, "listing.get", {"selector": {"address": hex(symbols["after_exit"])}})
+    after = invoke(workspace, "listing.get", {"selector": {"address": hex(symbols["after_exit"])}, "format": "both"})
     assert [ln for ln in after["lines"] if ln.get("comment") == '"after"'], after["text"]
     if key.startswith("mips"):
-        checked = invoke(workspace, "listing.get", {"selector": {"address": hex(symbols["checked"])}})
+        checked = invoke(workspace, "listing.get", {"selector": {"address": hex(symbols["checked"])}, "format": "both"})
         (call,) = [ln for ln in checked["lines"] if ln["kind"] == "instruction" and ln["text"].startswith("jalr")]
         assert call["comment"] == "exit", checked["text"]
 

@@ -582,7 +582,7 @@ def test_annotations_at_and_above_2_63(workspace, compile_c, home) -> None:  # n
     call(ws, "comment.create", selector={"address": "0xffffffff80001000"}, kind="pre", text="leaf")
     listed = call(ws, "comment.list")["items"]
     assert [c["address"] for c in listed] == ["0xffffffff80001000", "0xffffffff80001004"]
-    lines = call(ws, "listing.get", selector={"name": "triple_plus_one"})["lines"]
+    lines = call(ws, "listing.get", selector={"name": "triple_plus_one"}, format="lines")["lines"]
     assert any(line["comment"] == "returns 3x+1" for line in lines), lines
     call(ws, "bookmark.create", selector={"name": "middle"}, category="todo", note="why xor?")
     assert [b["address"] for b in call(ws, "bookmark.list")["items"]] == [

@@ -39,7 +39,7 @@ def test_comments_and_prototype_show_in_listing(opened):
     invoke(ws, "comment.create", {"selector": {"address": inner}, "kind": "pre", "text": "before the third one"})
     invoke(ws, "comment.create", {"selector": {"address": inner}, "kind": "eol", "text": "look here"})
     invoke(ws, "function.patch", {"selector": {"name": "fib"}, "prototype": "unsigned long fib(unsigned n)"})
-    listing = invoke(ws, "listing.get", {"selector": {"name": "fib"}})
+    listing = invoke(ws, "listing.get", {"selector": {"name": "fib"}, "format": "both"})
     lines = listing["lines"]
     kinds = [(ln["kind"], ln["text"]) for ln in lines[:3]]
     assert kinds[0] == ("comment", "Fibonacci, naively")

@@ -208,7 +208,7 @@ def test_mcp_fifo_opens_do_not_hold_the_call_slots(tmp_path: Path, compile_c) ->
 
     def open_call(rid: int, path: Path) -> bytes:
         args = {"operation": "open", "params": {"path": str(path)}}
-        call = {"name": "binlens.program", "arguments": args}
+        call = {"name": "binlens_program", "arguments": args}
         return msg({"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": call})
 
     lines = [msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT})]

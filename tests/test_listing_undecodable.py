@@ -62,7 +62,7 @@ def test_linear_instruction_list_goes_on_past_undecodable_bytes(garbage) -> None
 def test_range_listing_shows_undecodable_bytes_as_data_lines(garbage) -> None:  # noqa: ANN001
     ws, names = garbage
     start, end = names["before_garbage"], names["after_garbage_end"]
-    got = invoke(ws, "listing.get", {"range": {"start": hex(start), "end": hex(end)}})
+    got = invoke(ws, "listing.get", {"range": {"start": hex(start), "end": hex(end)}, "format": "both"})
     body = [ln for ln in got["lines"] if ln["kind"] in ("instruction", "data")]
     _covers(body, start, end)
     data = [ln for ln in body if ln["kind"] == "data"]
@@ -75,7 +75,9 @@ def test_range_listing_shows_undecodable_bytes_as_data_lines(garbage) -> None:  
 def test_a_listing_cut_short_says_so(garbage) -> None:  # noqa: ANN001
     ws, names = garbage
     start, end = names["before_garbage"], names["after_garbage_end"]
-    got = invoke(ws, "listing.get", {"range": {"start": hex(start), "end": hex(end)}, "max_instructions": 4})
+    got = invoke(
+        ws, "listing.get", {"range": {"start": hex(start), "end": hex(end)}, "max_instructions": 4, "format": "both"}
+    )
     assert got["truncated"] is True
     assert len([ln for ln in got["lines"] if ln["kind"] in ("instruction", "data")]) == 4
 

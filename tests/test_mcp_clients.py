@@ -8,15 +8,17 @@ navigation, a `symbol.list` call, a method error, progress from a long call and 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from mcp import Client
+from mcp import Client, MCPDeprecationWarning
 from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters
 
@@ -64,7 +66,7 @@ def _payload(result: Any) -> Any:
 
 
 async def _program_handles(client: Client) -> dict[str, str]:
-    res = await client.call_tool("binlens.program", {"operation": "list"})
+    res = await client.call_tool("binlens_program", {"operation": "list"})
     return {p["file_name"]: p["program"] for p in _payload(res)["items"]}
 
 
@@ -72,31 +74,41 @@ async def acceptance(client: Client, sample: Path) -> None:
     """The acceptance script every transport runs."""
     tools = await client.list_tools()
     names = {t.name for t in tools.tools}
-    assert {"binlens.help", "binlens.symbol", "binlens.program", "binlens.memory"} <= names
-    addr_tool = next(t for t in tools.tools if t.name == "binlens.address")  # address.resolve only
+    # Claude Desktop, claude.ai and Claude Code drop a whole server when one name fails this
+    prompts = await client.list_prompts()
+    generated = names | {p.name for p in prompts.prompts}
+    assert generated and all(re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", n) for n in generated), sorted(generated)
+    assert {"binlens_help", "binlens_symbol", "binlens_program", "binlens_memory"} <= names
+    addr_tool = next(t for t in tools.tools if t.name == "binlens_address")  # address.resolve only
     assert addr_tool.annotations is not None and addr_tool.annotations.read_only_hint is True
-    sym_tool = next(t for t in tools.tools if t.name == "binlens.symbol")
+    sym_tool = next(t for t in tools.tools if t.name == "binlens_symbol")
     assert sym_tool.annotations.read_only_hint is False  # symbol.patch renames
     assert sym_tool.annotations.destructive_hint is False
-    comment_tool = next(t for t in tools.tools if t.name == "binlens.comment")
+    comment_tool = next(t for t in tools.tools if t.name == "binlens_comment")
     assert comment_tool.annotations.destructive_hint is True  # comment.delete
     assert sym_tool.input_schema["required"] == ["operation"]
-    prog_tool = next(t for t in tools.tools if t.name == "binlens.program")
+    prog_tool = next(t for t in tools.tools if t.name == "binlens_program")
     assert prog_tool.annotations.read_only_hint is False  # program.open/close are lifecycle
 
+    with warnings.catch_warnings():  # the SDK warns that 2026-07-28 removed ping; binlens still answers it
+        warnings.simplefilter("ignore", MCPDeprecationWarning)
+        await client.send_ping()
+
     # help navigation: domains -> operations -> one operation's schemas
-    top = _payload(await client.call_tool("binlens.help", {}))
+    top = _payload(await client.call_tool("binlens_help", {}))
     assert "symbol" in {d["domain"] for d in top["tools"]}
-    dom = _payload(await client.call_tool("binlens.help", {"domain": "symbol"}))
+    dom = _payload(await client.call_tool("binlens_help", {"domain": "symbol"}))
     assert "list" in {o["operation"] for o in dom["operations"]}
-    one = _payload(await client.call_tool("binlens.help", {"domain": "symbol", "operation": "list"}))
+    for full in ("binlens_symbol", "binlens.symbol"):  # the domain as its tool's name, either separator
+        assert _payload(await client.call_tool("binlens_help", {"domain": full}))["operations"] == dom["operations"]
+    one = _payload(await client.call_tool("binlens_help", {"domain": "symbol", "operation": "list"}))
     assert one["name"] == "symbol.list" and one["effect"] == "read-only"
     assert one["input_schema"]["type"] == "object" and "output_schema" in one
 
     handles = await _program_handles(client)
     prog = handles[sample.name]
     res = await client.call_tool(
-        "binlens.symbol", {"operation": "list", "params": {"program": prog, "name": "add_numbers"}}
+        "binlens_symbol", {"operation": "list", "params": {"program": prog, "name": "add_numbers"}}
     )
     assert res.is_error is False
     items = _payload(res)["items"]
@@ -106,7 +118,7 @@ async def acceptance(client: Client, sample: Path) -> None:
 
     # a method failure is a tool result with isError and the error object
     bad = await client.call_tool(
-        "binlens.symbol", {"operation": "get", "params": {"program": prog, "selector": {"name": "no_such_symbol"}}}
+        "binlens_symbol", {"operation": "get", "params": {"program": prog, "selector": {"name": "no_such_symbol"}}}
     )
     assert bad.is_error is True
     err = _payload(bad)["error"]
@@ -131,7 +143,7 @@ async def long_call_progress(client: Client, handle: str) -> None:
         "operation": "search",
         "params": {"program": handle, "pattern": "fe fd fc fb", "scan": {"timeout_ms": 60000}},
     }
-    res = await client.call_tool("binlens.memory", args, progress_callback=on_progress)
+    res = await client.call_tool("binlens_memory", args, progress_callback=on_progress)
     assert res.is_error is False, res.structured_content
     assert _payload(res)["scan"]["complete"] is True
     assert seen, "no progress notification arrived"
@@ -156,13 +168,13 @@ async def long_call_cancel(client: Client, handle: str) -> None:
         async with anyio.create_task_group() as tg:
 
             async def call() -> None:
-                await client.call_tool("binlens.memory", args, progress_callback=on_progress)
+                await client.call_tool("binlens_memory", args, progress_callback=on_progress)
                 pytest.fail("the cancelled call returned a result")
 
             tg.start_soon(call)
             await first.wait()
             # beyond --max-concurrent: `busy` at once, no queue
-            busy = await client.call_tool("binlens.memory", quick)
+            busy = await client.call_tool("binlens_memory", quick)
             assert busy.is_error and _payload(busy)["error"]["code"] == "busy"
             assert _payload(busy)["error"]["details"]["max_concurrent"] == 1
             tg.cancel_scope.cancel()
@@ -172,7 +184,7 @@ async def long_call_cancel(client: Client, handle: str) -> None:
     # a new long call is accepted (not `busy`) well before the full search could have finished.
     deadline = time.monotonic() + 30
     while True:
-        res = await client.call_tool("binlens.memory", quick)
+        res = await client.call_tool("binlens_memory", quick)
         data = _payload(res)
         if not res.is_error:
             break

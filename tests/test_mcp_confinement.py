@@ -23,7 +23,7 @@ def _params(home: Path, *args: str) -> StdioServerParameters:
 
 
 async def _call(client: Client, operation: str, params: dict[str, Any]) -> tuple[bool, Any]:
-    res = await client.call_tool("binlens.program", {"operation": operation, "params": params})
+    res = await client.call_tool("binlens_program", {"operation": operation, "params": params})
     return bool(res.is_error), res.structured_content
 
 

@@ -133,7 +133,7 @@ def test_handshake_request_with_negotiated_header(base: str) -> None:
     r = post(base, *handshake("tools/list", version="2025-06-18"))
     assert r.status_code == 200
     res = r.json()["result"]
-    assert "binlens.help" in {t["name"] for t in res["tools"]}
+    assert "binlens_help" in {t["name"] for t in res["tools"]}
     assert "resultType" not in res and "ttlMs" not in res  # 2026-07-28 fields stay out of older eras
 
 
@@ -147,6 +147,43 @@ def test_handshake_unsupported_header_version_is_400(base: str) -> None:
 def test_ping_in_handshake_era(base: str) -> None:
     r = post(base, *handshake("ping"))
     assert r.status_code == 200 and r.json()["result"] == {}
+
+
+def test_ping_in_2026(base: str) -> None:
+    """Removed from the 2026-07-28 surface, still answered (as Ghidra Bridge does) for liveness checks."""
+    r = post(base, *modern("ping"))
+    assert r.status_code == 200
+    res = r.json()["result"]
+    assert res["resultType"] == "complete" and res["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "binlens"
+    body, headers = modern("ping")
+    del body["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"]
+    r = post(base, body, headers)  # the envelope rules still apply
+    assert r.status_code == 400 and r.json()["error"]["code"] == -32602
+
+
+def test_handshake_request_without_version_header_is_400(base: str) -> None:
+    """After initialize, the negotiated version travels in MCP-Protocol-Version (no session keeps it)."""
+    body, headers = handshake("tools/list")
+    del headers["MCP-Protocol-Version"]
+    r = post(base, body, headers)
+    assert r.status_code == 400
+    doc = r.json()
+    assert doc["id"] == 7 and doc["error"]["code"] == -32600 and "MCP-Protocol-Version" in doc["error"]["message"]
+    # initialize itself needs no header; a notification is still accepted
+    assert post(base, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}, JSON).status_code == 200
+    assert post(base, {"jsonrpc": "2.0", "method": "notifications/initialized"}, JSON).status_code == 202
+
+
+def test_initialize_with_an_unsupported_version_header_is_400(base: str) -> None:
+    headers = {**JSON, "MCP-Protocol-Version": "2024-11-05"}
+    r = post(base, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}, headers)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert (
+        err["code"] == -32022 and err["data"]["requested"] == "2024-11-05" and "2025-06-18" in err["data"]["supported"]
+    )
+    headers["MCP-Protocol-Version"] = "2025-06-18"  # a supported one is fine
+    assert post(base, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}, headers).status_code == 200
 
 
 # --- error id rules ---------------------------------------------------------------------------
@@ -235,18 +272,18 @@ def test_method_header_mismatch_is_32020(base: str) -> None:
 
 
 def test_name_header_mismatch_is_32020(base: str) -> None:
-    body, headers = modern("tools/call", {"name": "binlens.help", "arguments": {}})
-    headers["Mcp-Name"] = "binlens.symbol"
+    body, headers = modern("tools/call", {"name": "binlens_help", "arguments": {}})
+    headers["Mcp-Name"] = "binlens_symbol"
     r = post(base, body, headers)
     assert r.status_code == 400 and r.json()["error"]["code"] == -32020
 
 
 def test_base64_name_header_is_decoded(base: str) -> None:
-    body, headers = modern("tools/call", {"name": "binlens.help", "arguments": {}})
-    headers["Mcp-Name"] = "=?base64?" + base64.b64encode(b"binlens.help").decode() + "?="
+    body, headers = modern("tools/call", {"name": "binlens_help", "arguments": {}})
+    headers["Mcp-Name"] = "=?base64?" + base64.b64encode(b"binlens_help").decode() + "?="
     r = post(base, body, headers)
     assert r.status_code == 200 and r.json()["result"]["isError"] is False
-    headers["Mcp-Name"] = "=?base64?" + base64.b64encode(b"binlens.other").decode() + "?="
+    headers["Mcp-Name"] = "=?base64?" + base64.b64encode(b"binlens_other").decode() + "?="
     r = post(base, body, headers)
     assert r.status_code == 400 and r.json()["error"]["code"] == -32020
 
@@ -277,7 +314,7 @@ def test_missing_meta_fields_is_32602(base: str) -> None:
     assert r.status_code == 400 and r.json()["error"]["code"] == -32602
 
 
-@pytest.mark.parametrize("method", ["no/such_method", "ping", "initialize"])
+@pytest.mark.parametrize("method", ["no/such_method", "initialize", "logging/setLevel"])
 def test_unknown_method_is_404_32601(base: str, method: str) -> None:
     r = post(base, *modern(method))
     assert r.status_code == 404
@@ -286,28 +323,28 @@ def test_unknown_method_is_404_32601(base: str, method: str) -> None:
 
 
 def test_unknown_tool_is_32602(base: str) -> None:
-    r = post(base, *modern("tools/call", {"name": "binlens.nope", "arguments": {}}))
+    r = post(base, *modern("tools/call", {"name": "binlens_nope", "arguments": {}}))
     assert r.status_code == 400 and r.json()["error"]["code"] == -32602
 
 
 def test_tool_result_shape_and_method_error(base: str) -> None:
-    r = post(base, *modern("tools/call", {"name": "binlens.symbol", "arguments": {"operation": "list"}}))
+    r = post(base, *modern("tools/call", {"name": "binlens_symbol", "arguments": {"operation": "list"}}))
     res = r.json()["result"]
     assert res["resultType"] == "complete" and res["isError"] is False
     assert json.loads(res["content"][0]["text"]) == res["structuredContent"]
     args = {"operation": "get", "params": {"selector": {"address": "zzz"}}}
-    res = post(base, *modern("tools/call", {"name": "binlens.symbol", "arguments": args})).json()["result"]
+    res = post(base, *modern("tools/call", {"name": "binlens_symbol", "arguments": args})).json()["result"]
     assert res["isError"] is True
     err = res["structuredContent"]["error"]
     assert set(err) == {"status", "code", "message", "target", "details"}
     assert err["target"] == "/params/selector/address"
-    bad_op = post(base, *modern("tools/call", {"name": "binlens.symbol", "arguments": {"operation": "fly"}}))
+    bad_op = post(base, *modern("tools/call", {"name": "binlens_symbol", "arguments": {"operation": "fly"}}))
     assert bad_op.json()["result"]["structuredContent"]["error"]["target"] == "/arguments/operation"
 
 
 def test_progress_streams_as_sse_scoped_to_the_request(base: str) -> None:
     params = {
-        "name": "binlens.memory",
+        "name": "binlens_memory",
         "arguments": {"operation": "search", "params": {"regex": r"\x00{0,20}[^\x00]\x00{3}z"}},
     }
     body, headers = modern("tools/call", params)
@@ -365,6 +402,27 @@ def test_messages_needs_a_known_session(base: str) -> None:
     assert r.status_code == 400
     r = httpx.post(base + "/messages?sessionId=deadbeef", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
     assert r.status_code == 404
+    r = httpx.post(base + "/messages", json={"jsonrpc": "2.0", "id": 1}, headers={"Mcp-Session-Id": "deadbeef"})
+    assert r.status_code == 404
+
+
+def test_messages_takes_the_session_id_as_a_header(base: str) -> None:
+    sse = SseReader(base + "/sse")
+    try:
+        _, endpoint = sse.wait(lambda: sse.events and sse.events[0])
+        sid = endpoint.split("sessionId=", 1)[1]
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}
+        r = httpx.post(base + "/messages", json=init, headers={"Mcp-Session-Id": sid})
+        assert r.status_code == 202
+        _, data = sse.wait(lambda: len(sse.events) >= 2 and sse.events[1])
+        assert json.loads(data)["id"] == 1 and json.loads(data)["result"]["protocolVersion"] == "2025-06-18"
+        # the query and the header must agree when both are given
+        r = httpx.post(
+            base + endpoint, json={"jsonrpc": "2.0", "id": 2, "method": "ping"}, headers={"Mcp-Session-Id": "x"}
+        )
+        assert r.status_code == 400
+    finally:
+        sse.close()
 
 
 def test_sse_keepalive_comments(base: str) -> None:
@@ -378,11 +436,11 @@ def test_sse_keepalive_comments(base: str) -> None:
 
 def test_prompts_list_and_get(base: str) -> None:
     res = post(base, *modern("prompts/list")).json()["result"]
-    assert [p["name"] for p in res["prompts"]] == ["binlens.triage"]
+    assert [p["name"] for p in res["prompts"]] == ["binlens_triage"]
     assert isinstance(res["ttlMs"], int)
-    got = post(base, *modern("prompts/get", {"name": "binlens.triage", "arguments": {"program": "p1"}})).json()
+    got = post(base, *modern("prompts/get", {"name": "binlens_triage", "arguments": {"program": "p1"}})).json()
     text = got["result"]["messages"][0]["content"]["text"]
-    assert "binlens.program" in text and "'p1'" in text
+    assert "binlens_program" in text and "'p1'" in text
     r = post(base, *modern("prompts/get", {"name": "nope"}))
     assert r.status_code == 400 and r.json()["error"]["code"] == -32602
 
@@ -392,7 +450,7 @@ def test_resource_not_found_codes_per_era(base: str) -> None:
     assert r.status_code == 400
     assert r.json()["error"]["code"] == -32602 and r.json()["error"]["data"]["uri"] == "binlens://nothing"
     r = post(base, *handshake("resources/read", {"uri": "binlens://nothing"}))
-    assert r.json()["error"]["code"] == -32002
+    assert r.status_code == 404 and r.json()["error"]["code"] == -32002
 
 
 def test_huge_body_is_413_and_the_server_keeps_serving(base: str) -> None:
@@ -413,7 +471,7 @@ def test_huge_body_is_413_and_the_server_keeps_serving(base: str) -> None:
     ],
 )
 def test_bad_tool_arguments_are_tool_errors_with_pointers(base: str, arguments: dict, target: str, code: str) -> None:
-    r = post(base, *modern("tools/call", {"name": "binlens.symbol", "arguments": arguments}))
+    r = post(base, *modern("tools/call", {"name": "binlens_symbol", "arguments": arguments}))
     assert r.status_code == 200
     res = r.json()["result"]
     assert res["isError"] is True
@@ -427,7 +485,7 @@ def test_help_with_bad_arguments(base: str) -> None:
         ({"operation": "list"}, "/arguments/domain"),
         ({"domain": "symbol", "operation": "fly"}, "/arguments/operation"),
     ]:
-        res = post(base, *modern("tools/call", {"name": "binlens.help", "arguments": args})).json()["result"]
+        res = post(base, *modern("tools/call", {"name": "binlens_help", "arguments": args})).json()["result"]
         assert res["isError"] is True and res["structuredContent"]["error"]["target"] == target
 
 
@@ -439,7 +497,7 @@ def test_stopping_server_answers_open_requests_503_and_exits_0(compile_c, tmp_pa
     proc, url = start_http_server(tmp_path, [compile_c("mcp_big.c")])
     slow = {"regex": r"\x00{0,20}[^\x00]\x00{3}z", "scan": {"timeout_ms": 60000}}  # ~9 s uncancelled
     body, headers = handshake(
-        "tools/call", {"name": "binlens.memory", "arguments": {"operation": "search", "params": slow}}
+        "tools/call", {"name": "binlens_memory", "arguments": {"operation": "search", "params": slow}}
     )
     got: dict[str, httpx.Response] = {}
     t = threading.Thread(target=lambda: got.setdefault("r", post(url, body, headers)))
@@ -454,14 +512,15 @@ def test_stopping_server_answers_open_requests_503_and_exits_0(compile_c, tmp_pa
     assert r.status_code == 503 and r.json()["id"] == 7 and r.json()["error"]["code"] == -32603
 
 
-def test_serve_tool_separator_underscore(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
-    """`binlens serve --tool-separator _` names tools binlens_help, binlens_symbol, ..."""
-    proc, url = start_http_server(tmp_path / "home", [compile_c("sample.c")], "--tool-separator", "_")
+def test_serve_tool_separator_dot_from_the_environment(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
+    """`BINLENS_TOOL_SEPARATOR=. binlens serve` names tools binlens.help, binlens.symbol, ..."""
+    env = {"BINLENS_TOOL_SEPARATOR": "."}
+    proc, url = start_http_server(tmp_path / "home", [compile_c("sample.c")], env=env)
     try:
         body, headers = modern("tools/list")
         names = {t["name"] for t in post(url, body, headers).json()["result"]["tools"]}
-        assert {"binlens_help", "binlens_symbol"} <= names
-        assert not any("." in n for n in names)
+        assert {"binlens.help", "binlens.symbol"} <= names
+        assert all(n.startswith("binlens.") for n in names)
     finally:
         stop(proc)
 
@@ -476,7 +535,7 @@ def test_sse_refuses_a_second_request_with_a_running_id(compile_c, tmp_path: Pat
         init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {**INIT, "protocolVersion": "2025-11-25"}}
         assert httpx.post(url, json=init).status_code == 202
         params = {"regex": r"\x00{0,20}[^\x00]\x00{3}z", "scan": {"timeout_ms": 60000}}
-        call = {"name": "binlens.memory", "arguments": {"operation": "search", "params": params}}
+        call = {"name": "binlens_memory", "arguments": {"operation": "search", "params": params}}
         search = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call}
         assert httpx.post(url, json=search).status_code == 202
         assert httpx.post(url, json={"jsonrpc": "2.0", "id": 2, "method": "ping"}).status_code == 202
@@ -494,3 +553,34 @@ def test_sse_refuses_a_second_request_with_a_running_id(compile_c, tmp_path: Pat
     finally:
         sse.close()
         stop(proc)
+
+
+def test_journal_client_is_stable_per_client_info_and_credential(server: tuple[str, Path]) -> None:
+    """Each call of one client is journaled under one name: its clientInfo, and a digest of the
+    credential it sent (never the credential itself); another credential is another client."""
+    base = server[0]
+    secret = "Bearer s3cret-" + "x" * 20
+
+    def comment(kind: str, auth: str | None, *, handshake_era: bool = False) -> None:
+        params = {"selector": {"name": "main"}, "kind": kind, "text": f"journal client {kind} {auth is None}"}
+        call = {"name": "binlens_comment", "arguments": {"operation": "upsert", "params": params}}
+        body, headers = handshake("tools/call", call) if handshake_era else modern("tools/call", call)
+        if auth is not None:
+            headers["Authorization"] = auth
+        assert post(base, body, headers).json()["result"]["isError"] is False
+
+    comment("eol", None)
+    comment("pre", None)
+    comment("eol", secret)
+    comment("pre", secret)
+    comment("plate", None, handshake_era=True)  # no clientInfo on a stateless handshake-era POST
+    args = {"operation": "list", "params": {"newest_first": True, "page": {"limit": 5}}}
+    body, headers = modern("tools/call", {"name": "binlens_journal", "arguments": args})
+    entries = post(base, body, headers).json()["result"]["structuredContent"]["items"]
+    clients = [e["client"] for e in reversed(entries)]
+    assert clients[:2] == ["mcp:raw/1", "mcp:raw/1"]
+    assert (
+        clients[2] == clients[3] and clients[2].startswith("mcp:raw/1#") and len(clients[2]) == len("mcp:raw/1#") + 12
+    )
+    assert "s3cret" not in json.dumps(entries)
+    assert clients[4] == "mcp:unknown"

@@ -100,7 +100,7 @@ def test_stdout_has_only_frames_and_logs_go_to_stderr(compile_c, tmp_path: Path)
                 "jsonrpc": "2.0",
                 "id": 2,
                 "method": "tools/call",
-                "params": {"name": "binlens.symbol", "arguments": {"operation": "list"}},
+                "params": {"name": "binlens_symbol", "arguments": {"operation": "list"}},
             }
         ),
     ]
@@ -160,7 +160,7 @@ def test_modern_requests_over_stdio(tmp_path: Path) -> None:
     lines = [
         msg({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": meta}}),
         msg({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"_meta": meta}}),
-        msg({"jsonrpc": "2.0", "id": 3, "method": "ping", "params": {"_meta": meta}}),
+        msg({"jsonrpc": "2.0", "id": 3, "method": "logging/setLevel", "params": {"_meta": meta, "level": "info"}}),
         msg(
             {
                 "jsonrpc": "2.0",
@@ -170,6 +170,7 @@ def test_modern_requests_over_stdio(tmp_path: Path) -> None:
             }
         ),
         msg({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}),
+        msg({"jsonrpc": "2.0", "id": 6, "method": "ping", "params": {"_meta": meta}}),  # still answered
     ]
     frames, _, code = run_stdio(tmp_path, lines)
     assert code == 0
@@ -179,12 +180,13 @@ def test_modern_requests_over_stdio(tmp_path: Path) -> None:
     assert got[3]["error"]["code"] == -32601
     assert got[4]["error"]["code"] == -32022 and got[4]["error"]["data"]["requested"] == "2030-01-01"
     assert got[5]["error"]["code"] == -32600  # neither initialized nor a 2026-07-28 envelope
+    assert got[6]["result"]["resultType"] == "complete"
 
 
 def test_eof_cancels_outstanding_work_and_exits_zero(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
     big = compile_c("mcp_big.c")
     call = {
-        "name": "binlens.memory",
+        "name": "binlens_memory",
         "arguments": {
             "operation": "search",
             "params": {"regex": r"\x00{0,20}[^\x00]\x00{3}z", "scan": {"timeout_ms": 60000}},
@@ -219,15 +221,16 @@ def test_tool_prefix(tmp_path: Path) -> None:
     lines = [
         msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}),
         msg({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
-        msg({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "binlens.help"}}),
+        msg({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "binlens_help"}}),
     ]
     frames, _, _ = run_stdio(tmp_path, lines, "--tool-prefix", "re-2")
     names = {t["name"] for t in by_id(frames)[2]["result"]["tools"]}
-    assert "re-2.help" in names and "re-2.symbol" in names and not any(n.startswith("binlens.") for n in names)
+    assert "re-2_help" in names and "re-2_symbol" in names and not any(n.startswith("binlens") for n in names)
     assert by_id(frames)[3]["error"]["code"] == -32602
 
 
-@pytest.mark.parametrize("prefix", ["", "1abc", "a" * 65, "has space", "dot.ted"])
+# "a" * 50: valid alone, but binlens_function_parameter's counterpart would pass 64 characters
+@pytest.mark.parametrize("prefix", ["", "1abc", "a" * 65, "has space", "dot.ted", "a" * 50])
 def test_bad_tool_prefix_is_a_usage_error(tmp_path: Path, prefix: str) -> None:
     _, err, code = run_stdio(tmp_path, [], "--tool-prefix", prefix)
     assert code == 2 and "tool prefix" in err
@@ -240,13 +243,13 @@ def test_read_only_lists_mutations_and_refuses_them(tmp_path: Path) -> None:
 
     lines = [
         msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}),
-        msg({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "binlens.help", "arguments": {}}}),
+        msg({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "binlens_help", "arguments": {}}}),
         msg(
             {
                 "jsonrpc": "2.0",
                 "id": 3,
                 "method": "tools/call",
-                "params": {"name": "binlens.comment", "arguments": {"operation": "create", "params": {}}},
+                "params": {"name": "binlens_comment", "arguments": {"operation": "create", "params": {}}},
             }
         ),
     ]
@@ -274,7 +277,7 @@ def test_program_open_only_under_roots(compile_c, tmp_path: Path) -> None:  # no
                 "jsonrpc": "2.0",
                 "id": rid,
                 "method": "tools/call",
-                "params": {"name": "binlens.program", "arguments": args},
+                "params": {"name": "binlens_program", "arguments": args},
             }
         )
 
@@ -292,9 +295,8 @@ def test_program_open_only_under_roots(compile_c, tmp_path: Path) -> None:  # no
     assert opened["isError"] is False and opened["structuredContent"]["identity"]["file_name"] == "inside"
 
 
-def test_underscore_tool_separator_for_strict_clients(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
-    import re
-
+def test_dot_separator_gives_ghidra_bridge_names(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
+    """`--tool-separator .` names tools binlens.help, binlens.symbol, ...; help takes either form."""
     lines = [
         msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}),
         msg({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
@@ -303,7 +305,7 @@ def test_underscore_tool_separator_for_strict_clients(compile_c, tmp_path: Path)
                 "jsonrpc": "2.0",
                 "id": 3,
                 "method": "tools/call",
-                "params": {"name": "binlens_symbol", "arguments": {"operation": "list"}},
+                "params": {"name": "binlens.symbol", "arguments": {"operation": "list"}},
             }
         ),
         msg(
@@ -311,20 +313,29 @@ def test_underscore_tool_separator_for_strict_clients(compile_c, tmp_path: Path)
                 "jsonrpc": "2.0",
                 "id": 4,
                 "method": "tools/call",
-                "params": {"name": "binlens_help", "arguments": {"domain": "memory_block"}},
+                "params": {"name": "binlens.help", "arguments": {"domain": "binlens.memory_block"}},
             }
         ),
         msg({"jsonrpc": "2.0", "id": 5, "method": "prompts/list"}),
+        msg(
+            {
+                "jsonrpc": "2.0",
+                "id": 6,
+                "method": "tools/call",
+                "params": {"name": "binlens.help", "arguments": {"domain": "binlens_memory_block"}},
+            }
+        ),
     ]
-    frames, _, code = run_stdio(tmp_path, lines, str(compile_c("sample.c")), "--tool-separator", "_")
+    frames, _, code = run_stdio(tmp_path, lines, str(compile_c("sample.c")), "--tool-separator", ".")
     assert code == 0
     got = by_id(frames)
     names = [t["name"] for t in got[2]["result"]["tools"]]
-    assert "binlens_help" in names and "binlens_memory_block" in names
-    assert all(re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", n) for n in names)  # Claude Desktop's rule
+    assert "binlens.help" in names and "binlens.memory_block" in names
+    assert all(n.startswith("binlens.") for n in names)
     assert got[3]["result"]["isError"] is False
-    assert got[4]["result"]["structuredContent"]["tool"] == "binlens_memory_block"
-    assert got[5]["result"]["prompts"][0]["name"] == "binlens_triage"
+    assert got[4]["result"]["structuredContent"]["tool"] == "binlens.memory_block"
+    assert got[5]["result"]["prompts"][0]["name"] == "binlens.triage"
+    assert got[6]["result"]["structuredContent"]["domain"] == "memory_block"
     _, err, code = run_stdio(tmp_path, [], "--tool-separator", "/")
     assert code == 2 and "tool-separator" in err
 
@@ -382,12 +393,12 @@ class StdioClient:
 def _search_call(rid: Any, timeout_ms: int = 60000) -> bytes:
     """A tools/call running a backtracking memory.search for many seconds over mcp_big."""
     params = {"regex": r"\x00{0,20}[^\x00]\x00{3}z", "scan": {"timeout_ms": timeout_ms}}
-    call = {"name": "binlens.memory", "arguments": {"operation": "search", "params": params}}
+    call = {"name": "binlens_memory", "arguments": {"operation": "search", "params": params}}
     return msg({"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": call})
 
 
 def _quick_call(rid: Any) -> bytes:
-    call = {"name": "binlens.symbol", "arguments": {"operation": "list", "params": {"page": {"limit": 1}}}}
+    call = {"name": "binlens_symbol", "arguments": {"operation": "list", "params": {"page": {"limit": 1}}}}
     return msg({"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": call})
 
 
@@ -442,3 +453,22 @@ def test_second_request_with_a_running_id_is_refused(compile_c, tmp_path: Path) 
     finally:
         code = client.close()
     assert code == 0
+
+
+def test_journal_client_is_the_clients_name_on_every_call(compile_c, tmp_path: Path) -> None:  # noqa: ANN001
+    """Edits over one stdio connection are journaled under its clientInfo, not one id per call."""
+    client = StdioClient(tmp_path, str(compile_c("sample.c")))
+    try:
+        client.send(msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}))
+        assert client.answer(1)["result"]["protocolVersion"] == "2025-11-25"
+        for rid, kind in ((2, "eol"), (3, "plate")):
+            args = {"operation": "create", "params": {"selector": {"name": "main"}, "kind": kind, "text": "seen"}}
+            call = {"name": "binlens_comment", "arguments": args}
+            client.send(msg({"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": call}))
+            assert client.answer(rid)["result"]["isError"] is False
+        listed = {"name": "binlens_journal", "arguments": {"operation": "list", "params": {}}}
+        client.send(msg({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": listed}))
+        entries = client.answer(4)["result"]["structuredContent"]["items"]
+        assert [e["client"] for e in entries] == ["mcp:raw/1", "mcp:raw/1"]
+    finally:
+        client.close()

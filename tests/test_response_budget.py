@@ -77,13 +77,13 @@ def test_huge_page_is_refused_before_it_is_built(tmp_path: Path) -> None:
     server = StdioServer(tmp_path / "home", str(crafted))
     try:
         server.request("initialize", INIT)
-        huge = server.tool("binlens.symbol", "list", {"page": {"limit": 1000}})
+        huge = server.tool("binlens_symbol", "list", {"page": {"limit": 1000}})
         assert huge["isError"] is True
         err = huge["structuredContent"]["error"]
         assert (err["code"], err["status"]) == ("response_too_large", 413), err
         assert err["details"]["limit"] == 4 * 1024 * 1024
         peak = _peak_rss_kb(server.proc.pid)
-        small = server.tool("binlens.symbol", "list", {"page": {"limit": 1}})  # one item fits
+        small = server.tool("binlens_symbol", "list", {"page": {"limit": 1}})  # one item fits
         assert small["isError"] is False and small["structuredContent"]["next_cursor"]
     finally:
         code = server.close()
@@ -99,13 +99,17 @@ def test_listing_stops_building_at_the_budget(tmp_path: Path) -> None:
     server = StdioServer(tmp_path / "home", str(crafted))
     try:
         server.request("initialize", INIT)
-        assert server.tool("binlens.function", "list", {"page": {"limit": 1}})["isError"] is False
+        assert server.tool("binlens_function", "list", {"page": {"limit": 1}})["isError"] is False
         before = _peak_rss_kb(server.proc.pid)
         text_start = BASE + 64 + 56  # crafted_elf: the functions follow the ELF and program headers
         span = {"start": hex(text_start), "end": hex(text_start + 2 * 10_000)}
-        listing = server.tool("binlens.listing", "get", {"range": span, "max_instructions": 20_000})
+        asked = {"range": span, "max_instructions": 20_000, "max_bytes": 1 << 24}  # over the 4 MiB budget
+        listing = server.tool("binlens_listing", "get", asked)
         assert listing["isError"] is True
         assert listing["structuredContent"]["error"]["code"] == "response_too_large"
+        # By default a page of 32 KiB: the first 8 lines of 4 KB labels, and where the next page starts
+        page = server.tool("binlens_listing", "get", {"range": span})["structuredContent"]
+        assert len(page["text"].encode()) <= 32768 and page["next_offset"] == len(page["text"].encode())
         grown = _peak_rss_kb(server.proc.pid) - before
     finally:
         server.close()

@@ -49,7 +49,8 @@ def test_ready_line_mcp_config_prefix_and_sigterm(tmp_path: Path, sample: Path) 
             time.sleep(0.05)  # stdout is drained by another thread than the ready line
         config = json.loads(srv.stdout)["mcpServers"]
         stdio = config["binlens"]
-        assert Path(stdio["command"]).name == "binlens" and stdio["args"] == ["mcp", str(sample.resolve())]
+        assert Path(stdio["command"]).name == "binlens"
+        assert stdio["args"] == ["mcp", str(sample.resolve()), "--tool-prefix", "tb"]  # names as this server
         http = config["binlens-http"]
         assert http["url"] == f"http://127.0.0.1:{srv.port}/mcp"
         assert http["headers"] == {"Authorization": "Bearer ${BINLENS_TOKEN}"}

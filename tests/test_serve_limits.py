@@ -145,7 +145,7 @@ def _interface_get(rid: int) -> dict[str, object]:
         "jsonrpc": "2.0",
         "id": rid,
         "method": "tools/call",
-        "params": {"name": "binlens.interface", "arguments": arguments},
+        "params": {"name": "binlens_interface", "arguments": arguments},
     }
 
 
@@ -161,7 +161,8 @@ def test_sse_client_that_never_reads_is_dropped_and_memory_stays_bounded(tmp_pat
             head += reader.recv(4096)
         url = srv.base + head.split(b"data: ", 1)[1].split(b"\n", 1)[0].decode()
         with httpx.Client(timeout=60) as client:
-            warm = client.post(srv.base + "/mcp", json=_interface_get(1), headers={"Accept": "application/json"})
+            version = {"Accept": "application/json", "MCP-Protocol-Version": "2025-11-25"}
+            warm = client.post(srv.base + "/mcp", json=_interface_get(1), headers=version)
             assert len(warm.content) > 100_000
             assert (
                 client.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}).status_code

@@ -30,7 +30,7 @@ LONE_ID = r'{"jsonrpc":"2.0","id":"\ud800","method":"ping"}'
 LONE_METHOD = r'{"jsonrpc":"2.0","id":8,"method":"\udc00ping"}'
 LONE_PARAM = (
     r'{"jsonrpc":"2.0","id":9,"method":"tools/call",'
-    r'"params":{"name":"binlens.help","arguments":{"operation":"x\ud800"}}}'
+    r'"params":{"name":"binlens_help","arguments":{"operation":"x\ud800"}}}'
 )
 BROKEN = '{"jsonrpc": "2.0", "id": 10, "method": "ping"'
 # (frame, expected code, expected id: None = no id could be read)
@@ -105,7 +105,11 @@ def test_mcp_http_answers_hostile_bodies_with_json_rpc_errors(server: ServerProc
         if rid is None and version == "2025-06-18":
             assert body["id"] is None
         _check(body, code, rid)
-    ping = httpx.post(server.base + "/mcp", json={"jsonrpc": "2.0", "id": 5, "method": "ping"}, headers=JSON)
+    ping = httpx.post(
+        server.base + "/mcp",
+        json={"jsonrpc": "2.0", "id": 5, "method": "ping"},
+        headers=headers | {"MCP-Protocol-Version": "2025-11-25"},
+    )
     assert ping.json() == {"jsonrpc": "2.0", "id": 5, "result": {}}
     assert "Traceback" not in server.stderr
 

@@ -296,14 +296,14 @@ def test_ws_and_mcp_share_the_call_slots(server: ServerProcess, big: Path) -> No
         "jsonrpc": "2.0",
         "id": 1,
         "method": "tools/call",
-        "params": {"name": "binlens.session", "arguments": {"operation": "get"}, "_meta": meta},
+        "params": {"name": "binlens_session", "arguments": {"operation": "get"}, "_meta": meta},
     }
     headers = {
         "Content-Type": "application/json",
         "Accept": "application/json, text/event-stream",
         "MCP-Protocol-Version": modern,
         "Mcp-Method": "tools/call",
-        "Mcp-Name": "binlens.session",
+        "Mcp-Name": "binlens_session",
     }
 
     def mcp_call() -> dict[str, Any]:
@@ -335,6 +335,24 @@ def test_ws_and_mcp_share_the_call_slots(server: ServerProcess, big: Path) -> No
                 return
             await asyncio.sleep(0.1)
         raise AssertionError("MCP stayed busy after the /ws calls ended")
+
+    run(go())
+
+
+def test_fragmented_text_message_closes_with_1003(server: ServerProcess) -> None:
+    """A JSON-RPC message split over continuation frames is refused, not reassembled."""
+
+    async def go() -> None:
+        c, _ = await opened(server.ws_url)
+        await c.send(['{"jsonrpc": "2.0", "id": 1, ', '"method": "session.get", "params": {}}'])  # two frames
+        with pytest.raises(ConnectionClosed):
+            await asyncio.wait_for(c.recv(), 10)
+        assert c.close_code == 1003 and "fragmented" in (c.close_reason or "")
+        # the slot is free again: a new client connects and is served
+        again, _ = await opened(server.ws_url)
+        await again.send('{"jsonrpc": "2.0", "id": 2, "method": "session.get", "params": {}}')
+        assert (await recv_json(again, 30))["id"] == 2
+        await again.close()
 
     run(go())
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from binlens.api.common import ProgramIdentity
-from binlens.api.models import AddressText, HexAddress, Params, ProgramRef, Result
+from binlens.api.models import AddressText, HexAddress, Params, ProgramRef, Result, Selector, selector_or_address
 from binlens.api.registry import READ_ONLY, method
 from binlens.workspace import Workspace
 
 
 class AddressResolveParams(Params):
     program: ProgramRef | None = None
-    address: AddressText
+    selector: Selector | None = Field(default=None, description="The address, or a name such as `main+0x10`.")
+    address: AddressText | None = Field(default=None, description="The same as selector.address (give one of the two).")
 
 
 class SymbolRef(Result):
@@ -52,7 +55,7 @@ class AddressSpaceList(Result):
 def address_resolve(ws: Workspace, p: AddressResolveParams) -> AddressInfo:
     """Resolve an address or `symbol[+off]`: segment, section, nearest symbol and file offset."""
     prog = ws.program(p.program)
-    va = prog.resolve(p.address, "/params/address")
+    va, _target = selector_or_address(prog, p.selector, p.address)
     img = prog.image
     seg = img.segment_at(va)
     sec = img.section_at(va)

@@ -204,13 +204,11 @@ def original_name(prog: Program, va: int) -> str | None:
 
 
 # --- byte patches --------------------------------------------------------------------------------
-def overlay(prog: Program, va: int, length: int) -> tuple[bytes, bool]:
+def overlay(prog: Program, va: int, length: int, target: str = "/params/address") -> tuple[bytes, bool]:
     """Bytes at `va` with the database's patches applied, and whether any byte differs from the file."""
     base = prog.image.read(va, length)
     if base is None:
-        raise BinlensError(
-            "invalid_argument", f"{hex(va)}..{hex(va + length)} is not entirely mapped", target="/params/address"
-        )
+        raise BinlensError("invalid_argument", f"{hex(va)}..{hex(va + length)} is not entirely mapped", target=target)
     patches = store(prog).patched_bytes(va, length)
     if not patches:
         return base, False

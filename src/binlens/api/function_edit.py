@@ -87,7 +87,8 @@ class ParameterCreateParams(Params):
     """A parameter to add to a function's prototype."""
 
     program: ProgramRef | None = None
-    function: Selector
+    selector: Selector | None = Field(default=None, description="The function (give this or 'function').")
+    function: Selector | None = Field(default=None, description="The same as selector.")
     name: ParamName
     type: TypeText
     ordinal: int | None = Field(None, ge=0, le=255, description="Insert at this position (default: append).")
@@ -97,7 +98,8 @@ class ParameterPatchParams(Params):
     """A parameter to rename or retype."""
 
     program: ProgramRef | None = None
-    function: Selector
+    selector: Selector | None = Field(default=None, description="The function (give this or 'function').")
+    function: Selector | None = Field(default=None, description="The same as selector.")
     ordinal: int = Field(ge=0, le=255)
     name: ParamName | None = None
     type: TypeText | None = None
@@ -107,7 +109,8 @@ class ParameterDeleteParams(Params):
     """A parameter to remove."""
 
     program: ProgramRef | None = None
-    function: Selector
+    selector: Selector | None = Field(default=None, description="The function (give this or 'function').")
+    function: Selector | None = Field(default=None, description="The same as selector.")
     ordinal: int = Field(ge=0, le=255)
 
 
@@ -309,7 +312,14 @@ def function_prototype_get(ws: Workspace, p: FunctionPrototypeParams) -> Functio
 def _param_edit(ws: Workspace, p: Any, ctx: CallContext, method_name: str, change: Any) -> FunctionEdited:
     prog = ws.program(p.program)
     refresh(prog)
-    va = function_address(prog, p.function, "/params/function")
+    if (p.selector is None) == (p.function is None):
+        raise BinlensError(
+            "invalid_argument", "give 'selector' (the function) or 'function'", target="/params/selector"
+        )
+    if p.selector is not None:
+        va = function_address(prog, p.selector)
+    else:
+        va = function_address(prog, p.function, "/params/function")
 
     def plan(conn: sqlite3.Connection) -> list[Change]:
         proto = load_prototype(prog, va, conn) or _default()

@@ -237,21 +237,39 @@ def _fn_of(view: AnalysisView, va: int) -> int | None:
 
 
 # ---------------------------------------------------------------------------- listing.get
+LISTING_MAX_BYTES = 32768  # the text of one listing.get page by default (~8k tokens)
+
+
 class ListingParams(NeedsAnalysis):
-    selector: Selector | None = Field(None, description="A function (by entry, inner address or name).")
-    range: AddressRange | None = Field(None, description="Or an address range, decoded linearly.")
-    max_instructions: int = Field(2000, ge=1, le=20000)
+    selector: Selector | None = Field(default=None, description="A function (by entry, inner address or name).")
+    range: AddressRange | None = Field(default=None, description="Or an address range, decoded linearly.")
+    format: Literal["text", "lines", "both"] = Field(
+        default="text", description="text: the listing as text; lines: as structured lines instead; both: the two."
+    )
+    offset: int = Field(
+        default=0, ge=0, description="Byte offset into the listing's text: a previous page's next_offset."
+    )
+    max_bytes: int = Field(
+        default=LISTING_MAX_BYTES, ge=256, le=1 << 24, description="At most this many bytes of text per call."
+    )
+    max_instructions: int = Field(default=20000, ge=1, le=20000, description="Stop the listing after this many.")
 
 
 class ListingLine(Result):
     address: HexAddress
     kind: Literal["label", "comment", "instruction", "data"] = Field(
-        description="label: a function or block start; comment: a user plate/pre comment or prototype line; "
-        "data: bytes that do not decode as an instruction, as `.byte 0xNN` (one alignment unit a line)"
+        description="label: a function or block start; comment: a user plate/pre comment, a prototype, or "
+        "(range listings) the function the lines that follow are in; data: bytes that do not decode as an "
+        "instruction, as `.byte 0xNN` (one alignment unit a line)"
     )
     text: str
     bytes: str | None = None
     comment: str | None = None
+    function: HexAddress | None = Field(
+        default=None,
+        description="Range listings: the function this line is in (absent outside functions).",
+        exclude_if=lambda v: v is None,
+    )
 
 
 class ListingResult(Result):
@@ -259,16 +277,52 @@ class ListingResult(Result):
     end: HexAddress
     function: HexAddress | None = None
     function_name: str | None = None
-    lines: list[ListingLine]
-    truncated: bool
-    text: str = Field(description="The listing rendered as text.")
+    text: str | None = Field(
+        default=None,
+        description="This page of the listing as text (format text or both).",
+        exclude_if=lambda v: v is None,
+    )
+    lines: list[ListingLine] | None = Field(
+        default=None,
+        description="The lines whose text starts in this page (format lines or both).",
+        exclude_if=lambda v: v is None,
+    )
+    offset: int = Field(description="Byte offset of this page in the listing's text.")
+    next_offset: int | None = Field(description="Where the next page starts; null at the end.")
+    fragment: bool = Field(description="True when this page is not the whole listing.")
+    truncated: bool = Field(description="The listing stopped at max_instructions.")
 
 
-def _strings(prog: Program, view: AnalysisView) -> dict[int, str]:
+class _StringIndex:
+    """The program's strings by address, to name a reference to a string or into its tail."""
+
+    def __init__(self, view: AnalysisView) -> None:
+        rows = view.strings()
+        self.text = {a: t for a, _n, _e, t, _s, _r in rows}
+        self.starts = [a for a, _n, _e, _t, _s, _r in rows]
+        self.rows = rows
+
+    def at(self, prog: Program, va: int) -> str | None:
+        """The string that starts at `va`, or the tail of the string `va` points into (linkers share
+        one string's tail between strings that end alike)."""
+        whole = self.text.get(va)
+        if whole is not None:
+            return whole
+        i = bisect.bisect_right(self.starts, va) - 1
+        if i < 0:
+            return None
+        start, size, enc, _t, _s, _r = self.rows[i]
+        if va >= start + size or (enc == "utf-16le" and (va - start) % 2):
+            return None
+        raw = prog.image.read(va, start + size - va) or b""
+        return raw.decode("utf-16le" if enc == "utf-16le" else "utf-8", "replace") or None
+
+
+def _strings(prog: Program, view: AnalysisView) -> _StringIndex:
     key = "analysis.string_index"
     cached = prog.extensions.get(key)
     if cached is None or cached[0] is not view:
-        cached = (view, {a: t for a, _n, _e, t, _s, _r in view.strings()})
+        cached = (view, _StringIndex(view))
         prog.extensions[key] = cached
     return cached[1]
 
@@ -280,7 +334,7 @@ def _quote(text: str, limit: int = 60) -> str:
 
 @method("listing.get", effect=READ_ONLY)
 def listing_get(ws: Workspace, p: ListingParams, ctx: CallContext) -> ListingResult:
-    """Disassembly of a function or range with labels, call-target names and string/xref comments."""
+    """Disassembly of a function or range as text, paged by byte offset, with names and string comments."""
     prog, view = need_view(ws, p, ctx)
     if (p.selector is None) == (p.range is None):
         raise BinlensError("invalid_argument", "give exactly one of 'selector' or 'range'", target="/params/selector")
@@ -297,54 +351,125 @@ def listing_get(ws: Workspace, p: ListingParams, ctx: CallContext) -> ListingRes
             raise BinlensError("invalid_argument", "range.end must be above range.start", target="/params/range/end")
         spans = [(s0, e0)]
         labels = {s for s, _e in view.blocks_in(s0, e0)}
-    strings = _strings(prog, view)
-    lines: list[ListingLine] = []
-    count = 0
-    charged = 0
-    truncated = False
-    dec = decoder(prog)
-    thumb_spans(dec, view, _merged(spans))
     merged = _merged(spans)
-    notes = comments_in(prog, merged[0][0], max(e for _s, e in merged)) if merged else {}
-    stored = _stored_refs(view, merged)
-    for s, e in merged:
-        for ins in decode_range(prog, dec, s, e):
-            if count >= p.max_instructions:
-                truncated = True
-                break
-            va = ins.address
-            user = notes.get(va, {})
-            if va in labels or va in view.by_address:
-                f = view.by_address.get(va)
-                lines += _header_lines(prog, va, user.get("plate"), f is not None)
-                label = function_name(prog, f) if f else f"loc_{va:x}"
-                lines.append(ListingLine(address=hex(va), kind="label", text=label + ":"))
-            elif "plate" in user:
-                lines += _header_lines(prog, va, user["plate"], False)
-            if "pre" in user:
-                lines += [ListingLine(address=hex(va), kind="comment", text=t) for t in user["pre"].splitlines()]
-            text, comment = _render(prog, view, ins, strings, stored.get(va, ()))
-            if "eol" in user:
-                comment = user["eol"] + (f"; {comment}" if comment else "")
-            kind: Literal["instruction", "data"] = "data" if ins.flow == "data" else "instruction"
-            lines.append(ListingLine(address=hex(va), kind=kind, text=text, bytes=ins.bytes.hex(), comment=comment))
-            count += 1
-            # Each line is in `lines` and again in `text`: stop once that passes the budget.
-            ctx.charge(2 * sum(len(ln.text) + len(ln.comment or "") for ln in lines[charged:]))
-            charged = len(lines)
-        if truncated:
-            break
     start = spans[0][0] if spans else 0
     end = max((e for _s, e in spans), default=start)
+    layout = RowLayout(address_width=len(hex(end)))
+    # The text is rendered from the start on each call (so every page is cut from the same text)
+    # and only as far as this page needs: one byte past its end tells whether more follows.
+    want = p.offset + p.max_bytes + 1
+    body = bytearray()
+    page_lines: list[tuple[int, ListingLine]] = []  # (where its text starts, line)
+    truncated = False
+    for line in _listing_lines(prog, view, merged, labels, p.max_instructions, ranged=fn is None):
+        if line is None:
+            truncated = True
+            break
+        at = len(body)
+        row = render_row(line, layout)
+        body += row.encode()
+        if p.format != "text" and p.offset <= at < p.offset + p.max_bytes:
+            page_lines.append((at, line))
+            ctx.charge(len(row) + 64)
+        if len(body) >= want:
+            break
+        ctx.check_cancelled()
+    if p.offset > len(body) or (p.offset < len(body) and body[p.offset] & 0xC0 == 0x80):
+        raise BinlensError(
+            "invalid_argument",
+            f"offset {p.offset} is not a character boundary within this listing's {len(body)} bytes of text",
+            target="/params/offset",
+        )
+    cut, next_offset = _page_cut(body, p.offset, p.max_bytes)
+    text = body[p.offset : cut].decode() if p.format != "lines" else None
+    if text is not None:
+        ctx.charge(len(text))
     return ListingResult(
         start=hex(start),
         end=hex(end),
         function=hex(fn.address) if fn else None,
         function_name=function_name(prog, fn) if fn else None,
-        lines=lines,
+        text=text,
+        lines=[ln for at, ln in page_lines if at < cut] if p.format != "text" else None,
+        offset=p.offset,
+        next_offset=next_offset,
+        fragment=p.offset > 0 or next_offset is not None,
         truncated=truncated,
-        text=render_text(lines),
     )
+
+
+def _page_cut(body: bytearray | bytes, offset: int, max_bytes: int) -> tuple[int, int | None]:
+    """Where a page of at most `max_bytes` from `offset` ends, and the next page's offset (None at the
+    end): after the page's last newline when it has one, else at a UTF-8 character boundary."""
+    if len(body) - offset <= max_bytes:
+        return len(body), None
+    cut = offset + max_bytes
+    nl = body.rfind(b"\n", offset, cut)
+    if nl >= offset:
+        cut = nl + 1
+    else:
+        while cut > offset + 1 and body[cut] & 0xC0 == 0x80:  # not inside a UTF-8 sequence
+            cut -= 1
+    return cut, cut
+
+
+def _listing_lines(
+    prog: Program,
+    view: AnalysisView,
+    merged: list[tuple[int, int]],
+    labels: set[int],
+    max_instructions: int,
+    *,
+    ranged: bool,
+) -> Iterator[ListingLine | None]:
+    """Each line of the listing in order; None once `max_instructions` is reached (and it stops).
+
+    `ranged` (an address range, not a function): every line carries its function, and a comment
+    line names the function whenever the lines enter one other than at its entry label."""
+    strings = _strings(prog, view)
+    dec = decoder(prog)
+    thumb_spans(dec, view, merged)
+    notes = comments_in(prog, merged[0][0], max(e for _s, e in merged)) if merged else {}
+    stored = _stored_refs(view, merged)
+    count = 0
+    current: int | None | bool = False  # range listings: the previous line's function (False: no line yet)
+    for s, e in merged:
+        for ins in decode_range(prog, dec, s, e):
+            va = ins.address
+            if count >= max_instructions:
+                yield None
+                return
+            owner = _fn_of(view, va) if ranged else None
+            fn_hex = hex(owner) if owner is not None else None
+            user = notes.get(va, {})
+            f = view.by_address.get(va)
+            if ranged and owner != current and f is None:
+                where = f"in {_function_label(prog, view, owner)}" if owner is not None else "not in a function"
+                yield ListingLine(address=hex(va), kind="comment", text=where, function=fn_hex)
+            current = owner
+            if va in labels or f is not None:
+                for h in _header_lines(prog, va, user.get("plate"), f is not None):
+                    yield h.model_copy(update={"function": fn_hex})
+                label = function_name(prog, f) if f else f"loc_{va:x}"
+                yield ListingLine(address=hex(va), kind="label", text=label + ":", function=fn_hex)
+            elif "plate" in user:
+                for h in _header_lines(prog, va, user["plate"], False):
+                    yield h.model_copy(update={"function": fn_hex})
+            for t in user.get("pre", "").splitlines():
+                yield ListingLine(address=hex(va), kind="comment", text=t, function=fn_hex)
+            text, comment = _render(prog, view, ins, strings, stored.get(va, ()))
+            if "eol" in user:
+                comment = user["eol"] + (f"; {comment}" if comment else "")
+            kind: Literal["instruction", "data"] = "data" if ins.flow == "data" else "instruction"
+            yield ListingLine(
+                address=hex(va), kind=kind, text=text, bytes=ins.bytes.hex(), comment=comment, function=fn_hex
+            )
+            count += 1
+
+
+def _function_label(prog: Program, view: AnalysisView, address: int) -> str:
+    f = view.by_address.get(address)
+    return function_name(prog, f) if f is not None else f"sub_{address:x}"
 
 
 def _header_lines(prog: Program, va: int, plate: str | None, is_function: bool) -> list[ListingLine]:
@@ -380,7 +505,7 @@ def _stored_refs(view: AnalysisView, spans: list[tuple[int, int]]) -> dict[int, 
 
 
 def _render(
-    prog: Program, view: AnalysisView, ins: Instruction, strings: dict[int, str], stored: Iterable[int] = ()
+    prog: Program, view: AnalysisView, ins: Instruction, strings: _StringIndex, stored: Iterable[int] = ()
 ) -> tuple[str, str | None]:
     text = f"{ins.mnemonic} {ins.operands}".strip()
     notes = []
@@ -394,10 +519,11 @@ def _render(
     refs += [r for r in stored if r not in refs and r not in ins.targets]
     for r in refs:
         typed = _data_note(prog, r)
+        text_at = strings.at(prog, r) if typed is None else None
         if typed is not None:
             notes.append(typed)
-        elif r in strings:
-            notes.append(_quote(strings[r]))
+        elif text_at is not None:
+            notes.append(_quote(text_at))
         else:
             name = name_for_address(prog, r)
             if name:
@@ -405,19 +531,32 @@ def _render(
     return text, "; ".join(notes) if notes else None
 
 
-def render_text(lines: list[ListingLine]) -> str:
-    """Listing lines as text: labels flush left, instructions with address and bytes."""
-    out = []
-    for ln in lines:
-        if ln.kind == "label":
-            out.append(f"{ln.text}")
-            continue
-        if ln.kind == "comment":
-            out.append(f"  ; {ln.text}")
-            continue
-        b = (ln.bytes or "")[:20]
-        row = f"  {ln.address:>12}  {b:<20}  {ln.text}"
-        if ln.comment:
-            row = f"{row:<72} ; {ln.comment}"
-        out.append(row)
-    return "\n".join(out) + "\n"
+class RowLayout:
+    """Column widths of a listing's text rows (fixed for a whole listing, so pages line up)."""
+
+    BYTES = 16  # hex digits: instructions of up to 8 bytes keep the text column aligned
+    COMMENT = 60  # the column end-of-line comments start at
+
+    def __init__(self, address_width: int = 10) -> None:
+        self.address_width = address_width
+
+
+def render_row(ln: ListingLine, layout: RowLayout) -> str:
+    """One listing line as text, newline included: labels flush left, `; comment` lines indented,
+    instructions as address, hex bytes, text and an aligned `; comment`."""
+    if ln.kind == "label":
+        return ln.text + "\n"
+    if ln.kind == "comment":
+        return f"  ; {ln.text}\n"
+    row = f"  {ln.address:>{layout.address_width}}  {ln.bytes or '':<{layout.BYTES}}  {ln.text}"
+    if ln.comment:
+        row = f"{row:<{layout.COMMENT}}  ; {ln.comment}"
+    return row + "\n"
+
+
+def render_text(lines: list[ListingLine], address_width: int | None = None) -> str:
+    """Listing lines as text (the rows of `render_row`)."""
+    if address_width is None:
+        address_width = max((len(ln.address) for ln in lines), default=10)
+    layout = RowLayout(address_width)
+    return "".join(render_row(ln, layout) for ln in lines)

@@ -27,6 +27,7 @@ from binlens.api.models import (
     ScanReport,
     Selector,
     StopReason,
+    selector_or_address,
 )
 from binlens.api.pages import scan_bounds
 from binlens.api.registry import READ_ONLY, CallContext, method
@@ -122,7 +123,8 @@ def memory_block_get(ws: Workspace, p: MemoryBlockGetParams) -> MemoryBlock:
 
 class MemoryReadParams(Params):
     program: ProgramRef | None = None
-    address: AddressText
+    selector: Selector | None = Field(default=None, description="Where to read: an address or `name+0x10`.")
+    address: AddressText | None = Field(default=None, description="The same as selector.address (give one of the two).")
     length: int = Field(ge=1, le=65536, description="Bytes to read (at most 64 KiB).")
     encoding: Literal["hex", "base64"] = "hex"
 
@@ -148,12 +150,12 @@ def read_bytes(prog: Program, va: int, length: int, target: str) -> bytes:
 def memory_read(ws: Workspace, p: MemoryReadParams) -> MemoryBytes:
     """Read up to 64 KiB at an address, as hex or base64 (zeros where a segment has no file bytes)."""
     prog = ws.program(p.program)
-    va = prog.resolve(p.address, "/params/address")
+    va, target = selector_or_address(prog, p.selector, p.address)
     overlay = prog.extensions.get("memory.overlay")
     if overlay is not None:
-        data, patched = overlay(prog, va, p.length)
+        data, patched = overlay(prog, va, p.length, target)
     else:
-        data, patched = read_bytes(prog, va, p.length, "/params/address"), False
+        data, patched = read_bytes(prog, va, p.length, target), False
     text = data.hex() if p.encoding == "hex" else base64.b64encode(data).decode()
     return MemoryBytes(
         address=hex(va),

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from binlens.errors import BinlensError
 
 AddressText = Annotated[
     str,
@@ -91,3 +93,19 @@ class Listing(Result, Generic[T]):
     items: list[T]
     next_cursor: str | None = None
     scan: ScanReport | None = None
+
+
+def selector_or_address(prog: Any, selector: Selector | None, address: str | None) -> tuple[int, str]:
+    """The address of a method that takes `selector` (SPEC "Shapes") and, for older clients, a bare
+    `address`: exactly one of the two, resolved, with the JSON pointer of the field that named it."""
+    if (selector is None) == (address is None):
+        raise BinlensError(
+            "invalid_argument",
+            "give 'selector' ({\"address\": ...} or {\"name\": ...}) or 'address', not both",
+            target="/params/selector",
+        )
+    if address is not None:
+        return prog.resolve(address, "/params/address"), "/params/address"
+    assert selector is not None
+    target = "/params/selector/name" if selector.name is not None else "/params/selector/address"
+    return prog.resolve(selector.name or selector.address or "", target), target

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from binlens.api.edits import EditResult, edit, store
-from binlens.api.models import AddressText, HexAddress, Params, ProgramRef, Result
+from binlens.api.models import AddressText, HexAddress, Params, ProgramRef, Result, Selector, selector_or_address
 from binlens.api.registry import MUTATION, CallContext, method
 from binlens.api.symbol_edit import storable
 from binlens.errors import BinlensError
@@ -29,7 +29,8 @@ class MemoryWriteParams(Params):
     """Bytes to patch at an address."""
 
     program: ProgramRef | None = None
-    address: AddressText
+    selector: Selector | None = Field(default=None, description="Where to write: an address or `name+0x10`.")
+    address: AddressText | None = Field(default=None, description="The same as selector.address (give one of the two).")
     data: Annotated[str, Field(min_length=1, max_length=4 * MAX_WRITE, description="The bytes to write.")]
     encoding: Literal["hex", "base64"] = "hex"
 
@@ -91,7 +92,8 @@ def _runs_of(va: int, data: bytes, base: bytes) -> list[list[Any]]:
 def memory_write(ws: Workspace, p: MemoryWriteParams, ctx: CallContext) -> MemoryWritten:
     """Patch bytes in the database (never in the file); memory.read then shows them with `patched: true`."""
     prog = ws.program(p.program)
-    va = storable(prog.resolve(p.address, "/params/address"), "/params/address")
+    at, target = selector_or_address(prog, p.selector, p.address)
+    va = storable(at, target)
     data = _decode(p)
     img = prog.image
     first, last = img.va_to_offset(va), img.va_to_offset(va + len(data) - 1)
@@ -99,7 +101,7 @@ def memory_write(ws: Workspace, p: MemoryWriteParams, ctx: CallContext) -> Memor
         raise BinlensError(
             "invalid_argument",
             f"{hex(va)}..{hex(va + len(data))} is not entirely backed by file bytes (patches must be exportable)",
-            target="/params/address",
+            target=target,
         )
     base = img.read(va, len(data)) or b""
     runs = _runs_of(va, data, base)

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from binlens.analysis.model import XREF_KINDS
 from binlens.api.analysis import NeedsAnalysis, need_view
-from binlens.api.models import AddressText, HexAddress, Listing, Page, Result
+from binlens.api.models import AddressText, HexAddress, Listing, Page, Result, Selector, selector_or_address
 from binlens.api.pages import page_by_offset
 from binlens.api.registry import READ_ONLY, CallContext, method
 from binlens.errors import BinlensError
@@ -28,7 +28,8 @@ class ReferenceItem(Result):
 
 
 class ReferenceListParams(NeedsAnalysis):
-    address: AddressText = Field(description="The address (or name) references go to or come from.")
+    selector: Selector | None = Field(default=None, description="The address (or name) references go to or come from.")
+    address: AddressText | None = Field(default=None, description="The same as selector.address (give one of the two).")
     direction: Literal["to", "from"] = Field("to", description="References to the address, or made from it.")
     scope: Literal["address", "function"] = Field(
         "address", description="'function' with direction 'from': every reference made inside the function."
@@ -41,14 +42,14 @@ class ReferenceListParams(NeedsAnalysis):
 def reference_list(ws: Workspace, p: ReferenceListParams, ctx: CallContext) -> Listing[ReferenceItem]:
     """Cross-references to or from an address (or from a whole function), filtered by kind."""
     prog, view = need_view(ws, p, ctx)
-    va = prog.resolve(p.address, "/params/address")
+    va, target = selector_or_address(prog, p.selector, p.address)
     kinds = tuple(p.kind or ())
     if p.direction == "to":
         rows = view.xrefs_to(va, kinds)
     elif p.scope == "function":
         f = view.function_at(va)
         if f is None:
-            raise BinlensError("not_found", f"no function at or around {hex(va)}", target="/params/address")
+            raise BinlensError("not_found", f"no function at or around {hex(va)}", target=target)
         rows = view.xrefs_from_function(f.address, kinds)
     else:
         rows = view.xrefs_from(va, kinds)

@@ -212,18 +212,26 @@ def _disasm(args: argparse.Namespace) -> int:
     from binlens.api import invoke
 
     ws, prog = _open_and_analyse(args, "listing.get")
-    data = invoke(
-        ws,
-        "listing.get",
-        {"program": prog.handle, "selector": _selector(args.target), "max_instructions": max(1, min(args.max, 20000))},
-        max_response_bytes=1 << 30,
-    )
+    params = {
+        "program": prog.handle,
+        "selector": _selector(args.target),
+        "max_instructions": max(1, min(args.max, 20000)),
+        "format": "both" if args.json else "lines",
+        "max_bytes": 1 << 24,
+    }
+    data = invoke(ws, "listing.get", params, max_response_bytes=1 << 30)
+    lines, text = data["lines"], data.get("text") or ""
+    while data["next_offset"] is not None:  # a listing of more than 16 MiB of text
+        data = invoke(ws, "listing.get", {**params, "offset": data["next_offset"]}, max_response_bytes=1 << 30)
+        lines += data["lines"]
+        text += data.get("text") or ""
     if args.json:
-        print(json.dumps(data, indent=1))
+        whole = {**data, "text": text, "lines": lines, "offset": 0, "next_offset": None, "fragment": False}
+        print(json.dumps(whole, indent=1))
     else:
         from binlens.cli.render import listing_text
 
-        sys.stdout.write(listing_text(data["lines"], args.full))
+        sys.stdout.write(listing_text(lines, args.full))
         if data["truncated"]:
             sys.stderr.write("... truncated; raise --max\n")
     return 0

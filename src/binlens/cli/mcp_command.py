@@ -49,7 +49,11 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         except BinlensError as err:
             sys.stderr.write(f"binlens: error: {f}: {err.message}\n")
             return 1
-    core = McpCore(ws, args.tool_prefix, max_concurrent=args.max_concurrent, separator=args.tool_separator)
+    try:
+        core = McpCore(ws, args.tool_prefix, max_concurrent=args.max_concurrent, separator=args.tool_separator)
+    except ValueError as err:  # a prefix that makes some tool name longer than 64 characters
+        sys.stderr.write(f"binlens mcp: error: {err}\n")
+        return 2
     server = StdioServer(core, max_frame_bytes=args.max_frame_bytes, out=proto_out)
     import asyncio  # imported here: every other command starts faster without it
 

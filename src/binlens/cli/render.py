@@ -46,21 +46,27 @@ def _styled(stream: TextIO) -> bool:
     return stream.isatty() and not os.environ.get("NO_COLOR")
 
 
+RULE_MAX = 40  # columns of the rule under a table's last column
+
+
 def table_lines(headers: list[str], rows: list[list[str]], title: str | None = None, bold: bool = False) -> list[str]:
     """The table's lines: a title, the header, a rule, then one line per row, columns padded to
-    their widest cell and separated by `│` (the header by `┃`)."""
+    their widest cell and separated by `│` (the header by `┃`). The last column is not padded and
+    its rule is at most RULE_MAX wide, so one long cell (a string, a path) does not widen every
+    line of a piped table to hundreds of columns."""
     widths = [len(h) for h in headers]
     for r in rows:
         for i, c in enumerate(r):
             if len(c) > widths[i]:
                 widths[i] = len(c)
-    total = sum(widths) + 3 * (len(widths) - 1) + 2
-    head = " " + " ┃ ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " "
+    rule = [*widths[:-1], min(widths[-1], max(len(headers[-1]), RULE_MAX))]
+    total = sum(rule) + 3 * (len(rule) - 1) + 2
+    head = (" " + " ┃ ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))).rstrip()
     out = [title.center(total).rstrip()] if title else []
     out.append(f"{_BOLD}{head}{_RESET}" if bold else head)
-    out.append("━" + "━╇━".join("━" * w for w in widths) + "━")
-    fmt = " " + " │ ".join(f"{{:<{w}}}" for w in widths) + " "
-    out += [fmt.format(*r) for r in rows]
+    out.append("━" + "━╇━".join("━" * w for w in rule) + "━")
+    fmt = " " + " │ ".join(f"{{:<{w}}}" for w in widths)
+    out += [fmt.format(*r).rstrip() for r in rows]
     return out
 
 

@@ -125,6 +125,11 @@ def mcp_config(args: argparse.Namespace, base: str, files: list[Path]) -> dict[s
     stdio: dict[str, Any] = {"command": binlens, "args": ["mcp", *map(str, files)]}
     if args.read_only:
         stdio["args"].append("--read-only")
+    # the stdio server names its tools as this one does
+    if args.tool_prefix != "binlens":
+        stdio["args"] += ["--tool-prefix", args.tool_prefix]
+    if args.tool_separator != "_":
+        stdio["args"] += ["--tool-separator", args.tool_separator]
     http: dict[str, Any] = {"type": "http", "url": f"{base}/mcp"}
     if args.token:
         http["headers"] = {"Authorization": f"Bearer ${{{TOKEN_ENV}}}"}  # never the token itself
@@ -224,7 +229,12 @@ def _run_server(ws: Workspace, opts: ServerOptions, args: argparse.Namespace, op
     from binlens.server.ws_protocol import BinlensWebSocketProtocol
 
     hub = WsHub(ws, opts)
-    app = build_app(ws, opts, hub)
+    try:
+        app = build_app(ws, opts, hub)
+    except ValueError as err:  # a prefix that makes some tool name longer than 64 characters
+        sys.stderr.write(f"binlens serve: error: {err}\n")
+        hub.pool.shutdown(wait=False)
+        return 2
     limits, backlog = _connection_limits(opts)
     config = uvicorn.Config(
         app,

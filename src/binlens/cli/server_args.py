@@ -69,9 +69,9 @@ def add_mcp_options(p: argparse.ArgumentParser, *, root_help: str, frame_help: s
     p.add_argument(
         "--tool-separator",
         type=separator,
-        default=os.environ.get(SEPARATOR_ENV, "."),
-        help=f"between prefix and domain in tool names (default '.': binlens.help; '_' for clients that "
-        f"accept only [A-Za-z0-9_-] such as Claude Desktop; ${SEPARATOR_ENV} sets the default)",
+        default=os.environ.get(SEPARATOR_ENV, "_"),
+        help=f"between prefix and domain in tool names (default '_': binlens_help, accepted by every client; "
+        f"'.' for Ghidra Bridge's binlens.help; ${SEPARATOR_ENV} sets the default)",
     )
     p.add_argument("--read-only", action="store_true", help="hide and refuse every mutation")
     p.add_argument("--root", metavar="DIR", action="append", type=Path, default=[], help=root_help)

@@ -29,6 +29,7 @@ from starlette.types import Receive, Scope, Send
 from binlens.server.asgi import AsgiEndpoint
 from binlens.server.mcp_protocol import (
     MODERN,
+    RESOURCE_NOT_FOUND,
     McpCore,
     RpcError,
     Session,
@@ -44,7 +45,9 @@ from binlens.workspace import Workspace
 log = logging.getLogger("binlens.mcp")
 
 ALLOW = "POST, OPTIONS"
-CORS_HEADERS = "Content-Type, Accept, Authorization, MCP-Protocol-Version, Mcp-Method, Mcp-Name, Last-Event-ID"
+CORS_HEADERS = (
+    "Content-Type, Accept, Authorization, MCP-Protocol-Version, Mcp-Method, Mcp-Name, Mcp-Session-Id, Last-Event-ID"
+)
 MAX_BODY = 4 << 20
 SSE_KEEPALIVE_S = 15.0
 MAX_SSE_SESSIONS = 64
@@ -263,7 +266,7 @@ class McpEndpoint:
             inbound.method == "tools/call" and isinstance(meta, dict) and meta.get("progressToken") is not None
         )
         key = self._caller(scope, headers, inbound.id)
-        session = Session()
+        session = Session(credential=headers.get("authorization"))
         self.inflight.setdefault(key, []).append(session)
         try:
             if wants_progress and "text/event-stream" in accept:
@@ -299,6 +302,8 @@ class McpEndpoint:
         status = 200
         if "error" in response and version == MODERN:
             status = RpcError(response["error"]["code"], "").http_status
+        elif "error" in response and response["error"]["code"] == RESOURCE_NOT_FOUND:
+            status = 404  # the handshake eras' unknown resource
         await _respond(send, status, dump_bytes(response), "application/json", cors)
 
     async def _stream(
@@ -446,6 +451,7 @@ class LegacySse:
             await _respond(send, 503, body, "application/json", [*cors, (b"retry-after", b"5")])
             return
         sess = SseSession(self.max_queue)
+        sess.session.credential = headers.get("authorization")
         self.sessions[sess.id] = sess
         root = scope.get("root_path", "")
         await _start_event_stream(send, cors)
@@ -491,9 +497,18 @@ class LegacySse:
             await _respond(send, 405, b"", None, [*cors, (b"allow", b"POST")])
             return
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        sid = (query.get("sessionId") or [None])[0]
+        # The endpoint event names the session in the query; clients that carry it as a header
+        # (as /mcp sessions do elsewhere) send Mcp-Session-Id instead.
+        in_query = (query.get("sessionId") or [None])[0]
+        in_header = headers.get("mcp-session-id")
+        if in_query and in_header and in_query != in_header:
+            body = dump_bytes({"error": "sessionId and the Mcp-Session-Id header name different sessions"})
+            await _respond(send, 400, body, "application/json", cors)
+            return
+        sid = in_query or in_header
         if not sid:
-            await _respond(send, 400, dump_bytes({"error": "sessionId is required"}), "application/json", cors)
+            body = dump_bytes({"error": "sessionId (query) or Mcp-Session-Id (header) is required"})
+            await _respond(send, 400, body, "application/json", cors)
             return
         sess = self.sessions.get(sid)
         if sess is None:
@@ -567,7 +582,7 @@ def mcp_routes(ws: Workspace, opts: ServerOptions) -> list[Route]:
         ws,
         getattr(opts, "tool_prefix", "binlens"),
         max_concurrent=getattr(opts, "max_concurrent", None) or ws.limits.max_concurrent,
-        separator=getattr(opts, "tool_separator", "."),
+        separator=getattr(opts, "tool_separator", "_"),
     )
     legacy = LegacySse(
         core,

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import itertools
+import hashlib
 import logging
+import re
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,7 @@ log = logging.getLogger("binlens.mcp")
 
 MODERN = "2026-07-28"
 HANDSHAKE_VERSIONS = ("2025-11-25", "2025-06-18")
+RESOURCE_NOT_FOUND = -32002  # resources/read of an unknown URI in the handshake eras
 DEFAULT_HANDSHAKE = "2025-11-25"
 SUPPORTED_VERSIONS = (MODERN, *HANDSHAKE_VERSIONS)
 
@@ -67,6 +69,7 @@ HANDSHAKE_METHODS = frozenset(
 MODERN_METHODS = frozenset(
     {
         "server/discover",
+        "ping",  # removed from the 2026-07-28 surface, still served (as Ghidra Bridge does) for liveness checks
         "tools/list",
         "tools/call",
         "resources/list",
@@ -182,6 +185,10 @@ class Session:
     """Per-connection state of stdio and legacy SSE (none on /mcp): the negotiated era, live calls."""
 
     negotiated: str | None = None
+    # Who the client is, for the journal: `initialize`'s clientInfo, and the credential
+    # (Authorization header) it connected with on HTTP
+    client_info: Any = None
+    credential: str | None = None
     # request id -> (the call's context once its tool runs, the task serving it)
     inflight: dict[Any, tuple[CallContext | None, asyncio.Task[Any] | None]] = field(default_factory=dict)
 
@@ -222,13 +229,12 @@ class McpCore:
     """One server's MCP behaviour: shared by every transport and connection."""
 
     def __init__(
-        self, ws: Workspace, prefix: str = "binlens", *, max_concurrent: int | None = None, separator: str = "."
+        self, ws: Workspace, prefix: str = "binlens", *, max_concurrent: int | None = None, separator: str = "_"
     ) -> None:
         self.ws = ws
         self.tools = ToolSet(ws, prefix, separator)
         self.slots = shared_slots(ws, max_concurrent or ws.limits.max_concurrent)
         self.max_concurrent = self.slots.limit
-        self._seq = itertools.count(1)
         self.pool = concurrent.futures.ThreadPoolExecutor(self.max_concurrent, thread_name_prefix="binlens-mcp")
         self.server_info = {"name": "binlens", "version": ws.version, "title": "binlens binary analysis"}
         self.instructions = (
@@ -270,6 +276,8 @@ class McpCore:
                 raise RpcError(route.code, route.message, route.data)
             return MODERN
         if inbound.method == "initialize":
+            if header_version is not None and header_version not in SUPPORTED_VERSIONS:
+                raise unsupported_version(header_version)
             return negotiate((inbound.params or {}).get("protocolVersion"))
         if session is not None:
             if session.negotiated is None:
@@ -279,7 +287,13 @@ class McpCore:
                 )
             return session.negotiated
         if header_version is None:
-            return DEFAULT_HANDSHAKE
+            # Stateless HTTP after initialize: the header is the only place the negotiated version
+            # lives (a client that omits it would otherwise be served in a version it never chose).
+            raise RpcError(
+                INVALID_REQUEST,
+                "the MCP-Protocol-Version header is missing: send the version initialize negotiated",
+                {"supported": list(SUPPORTED_VERSIONS)},
+            )
         if header_version not in HANDSHAKE_VERSIONS:
             raise unsupported_version(header_version)
         return header_version
@@ -306,7 +320,9 @@ class McpCore:
         if method not in served:
             raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
         params = dict(inbound.params or {})
-        surface_version = version if method != "initialize" else DEFAULT_HANDSHAKE
+        # initialize is validated on the handshake surface; ping has no 2026-07-28 surface: its params
+        # are only the envelope, which the ladder has checked
+        surface_version = version if method not in ("initialize", "ping") else DEFAULT_HANDSHAKE
         try:
             sdk_methods.validate_client_request(method, surface_version, params)
         except ValidationError as err:
@@ -326,7 +342,7 @@ class McpCore:
                 result.setdefault("ttlMs", hint[0])
                 result.setdefault("cacheScope", hint[1])
             result.setdefault("resultType", "complete")
-        if method in sdk_methods.SPEC_CLIENT_METHODS:
+        if method in sdk_methods.SPEC_CLIENT_METHODS and (method, version) != ("ping", MODERN):
             try:
                 result = sdk_methods.serialize_server_result(method, version, result)
             except (ValidationError, KeyError):
@@ -350,6 +366,7 @@ class McpCore:
         if method == "initialize":
             if session is not None:
                 session.negotiated = version
+                session.client_info = params.get("clientInfo")
             return {
                 "protocolVersion": version,
                 "capabilities": self.capabilities(),
@@ -384,7 +401,7 @@ class McpCore:
                 content = await anyio.to_thread.run_sync(self.tools.read_resource, uri)
             except ResourceNotFound:
                 # SEP-2164 (2026-07-28): invalid params; the handshake eras used -32002.
-                code = INVALID_PARAMS if version == MODERN else -32002
+                code = INVALID_PARAMS if version == MODERN else RESOURCE_NOT_FOUND
                 raise RpcError(code, f"Resource not found: {uri}", {"uri": uri}) from None
             except BinlensError as err:
                 raise RpcError(INTERNAL_ERROR, err.message, err.to_dict()) from None
@@ -402,13 +419,15 @@ class McpCore:
         if not self.tools.has_tool(name):
             raise RpcError(INVALID_PARAMS, f"Unknown tool: {name}")
         arguments = params.get("arguments")
-        meta = params.get("_meta")
-        token = meta.get("progressToken") if isinstance(meta, dict) else None
+        raw_meta = params.get("_meta")
+        meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
+        token = meta.get("progressToken")
         loop = asyncio.get_running_loop()
         progress_fn = None
         if token is not None and notify is not None:
             progress_fn = self._progress_sender(loop, token, notify)
-        ctx = CallContext(client=f"mcp-{next(self._seq)}", progress=progress_fn)
+        info = meta.get(CLIENT_INFO_META_KEY) or (session.client_info if session is not None else None)
+        ctx = CallContext(client=client_label(info, session.credential if session else None), progress=progress_fn)
         if not self.slots.try_take():
             busy = BinlensError(
                 "busy",
@@ -461,6 +480,25 @@ class McpCore:
             rid = (inbound.params or {}).get("requestId")
             if session.cancel(rid):
                 log.info("cancelled request %r", rid)
+
+
+CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
+_LABEL_TEXT = re.compile(r"[^A-Za-z0-9._+@:-]+")
+
+
+def client_label(info: Any, credential: str | None) -> str:
+    """The journal's name for an MCP client, the same on each of its calls: `mcp:NAME/VERSION` from
+    its clientInfo (`mcp:unknown` without one), then `#` and 12 hex digits of a digest of the
+    credential it authenticated with, when it sent one (never the credential itself)."""
+    name = version = ""
+    if isinstance(info, dict):
+        name = _LABEL_TEXT.sub("_", str(info.get("name") or ""))[:64]
+        version = _LABEL_TEXT.sub("_", str(info.get("version") or ""))[:32]
+    label = f"mcp:{name or 'unknown'}" + (f"/{version}" if version else "")
+    if credential:
+        digest = hashlib.sha256(b"binlens journal client\0" + credential.encode("utf-8", "replace")).hexdigest()
+        label += f"#{digest[:12]}"
+    return label
 
 
 def negotiate(requested: Any) -> str:

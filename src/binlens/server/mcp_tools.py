@@ -1,7 +1,8 @@
 """MCP tools and resources generated from the method registry (nothing here is written per method).
 
-Tools: `{prefix}.help` navigates the catalog; one tool per domain takes `{operation, params}` and
-runs `binlens.api.invoke`. Resources: the method catalog and an overview per open program.
+Tools: `{prefix}_help` navigates the catalog; one tool per domain (`{prefix}_{domain}`) takes
+`{operation, params}` and runs `binlens.api.invoke`. The separator is `_` unless `.` is asked for.
+Resources: the method catalog and an overview per open program.
 Everything here is synchronous and thread-safe: transports run `call_tool` in a worker thread.
 """
 
@@ -19,6 +20,9 @@ from binlens.errors import BinlensError
 from binlens.workspace import Workspace
 
 PREFIX_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+# What Claude Desktop, claude.ai and Claude Code accept as a tool name (a server with one name outside
+# it loses all its tools there); every name generated with the `_` separator matches it.
+TOOL_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 CATALOG_URI = "binlens://contracts/methods"
 PROGRAM_URI = "binlens://programs/{program}/overview"
 _PROGRAM_URI_RE = re.compile(r"^binlens://programs/([^/]+)/overview$")
@@ -45,17 +49,24 @@ def validate_prefix(prefix: str) -> str:
     return prefix
 
 
-SEPARATORS = (".", "_")
+SEPARATORS = ("_", ".")
+DEFAULT_SEPARATOR = "_"
 # Tool results that concern a program carry its identity here (SPEC §1: identity in every response).
 PROGRAM_META = "io.binlens/program"
 
 
 def validate_separator(sep: str) -> str:
-    """The tool-name separator: '.' (SPEC §3, `binlens.help`) or '_' (`binlens_help`) for clients such as
-    Claude Desktop that only accept names matching ^[a-zA-Z0-9_-]{1,64}$."""
+    """The tool-name separator: '_' (`binlens_help`, what every client accepts) or '.' (`binlens.help`,
+    Ghidra Bridge's names, for clients that want them)."""
     if sep not in SEPARATORS:
         raise ValueError(f"tool separator {sep!r} must be '.' or '_'")
     return sep
+
+
+def _sentence(text: str) -> str:
+    """One line ending in exactly one full stop (summaries may or may not end with one)."""
+    line = " ".join(text.split()).rstrip(" .;,:")
+    return line + "."
 
 
 def _json_text(data: Any) -> str:
@@ -77,7 +88,7 @@ def annotations_for(specs: list[MethodSpec]) -> dict[str, Any]:
 class ToolSet:
     """The tools and resources of one server: generated once from the visible registry."""
 
-    def __init__(self, ws: Workspace, prefix: str = "binlens", separator: str = ".") -> None:
+    def __init__(self, ws: Workspace, prefix: str = "binlens", separator: str = DEFAULT_SEPARATOR) -> None:
         self.ws = ws
         self.prefix = validate_prefix(prefix)
         self.sep = validate_separator(separator)
@@ -85,6 +96,12 @@ class ToolSet:
         self.domains: dict[str, list[MethodSpec]] = {}
         for spec in visible_methods(ws):
             self.domains.setdefault(spec.domain, []).append(spec)
+        longest = max([*self.domains, "help", "triage"], key=len)
+        if len(self.tool(prefix, longest)) > 64:
+            raise ValueError(
+                f"tool prefix {prefix!r} is too long: tool {self.tool(prefix, longest)!r} would exceed 64 characters "
+                f"(at most {64 - len(separator) - len(longest)} for the prefix)"
+            )
         self._by_tool = {self.tool(prefix, d): d for d in self.domains}
         self._tools = [self._help_tool(), *(self._domain_tool(d, specs) for d, specs in self.domains.items())]
         # The registry and the read-only switch are fixed for a server's life: schemas are built once.
@@ -115,7 +132,10 @@ class ToolSet:
             "inputSchema": {
                 "type": "object",
                 "properties": {
-                    "domain": {"type": "string", "enum": sorted(self.domains), "description": "A domain name."},
+                    "domain": {
+                        "type": "string",
+                        "description": f"A domain (`symbol`) or its tool (`{self.tool(self.prefix, 'symbol')}`).",
+                    },
                     "operation": {"type": "string", "description": "An operation of that domain."},
                 },
                 "additionalProperties": False,
@@ -130,15 +150,15 @@ class ToolSet:
         }
 
     def _domain_tool(self, domain: str, specs: list[MethodSpec]) -> dict[str, Any]:
-        ops = "; ".join(f"{s.operation}: {s.summary}" for s in specs)
+        ops = "\n".join(f"- {s.operation}: {_sentence(s.summary)}" for s in specs)
         ann = annotations_for(specs)
         ann["title"] = f"binlens {domain}"
         return {
             "name": self.tool(self.prefix, domain),
             "title": f"binlens: {domain}",
             "description": (
-                f"The {domain} domain. Operations: {ops}. Pass `operation` and its `params`; "
-                f"{self.help_name} with domain={domain!r} gives each operation's JSON Schemas."
+                f"The {domain} operations: pass `operation` and its `params` "
+                f"({self.help_name} with domain {domain!r} gives their JSON Schemas).\n{ops}"
             ),
             "inputSchema": {
                 "type": "object",
@@ -230,7 +250,7 @@ class ToolSet:
         extra = sorted(set(arguments) - {"domain", "operation"})
         if extra:
             raise BinlensError("invalid_argument", f"unknown argument {extra[0]!r}", target=f"/arguments/{extra[0]}")
-        domain = arguments.get("domain")
+        domain = self._domain_name(arguments.get("domain"))
         op = arguments.get("operation")
         if domain is None:
             if op is not None:
@@ -273,6 +293,17 @@ class ToolSet:
             )
         info = self._cached(("help", domain, op), lambda: describe(specs[op]).model_dump(mode="json"))
         return {**info, "tool": self.tool(self.prefix, domain)}
+
+    def _domain_name(self, given: Any) -> Any:
+        """A domain given to help bare (`symbol`) or as a tool name with either separator
+        (`binlens_symbol`, `binlens.symbol`); anything else is returned as given (help reports it)."""
+        if not isinstance(given, str) or given in self.domains:
+            return given
+        for sep in SEPARATORS:
+            head = self.prefix + sep
+            if given.startswith(head) and given[len(head) :] in self.domains:
+                return given[len(head) :]
+        return given
 
     # --- prompts -------------------------------------------------------------------------
     def list_prompts(self) -> list[dict[str, Any]]:

@@ -28,9 +28,9 @@ class ServerOptions:
     header_timeout_s: float = 10.0
     idle_timeout_s: float = 30.0
     keep_alive_s: float = 5.0
-    # MCP tool names are {prefix}{sep}{domain}: "." per SPEC §3; "_" for clients (Claude Desktop,
-    # claude.ai) that accept only ^[a-zA-Z0-9_-]{1,64}$
-    tool_separator: str = field(default_factory=lambda: os.environ.get("BINLENS_TOOL_SEPARATOR", "."))
+    # MCP tool names are {prefix}{sep}{domain}: "_" (SPEC §3) since Claude Desktop, claude.ai and Claude
+    # Code accept only ^[a-zA-Z0-9_-]{1,64}$; "." gives Ghidra Bridge's dotted names
+    tool_separator: str = field(default_factory=lambda: os.environ.get("BINLENS_TOOL_SEPARATOR", "_"))
     # Whether every address the host resolves to is loopback (`binlens serve` resolves it at start);
     # None: judged from the host as written, where only `localhost` and loopback IP literals count.
     host_is_loopback: bool | None = None

@@ -21,8 +21,9 @@ with the notification `{"jsonrpc": "2.0", "method": "$/cancelRequest", "params":
 Handshake refusals happen before the upgrade (denial response): 404 on other paths, 409 when
 `ws_clients` clients are already connected; the security middleware adds 400/401/403. A plain
 HTTP request to /ws gets 400 (GET without upgrade headers) or 405 (any other method).
-Close codes: 1000 normal, 1001 server stopping, 1003 binary frame, 1009 frame over the limit
-(enforced by the protocol layer before the frame is buffered).
+Close codes: 1000 normal, 1001 server stopping, 1003 binary frame or fragmented message
+(ws_protocol), 1009 frame over the limit (enforced by the protocol layer before the frame is
+buffered).
 """
 
 from __future__ import annotations
