@@ -478,7 +478,7 @@ def _table_entry_seeds(
             in_table[dst] = in_table.get(dst, True) and inside(src)
     from_code = {
         dst
-        for dst, kind in zip(backend.x_dst, backend.x_kind, strict=True)  # type: ignore[attr-defined]
+        for dst, kind in zip(backend.x_dst, backend.x_kind, strict=True)
         if kind == _K_OFFSET and dst in guessed
     }
     return {va for va, ok in in_table.items() if ok and va not in from_code}

@@ -10,12 +10,14 @@ Thumb state) name the concrete class.
 from __future__ import annotations
 
 from array import array
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeGuard
 
+from binlens.analysis.arch.profiles import profile
 from binlens.errors import BinlensError
 
 if TYPE_CHECKING:
     from binlens.analysis.codemap import CodeMap
+    from binlens.analysis.decode.capstone_backend import CapstoneBackend
     from binlens.analysis.model import Instruction
     from binlens.loader.image import Image
 
@@ -41,6 +43,12 @@ class Backend(Protocol):
     def instructions(self, start: int, end: int) -> list[Instruction]:
         """The instructions decoded from `start` up to `end`, as the API shows them."""
         ...
+
+
+def is_capstone(backend: Backend) -> TypeGuard[CapstoneBackend]:
+    """Is `backend` the capstone one (every ISA but x86)? The ARM32 passes ask it for the Thumb
+    state, and the jump-table resolvers for its decoders."""
+    return not profile(backend.image.identity.arch).x86
 
 
 def make_backend(image: Image, codemap: CodeMap) -> Backend:
