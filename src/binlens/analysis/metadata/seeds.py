@@ -20,7 +20,7 @@ class Seeds:
             self.thumb = backend.thumb
         self.arm = self.thumb is not None
         self.starts: dict[int, frozenset[str]] = {}
-        if self.thumb is not None:  # Thumb code the format marks elsewhere than in bit 0 (Mach-O N_ARM_THUMB_DEF symbols)
+        if self.thumb is not None:  # Thumb code marked elsewhere than in bit 0 (Mach-O N_ARM_THUMB_DEF symbols)
             self.thumb.update(va & ~1 for va in image.function_hints.get("thumb", []))
 
     def add(self, va: int, source: str) -> int | None:

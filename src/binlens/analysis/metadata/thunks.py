@@ -15,7 +15,6 @@ from __future__ import annotations
 import bisect
 import re
 import struct
-
 from typing import Literal
 
 from binlens.analysis.arch.profiles import profile

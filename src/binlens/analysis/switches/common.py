@@ -120,6 +120,7 @@ def near_code(codemap: CodeMap, target: int, jump_va: int, align: int) -> bool:
     """Can `target` be a case of the jump at `jump_va`: aligned, within `WINDOW`, in code?"""
     return not target % align and abs(target - jump_va) <= WINDOW and codemap.contains(target)
 
+
 def writable(image: Image, va: int) -> bool:
     """Whether `va` lies in a section written at run time (a table there may change: not a jump table)."""
     sec = image.section_at(va)

@@ -145,8 +145,6 @@ def _got_base(image: Image) -> int | None:
     return secs.get(".got.plt", secs.get(".got"))
 
 
-
-
 def _formats(ptr: int, scale: int, has_base: bool) -> list[str]:
     """Entry formats to try, most likely first; image-base-relative entries need an image base."""
     if ptr == 8:
