@@ -21,6 +21,7 @@ from binlens.analysis.arch.profiles import profile
 from binlens.analysis.codemap import BODY, CHUNK, INSN, CodeMap
 from binlens.analysis.decode import branchflow, fastcs
 from binlens.analysis.decode.addrpairs import PairRefs
+from binlens.analysis.decode.backend import Chunk
 from binlens.analysis.decode.branchflow import (
     F_CALL,
     F_CIJUMP,
@@ -201,7 +202,7 @@ class CapstoneBackend:
         return _arm_table_jump(ins, cond), -1
 
     # ------------------------------------------------------------------ chunks
-    def decode_chunk(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
+    def decode_chunk(self, va: int) -> Chunk | None:
         """Decode straight-line code from `va` (same contract as the x86 backend)."""
         if self.pairs is None:
             return self._decode_chunk(va, None)
@@ -230,9 +231,7 @@ class CapstoneBackend:
         end = insns[-1][0] + insns[-1][1]
         return list(self.md(False).disasm(self.image.read(start, end - start) or b"", start, len(insns)))
 
-    def _decode_chunk(
-        self, va: int, formed: list[tuple[int, int]] | None, whole: bool = False
-    ) -> tuple[int, int, tuple[int, ...], int] | None:
+    def _decode_chunk(self, va: int, formed: list[tuple[int, int]] | None, whole: bool = False) -> Chunk | None:
         """`decode_chunk`; `formed` (when not None) collects (address, size) of the chunk's instructions
         from the first that begins an address pair on (from the first on when `whole`: the pair
         evaluation looks at them).
