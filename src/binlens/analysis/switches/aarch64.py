@@ -41,6 +41,7 @@ _MAX_CHUNKS = 8  # earlier chunks evaluated before the jump's own slice
 _MASK = (1 << 64) - 1
 _ZR = "zr"
 _SP, _FP = 31, 29
+RegKey = int | str  # a register as `_State.key` names it: its number, or its name (the zero register, others)
 _CLOBBERED_BY_CALL = (*range(19), 30)
 _COMPARES = ("cmp", "cmn", "tst", "ccmp", "ccmn", "fcmp", "fcmpe", "fccmp", "fccmpe")
 _EXT_BITS = {
@@ -135,8 +136,8 @@ class _State:
 
     def __init__(self, md: cs.Cs) -> None:
         self.md = md
-        self.regs: dict[object, Value] = {}
-        self.slots: dict[tuple[object, int, int], Value] = {}
+        self.regs: dict[RegKey, Value] = {}
+        self.slots: dict[tuple[RegKey, int, int], Value] = {}
         self.flags: tuple[Value, int] | None = None
         self.bounds: dict[Value, int] = {}
         self._next = 0
@@ -146,7 +147,7 @@ class _State:
         self._next += 1
         return ("v", self._next)
 
-    def key(self, reg: int) -> object:
+    def key(self, reg: int) -> RegKey:
         """Canonical register: w8 and x8 are one register; sp/wsp 31; the zero register apart."""
         name = self.md.reg_name(reg) or ""
         if name in ("xzr", "wzr"):

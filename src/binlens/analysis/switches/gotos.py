@@ -95,7 +95,13 @@ def goto_tables(
         if i < 0 or trusted[i] == targets[0]:
             continue
         f = trusted[i]
-        end = trusted[i + 1] if i + 1 < len(trusted) else codemap.region(f).end  # type: ignore[union-attr]
+        if i + 1 < len(trusted):
+            end = trusted[i + 1]
+        else:
+            region = codemap.region(f)
+            if region is None:
+                continue  # (a start outside code: no range to hold labels)
+            end = region.end
         if targets[-1] >= end or not all(f <= s < end for s in srcs):
             continue  # labels past the function, or code elsewhere takes the table (function pointers)
         k = bisect.bisect_left(jumps, f)
