@@ -245,8 +245,12 @@ class MipsState:
             self.slots = {s: v for s, v in self.slots.items() if s[0] != k}
 
     def _word(self, v: int, wide: bool) -> int:
-        """A result as the register holds it: 32-bit operations sign-extend on MIPS64."""
-        return word(v, wide, self.bits)
+        """A result as the register holds it: 32-bit operations sign-extend on MIPS64 (`word`,
+        written out here: it runs for most instructions evaluated)."""
+        if wide or self.bits == 32:
+            return v & self.mask
+        v &= 0xFFFFFFFF
+        return (v - (1 << 32) if v >> 31 else v) & self.mask
 
     # ------------------------------------------------------------------ one instruction
     def step(self, ins: cs.CsInsn, next_va: int) -> None:
