@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from binlens.analysis.decode.backend import Chunk
     from binlens.analysis.decode.capstone_backend import CapstoneBackend
     from binlens.analysis.switches.symbolic import RelocMap
-    from binlens.loader.image import Image
 
 K_READ, K_WRITE, K_OFFSET = XREF_KINDS.index("read"), XREF_KINDS.index("write"), XREF_KINDS.index("offset")
 K_CALL, K_JUMP = XREF_KINDS.index("call"), XREF_KINDS.index("jump")
@@ -89,23 +88,21 @@ class PairRefs:
         self.stores: dict[str, int]
         if arch == "riscv":
             from binlens.analysis.switches import riscv as rv
-            from binlens.analysis.switches.symbolic import reloc_map
 
-            self.new_state = lambda: rv.RvState(image, self._relocs(reloc_map))
+            self.new_state = lambda: rv.RvState(image, self._relocs())
             self.shape = self._riscv
             self.loads, self.stores = rv.RV_LOADS, rv.RV_STORES
             self.rv_reg, self.rv_mem = rv.reg_name, rv.mem_operand
             self.saved = tuple(f"s{k}" for k in range(12))
         elif arch == "ppc":
             from binlens.analysis.switches import ppc as pp
-            from binlens.analysis.switches.symbolic import reloc_map
 
             toc = _ppc64_toc(backend) if backend.ptr_size == 8 else None
             if toc is not None:
                 self.seeds.add(toc)
 
             def new_ppc() -> PairState:
-                state = pp.PpcState(image, self._relocs(reloc_map))
+                state = pp.PpcState(image, self._relocs())
                 if toc is not None:  # ELFv2: r2 holds the TOC pointer throughout the module's code
                     state.regs["r2"] = state.const(toc)
                     state.fixed.add("r2")
@@ -160,10 +157,12 @@ class PairRefs:
             return lambda m, text, a: m in ("lis", "addis") or (m.endswith("l") and text.endswith(f"0x{a + 4:x}"))
         return lambda m, text, _a: m == "lui" or text.endswith("($gp)")
 
-    def _relocs(self, build: Callable[[Image], RelocMap]) -> RelocMap:
+    def _relocs(self) -> RelocMap:
         """The image's relocation map (`symbolic.reloc_map`), built once for every state."""
         if self.relocs is None:
-            self.relocs = build(self.backend.image)
+            from binlens.analysis.switches.symbolic import reloc_map
+
+            self.relocs = reloc_map(self.backend.image)
         return self.relocs
 
     def evaluate(self, insns: list[cs.CsInsn], carried: Regs | None = None) -> Regs:
