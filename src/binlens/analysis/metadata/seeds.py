@@ -13,7 +13,6 @@ class Seeds:
 
     def __init__(self, image: Image, codemap: CodeMap, backend: Backend) -> None:
         self.codemap = codemap
-        self.backend = backend
         # ARM32: bit 0 of a code address names Thumb state; the backend's set of Thumb starts
         self.thumb: set[int] | None = None
         if profile(image.identity.arch).thumb_bit and is_capstone(backend):
