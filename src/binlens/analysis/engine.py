@@ -388,7 +388,9 @@ def make_explorer(image: Image, codemap: CodeMap, backend: Backend, jt_tables: d
     )
 
 
-def _jump_table_fn(image: Image, codemap: CodeMap, backend: Backend, tables: dict[int, int]) -> Callable | None:
+def _jump_table_fn(
+    image: Image, codemap: CodeMap, backend: Backend, tables: dict[int, int]
+) -> Callable[[int, int, list[tuple[int, int]]], tuple[list[int], bool]] | None:
     jump_table_targets = resolver_for(image.identity.arch)
     if jump_table_targets is None:
         return None

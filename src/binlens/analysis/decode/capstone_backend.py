@@ -112,6 +112,7 @@ class CapstoneBackend:
         self._lite: dict[bool, cs.Cs] = {}  # decoders without operand details, by ARM32 state
 
     def md(self, thumb: bool) -> cs.Cs:
+        """The detailed decoder (operands on) for ARM32's Thumb state or, `thumb` false, every other code."""
         m = self._md.get(thumb)
         if m is None:
             arch, mode = _mode(self.image, thumb)
