@@ -41,10 +41,11 @@ test: system-test
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy  # src/binlens, with the settings of [tool.mypy] in pyproject.toml
 	PYTHONPATH=src $(VENV)/bin/lint-imports  # this checkout's code, whichever binlens the venv holds
 
 clean:
-	rm -rf build .pytest_cache
+	rm -rf build .pytest_cache .mypy_cache
 
 # Benchmarks (bench/README.md): builds the corpus on first use (Debian source packages, gcc, clang).
 # Peers (angr, smda, ddisasm) join when bench/work/peers-venv exists: add --tools to choose.

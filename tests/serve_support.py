@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import re
 import shutil
@@ -12,8 +14,10 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from websockets.asyncio.client import connect
 
 ROOT = Path(__file__).resolve().parents[1]
 READY_RE = re.compile(r"binlens serve: ready.*?http://([^/\s]+):(\d+)/mcp")
@@ -162,6 +166,18 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def ws_call(url: str, method: str, params: dict[str, Any], headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """One JSON-RPC request over a fresh /ws connection."""
+
+    async def go() -> dict[str, Any]:
+        async with connect(url, open_timeout=10, additional_headers=headers or {}) as c:
+            json.loads(await c.recv())  # ready
+            await c.send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+            return json.loads(await asyncio.wait_for(c.recv(), 30))
+
+    return asyncio.run(go())
 
 
 def raw_http(port: int, request: str, timeout: float = 5) -> tuple[int, dict[str, str], bytes]:

@@ -49,3 +49,18 @@ def test_the_engine_loads_iced_without_its_package_and_the_package_still_imports
 def test_an_imported_package_is_used_as_it_is():
     got = _run("import iced_x86\n" + CHECK)
     assert got["lean"] is False and got["same"] is True and got["values"] is True
+
+
+def test_an_x86_analysis_does_not_load_capstone(compile_c) -> None:  # noqa: ANN001
+    """x86 decodes with iced-x86 and the C scanner: capstone (~10 MiB resident) stays unloaded, so
+    the analysis of an x86 file peaks no higher than it must."""
+    binary = compile_c("sample.c", "-O2")
+    code = (
+        "import json, sys\n"
+        "from binlens.analysis import analyze\n"
+        "from binlens.loader.parse_lief import parse_path\n"
+        f"r = analyze(parse_path({str(binary)!r}))\n"
+        "print(json.dumps({'functions': len(r.functions), 'capstone': 'capstone' in sys.modules}))\n"
+    )
+    got = _run(code)
+    assert got["functions"] > 0 and got["capstone"] is False

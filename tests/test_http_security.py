@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 from urllib.parse import unquote, unquote_plus
 
 import httpx
@@ -17,7 +15,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from serve_support import TOKEN, ServerProcess, env_for, raw_http
+from serve_support import TOKEN, ServerProcess, env_for, raw_http, ws_call
 
 pytestmark = pytest.mark.timeout(120)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -40,18 +38,6 @@ def token_server(tmp_path_factory: pytest.TempPathFactory, sample: Path) -> Iter
     )
     yield srv
     srv.stop()
-
-
-def ws_call(url: str, method: str, params: dict[str, Any], headers: dict[str, str] | None = None) -> dict[str, Any]:
-    """One JSON-RPC request over a fresh /ws connection."""
-
-    async def go() -> dict[str, Any]:
-        async with connect(url, open_timeout=10, additional_headers=headers or {}) as c:
-            json.loads(await c.recv())  # ready
-            await c.send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
-            return json.loads(await asyncio.wait_for(c.recv(), 30))
-
-    return asyncio.run(go())
 
 
 # --- /healthz and bearer tokens -----------------------------------------------------------------
@@ -331,15 +317,19 @@ def test_program_open_only_under_roots_and_read_only(tmp_path: Path, sample: Pat
 
 
 def check_read_only(srv: ServerProcess) -> None:
-    """`--read-only`: session.get says so, interface.get hides every mutation, calling one is refused."""
+    """`--read-only`: session.get says so and reports every mutation unavailable with the reason;
+    interface.get still lists every method (never hidden); calling a mutation is refused."""
     from binlens.api import REGISTRY
 
     info = ws_call(srv.ws_url, "session.get", {})
     assert info["result"]["read_only"] is True
-    listed = ws_call(srv.ws_url, "interface.get", {"schemas": False})["result"]["methods"]
-    assert listed and all(m["effect"] not in ("mutation", "destructive mutation") for m in listed)
-    assert {m["name"] for m in listed} == {n for n, s in REGISTRY.items() if not s.mutates}
     mutations = sorted(name for name, spec in REGISTRY.items() if spec.mutates)
+    availability = info["result"]["methods"]
+    assert all(availability[name]["available"] is False and availability[name]["reason"] for name in mutations)
+    plain_reads = [name for name, spec in REGISTRY.items() if not spec.mutates and not spec.requires]
+    assert all(availability[name]["available"] for name in plain_reads)
+    listed = ws_call(srv.ws_url, "interface.get", {"schemas": False})["result"]["methods"]
+    assert {m["name"] for m in listed} == set(REGISTRY)
     for name in mutations:
         reply = ws_call(srv.ws_url, name, {})
         assert reply["error"]["code"] == -32000 and reply["error"]["data"]["code"] == "read_only", name

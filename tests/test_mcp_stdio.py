@@ -233,22 +233,31 @@ def test_bad_tool_prefix_is_a_usage_error(tmp_path: Path, prefix: str) -> None:
     assert code == 2 and "tool prefix" in err
 
 
-def test_read_only_hides_mutations(tmp_path: Path) -> None:
+def test_read_only_lists_mutations_and_refuses_them(tmp_path: Path) -> None:
+    """Capabilities are never hidden (SPEC §6): `--read-only` lists every operation, and a mutation
+    answers `read_only` with the reason."""
     from binlens.api import REGISTRY
 
-    mutating = {s.domain for s in REGISTRY.values() if s.mutates}
     lines = [
         msg({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT}),
         msg({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "binlens.help", "arguments": {}}}),
+        msg(
+            {
+                "jsonrpc": "2.0",
+                "id": 3,
+                "method": "tools/call",
+                "params": {"name": "binlens.comment", "arguments": {"operation": "create", "params": {}}},
+            }
+        ),
     ]
     frames, _, _ = run_stdio(tmp_path, lines, "--read-only")
-    listed = by_id(frames)[2]["result"]["structuredContent"]["tools"]
+    replies = by_id(frames)
+    listed = replies[2]["result"]["structuredContent"]["tools"]
     for d in listed:
-        specs = [s for s in REGISTRY.values() if s.domain == d["domain"]]
-        visible = {s.operation for s in specs if not s.mutates}
-        assert set(d["operations"]) == visible
-    only_mutations = {d for d in mutating if all(s.mutates for s in REGISTRY.values() if s.domain == d)}
-    assert not only_mutations & {d["domain"] for d in listed}
+        assert set(d["operations"]) == {s.operation for s in REGISTRY.values() if s.domain == d["domain"]}
+    assert {d["domain"] for d in listed} == {s.domain for s in REGISTRY.values()}
+    refused = replies[3]["result"]
+    assert refused["isError"] is True and refused["structuredContent"]["error"]["code"] == "read_only"
 
 
 def test_program_open_only_under_roots(compile_c, tmp_path: Path) -> None:  # noqa: ANN001

@@ -7,6 +7,9 @@
 - `DOMAINS`: the API's domain modules, each registering its methods when imported
   (`api/registry.py` imports one when a method of its namespace is first looked up, all of them
   when the methods are listed).
+- `PROVIDERS`: the deep engines (disassemblers, decompilers, debuggers) a method may require
+  (`providers/registry.py` loads them on first use; `auto` picks the first available one of a
+  kind in this order).
 
 Entries name their module instead of importing it: the layer that uses a table loads the entries
 when it first needs them (`load`), so nothing depends on which module happened to be imported
@@ -42,6 +45,7 @@ DOMAINS: tuple[str, ...] = (
     "bookmark",
     "comment",
     "data_type",
+    "disassembly",
     "function",
     "function_call",
     "function_edit",
@@ -52,12 +56,16 @@ DOMAINS: tuple[str, ...] = (
     "memory",
     "patch",
     "program",
+    "provider",
     "reference",
     "session",
     "string",
     "symbol",
     "symbol_edit",
 )
+
+# "module:attribute" of each provider object (`binlens.providers.base.Provider`)
+PROVIDERS: tuple[str, ...] = ("binlens.providers.objdump:PROVIDER",)
 
 
 def load(ref: str) -> Any:

@@ -36,9 +36,9 @@ def write_last_frame(stream: Any, obj: Any) -> None:
 
 def read_frame(stream: Any) -> Any:
     """Read one frame; EOFError when the peer is gone."""
-    head = _read_exact(stream, _HEADER.size)
+    head = read_exact(stream, _HEADER.size)
     (size,) = _HEADER.unpack(head)
-    return pickle.loads(_read_exact(stream, size))  # noqa: S301 - frames come from our own worker
+    return pickle.loads(read_exact(stream, size))  # noqa: S301 - frames come from our own worker
 
 
 def load_frame(stream: Any) -> Any:
@@ -47,7 +47,7 @@ def load_frame(stream: Any) -> Any:
     function rows from its forked child: 5.7 MiB for libc, read while the rows it builds itself are
     held). For a stream with nothing after the frame; EOFError when the peer is gone or stopped
     part-way."""
-    _read_exact(stream, _HEADER.size)
+    read_exact(stream, _HEADER.size)
     try:
         return pickle.load(stream)  # noqa: S301 - frames come from our own worker
     except pickle.UnpicklingError as err:  # (a frame cut short by the writer's death)
@@ -63,12 +63,13 @@ def write_answer(stream: Any, answer: bytes) -> None:
 
 def read_answer(stream: Any) -> tuple[bytes, Any]:
     """Read one answer frame: (status byte, decoded body)."""
-    (size,) = _HEADER.unpack(_read_exact(stream, _HEADER.size))
-    answer = _read_exact(stream, size)
+    (size,) = _HEADER.unpack(read_exact(stream, _HEADER.size))
+    answer = read_exact(stream, size)
     return answer[:1], pickle.loads(memoryview(answer)[1:])  # noqa: S301 - frames come from our own worker
 
 
-def _read_exact(stream: Any, n: int) -> bytes:
+def read_exact(stream: Any, n: int) -> bytes:
+    """Exactly `n` bytes from a blocking binary stream; EOFError when the peer closes first."""
     chunk = stream.read(n)  # a buffered reader returns short only at EOF
     if len(chunk) == n:
         return chunk

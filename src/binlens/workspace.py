@@ -48,6 +48,9 @@ class Config:
     # `export_dir` beside the program's database.
     files: list[Path] | None = None
     read_only: bool = False
+    # what the server was started allowing beyond reading (`debug`: --allow-debug); methods
+    # declare what they need with `@method(requires=("permission:debug",))`
+    permissions: frozenset[str] = frozenset()
     limits: Limits = field(default_factory=Limits)
     server_name: str = "binlens"
 
@@ -69,7 +72,7 @@ class NameMap(dict[int, str]):
         self._unindex(va)
         super().__delitem__(va)
 
-    def pop(self, va: int, *default: Any) -> Any:  # type: ignore[override]
+    def pop(self, va: int, *default: Any) -> Any:
         """Remove `va`'s name and return it (or the default)."""
         if va in self:
             self._unindex(va)
@@ -80,12 +83,12 @@ class NameMap(dict[int, str]):
         super().clear()
         self._rev.clear()
 
-    def update(self, other: Any = (), **kw: str) -> None:  # type: ignore[override]
+    def update(self, other: Any = (), **kw: str) -> None:
         """Set many names (through `__setitem__`, so the index follows)."""
         for va, name in dict(other, **kw).items():
             self[va] = name
 
-    def setdefault(self, va: int, name: str) -> str:  # type: ignore[override]
+    def setdefault(self, va: int, name: str) -> str:
         """`va`'s name, giving it `name` first when it has none."""
         if va not in self:
             self[va] = name
@@ -121,6 +124,8 @@ class Program:
         self.lock = threading.RLock()
         self.extensions: dict[str, Any] = {}  # per-program state owned by other layers (analysis, ...)
         self.name_resolvers: list[Callable[[str], int | None]] = []
+        # what other layers release when the program closes (provider sessions, ...), in order
+        self.on_close: list[Callable[[], None]] = []
         # User-given names by address (kept by the annotations layer); they win everywhere.
         self.user_names = NameMap()
         self._by_name: dict[str, int] = {}
@@ -221,6 +226,7 @@ class Workspace:
         self._lock = threading.RLock()
         self._slots = threading.BoundedSemaphore(self.config.limits.max_concurrent)
         self.version = __version__
+        self.extensions: dict[str, Any] = {}  # workspace-wide state owned by other layers (the server's slots)
 
     @property
     def read_only(self) -> bool:
@@ -326,6 +332,8 @@ class Workspace:
             prog = self.programs.pop(handle, None)
         if prog is None:
             raise BinlensError("not_found", f"no open program {handle!r}", target="/params/program")
+        for release in prog.on_close:
+            release()
         prog.db.close()
 
     # --- concurrency ----------------------------------------------------------------------

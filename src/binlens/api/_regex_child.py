@@ -17,6 +17,7 @@ A request that fails is answered ("error", message).
 
 from __future__ import annotations
 
+import io
 import mmap
 import os
 import pickle
@@ -85,7 +86,7 @@ def _window(payload: Any) -> bytes:
 
 def scan(rx: Any, data: bytes, stop: int, want: int) -> list[tuple[int, int, bytes]]:
     """Up to `want` matches of `rx` in `data` that start before `stop`: (start, end, first 64 bytes)."""
-    found = []
+    found: list[tuple[int, int, bytes]] = []
     for m in rx.finditer(data, concurrent=True):
         if m.start() >= stop or len(found) >= want:
             break
@@ -117,7 +118,8 @@ def _answer(req: tuple[Any, ...], compiled: dict[tuple[Any, int], Any]) -> Any:
 def main() -> None:
     """Answer requests until the input closes."""
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
-    inp, out = sys.stdin.buffer.raw, sys.stdout.buffer
+    stdin, out = sys.stdin.buffer, sys.stdout.buffer
+    inp = stdin.raw if isinstance(stdin, io.BufferedReader) else stdin  # the file itself: no read-ahead
     compiled: dict[tuple[Any, int], Any] = {}
     _write(out, "ready")
     while (req := _read(inp)) is not None:

@@ -23,9 +23,12 @@ import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from binlens.errors import BinlensError
+
+if TYPE_CHECKING:
+    from binlens.api.registry import CallContext
 
 CHILD = Path(__file__).with_name("_regex_child.py")
 POLL_S = 0.05  # how often a waiting call looks at its cancellation
@@ -49,6 +52,8 @@ class RegexProcess:
             close_fds=True,
             start_new_session=True,  # a kill of its group never reaches the server
         )
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # (both are pipes)
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         with _lock:
             _live.add(self)
 
@@ -58,9 +63,9 @@ class RegexProcess:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-        for pipe in (self.proc.stdin, self.proc.stdout):
+        for pipe in (self.stdin, self.stdout):
             with contextlib.suppress(OSError):
-                pipe.close()  # type: ignore[union-attr]
+                pipe.close()
         with _lock:
             _live.discard(self)
 
@@ -68,13 +73,13 @@ class RegexProcess:
         """Write one request frame."""
         blob = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
         try:
-            self.proc.stdin.write(len(blob).to_bytes(4, "little") + blob)  # type: ignore[union-attr]
+            self.stdin.write(len(blob).to_bytes(4, "little") + blob)
         except OSError:
             raise BinlensError("internal", "the regex process stopped unexpectedly") from None
 
-    def receive(self, ctx: Any, deadline: float) -> Any:
+    def receive(self, ctx: CallContext | None, deadline: float) -> Any:
         """The next answer; None past `deadline` (the child is killed), `cancelled` when the call is."""
-        fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        fd = self.stdout.fileno()
         while True:
             if ctx is not None and ctx.cancelled:
                 self.kill()
@@ -90,7 +95,7 @@ class RegexProcess:
     def _read_exactly(self, size: int) -> bytes:
         parts = []
         while size:
-            part = self.proc.stdout.read(size)  # type: ignore[union-attr]
+            part = self.stdout.read(size)
             if not part:
                 self.kill()
                 raise BinlensError("internal", "the regex process stopped unexpectedly")
@@ -126,7 +131,7 @@ class SharedBytes:
 class UserRegex:
     """A compiled client pattern bound to a child process for the length of one call."""
 
-    def __init__(self, pattern: str | bytes, flags: int, ctx: Any, child: RegexProcess) -> None:
+    def __init__(self, pattern: str | bytes, flags: int, ctx: CallContext | None, child: RegexProcess) -> None:
         self.pattern = pattern
         self.flags = flags
         self.ctx = ctx
@@ -163,7 +168,7 @@ def _checked(answer: Any) -> Any:
     return answer
 
 
-def _checkout(ctx: Any) -> RegexProcess:
+def _checkout(ctx: CallContext | None) -> RegexProcess:
     while True:
         with _lock:
             idle = _idle.pop() if _idle else None
@@ -195,7 +200,7 @@ def _checkin(child: RegexProcess | None) -> None:
 
 
 @contextlib.contextmanager
-def user_regex(pattern: str | bytes, flags: int, ctx: Any) -> Iterator[UserRegex]:
+def user_regex(pattern: str | bytes, flags: int, ctx: CallContext | None) -> Iterator[UserRegex]:
     """A child process ready to run `pattern` (already compiled once here, so it is valid)."""
     rx = UserRegex(pattern, flags, ctx, _checkout(ctx))
     try:

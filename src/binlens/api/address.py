@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from binlens.api.common import ProgramIdentity
 from binlens.api.models import AddressText, HexAddress, Params, ProgramRef, Result
 from binlens.api.registry import READ_ONLY, method
+from binlens.workspace import Workspace
 
 
 class AddressResolveParams(Params):
@@ -50,7 +49,7 @@ class AddressSpaceList(Result):
 
 
 @method("address.resolve", effect=READ_ONLY)
-def address_resolve(ws: Any, p: AddressResolveParams) -> AddressInfo:
+def address_resolve(ws: Workspace, p: AddressResolveParams) -> AddressInfo:
     """Resolve an address or `symbol[+off]`: segment, section, nearest symbol and file offset."""
     prog = ws.program(p.program)
     va = prog.resolve(p.address, "/params/address")
@@ -74,7 +73,7 @@ def address_resolve(ws: Any, p: AddressResolveParams) -> AddressInfo:
 
 
 @method("address_space.list", effect=READ_ONLY)
-def address_space_list(ws: Any, p: AddressSpaceListParams) -> AddressSpaceList:
+def address_space_list(ws: Workspace, p: AddressSpaceListParams) -> AddressSpaceList:
     """List the mapped virtual address ranges and which of their bytes come from the file."""
     prog = ws.program(p.program)
     items = []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -12,7 +12,7 @@ from binlens.api.registry import READ_ONLY, CallContext, method
 from binlens.errors import BinlensError
 from binlens.jobs.state import analysis_of
 from binlens.store.analysis import AnalysisView, FunctionRow, load_run
-from binlens.workspace import Program
+from binlens.workspace import Program, Workspace
 
 Status = Literal["not_started", "running", "done", "failed", "cancelled"]
 
@@ -25,7 +25,7 @@ class NeedsAnalysis(Params):
     timeout_ms: int = Field(120000, ge=100, le=3600000, description="How long to wait for the analysis.")
 
 
-def need_view(ws: Any, p: NeedsAnalysis, ctx: CallContext | None) -> tuple[Program, AnalysisView]:
+def need_view(ws: Workspace, p: NeedsAnalysis, ctx: CallContext | None) -> tuple[Program, AnalysisView]:
     """The program and its analysis view, waiting as the params say."""
     prog = ws.program(p.program)
     view = analysis_of(prog).require(ctx, wait=p.wait, timeout_s=p.timeout_ms / 1000)
@@ -92,7 +92,7 @@ def status_of(prog: Program) -> AnalysisStatus:
     """analysis.get's report for one program."""
     st = analysis_of(prog)
     out = AnalysisStatus(
-        status=st.status,  # type: ignore[arg-type]
+        status=st.status,  # type: ignore[arg-type]  # ProgramAnalysis.status is a str of the same five values
         engine_version=ENGINE_VERSION,
         progress=round(st.fraction, 4),
         message=st.message,
@@ -111,13 +111,13 @@ def status_of(prog: Program) -> AnalysisStatus:
 
 
 @method("analysis.get", effect=READ_ONLY)
-def analysis_get(ws: Any, p: AnalysisGetParams) -> AnalysisStatus:
+def analysis_get(ws: Workspace, p: AnalysisGetParams) -> AnalysisStatus:
     """Status, progress and counts of the program's analysis (never waits)."""
     return status_of(ws.program(p.program))
 
 
 @method("analysis.start", effect=READ_ONLY, long_running=True)
-def analysis_start(ws: Any, p: AnalysisStartParams, ctx: CallContext) -> AnalysisStatus:
+def analysis_start(ws: Workspace, p: AnalysisStartParams, ctx: CallContext) -> AnalysisStatus:
     """Start the analysis in the background (a no-op when it runs or is done); optionally wait for it."""
     prog = ws.program(p.program)
     st = analysis_of(prog)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -14,9 +14,10 @@ from binlens.api.registry import DESTRUCTIVE, READ_ONLY, CallContext, method
 from binlens.cdecl import DeclarationError, TypeSystem
 from binlens.errors import BinlensError
 from binlens.store.annotations import Change
+from binlens.workspace import Program, Workspace
 
-FORMAT = "binlens.annotations"
-VERSION = 1
+FORMAT: Final = "binlens.annotations"
+VERSION: Final = 1
 
 
 class _Doc(BaseModel):
@@ -142,7 +143,7 @@ class ImportResult(EditResult):
     changes: int
 
 
-def export_document(prog: Any) -> AnnotationDocument:
+def export_document(prog: Program) -> AnnotationDocument:
     """The program's annotations as one document (deterministic order)."""
     st = store(prog)
     i = prog.image.identity
@@ -161,7 +162,7 @@ def export_document(prog: Any) -> AnnotationDocument:
 
 
 @method("annotations.export", effect=READ_ONLY)
-def annotations_export(ws: Any, p: ExportParams) -> AnnotationDocument:
+def annotations_export(ws: Workspace, p: ExportParams) -> AnnotationDocument:
     """Every annotation of a program (names, comments, bookmarks, types, globals, prototypes, patches) as JSON."""
     prog = ws.program(p.program)
     refresh(prog)
@@ -179,7 +180,7 @@ def _addr(text: str, target: str) -> int:
 
 
 def document_rows(
-    prog: Any, doc: AnnotationDocument, merge: bool = False
+    prog: Program, doc: AnnotationDocument, merge: bool = False
 ) -> dict[str, dict[tuple[Any, ...], dict[str, Any]]]:
     """The rows a document stands for, by kind and key, after validating them (with the existing types if merging)."""
     base = "/params/document"
@@ -239,7 +240,7 @@ def document_rows(
 
 
 @method("annotations.import", effect=DESTRUCTIVE)
-def annotations_import(ws: Any, p: ImportParams, ctx: CallContext) -> ImportResult:
+def annotations_import(ws: Workspace, p: ImportParams, ctx: CallContext) -> ImportResult:
     """Apply an exported document as one journaled edit (merge, or replace everything); a round trip changes nothing."""
     prog = ws.program(p.program)
     refresh(prog)

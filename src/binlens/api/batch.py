@@ -20,6 +20,7 @@ from binlens.api.registry import (
     response_too_large,
 )
 from binlens.errors import BinlensError
+from binlens.workspace import Workspace
 
 
 class BatchItem(Params):
@@ -140,7 +141,7 @@ class _Tally:
 
 
 @method("batch.execute", effect=MUTATION)
-def batch_execute(ws: Any, p: BatchParams, ctx: CallContext) -> BatchResult:
+def batch_execute(ws: Workspace, p: BatchParams, ctx: CallContext) -> BatchResult:
     """Run up to 1000 calls: all_or_none rolls everything back on the first error; per_item reports each.
 
     The response must fit the call's byte budget. all_or_none measures it inside its transaction,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import Field
 
@@ -11,6 +11,7 @@ from binlens.api.models import HexAddress, Listing, Page, Params, ProgramRef, Re
 from binlens.api.pages import page_by_address
 from binlens.api.registry import DESTRUCTIVE, MUTATION, READ_ONLY, CallContext, method
 from binlens.api.symbol_edit import selected_address
+from binlens.workspace import Program, Workspace
 
 Category = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f]+$")]
 
@@ -53,7 +54,7 @@ class BookmarkListParams(Params):
     scan: Scan = Scan()
 
 
-def _items(prog: Any) -> list[BookmarkItem]:
+def _items(prog: Program) -> list[BookmarkItem]:
     return [
         BookmarkItem(address=hex(k[0]), category=k[1], note=v["note"], name=prog.name_at(k[0]))
         for k, v in store(prog).rows("bookmark")
@@ -61,7 +62,7 @@ def _items(prog: Any) -> list[BookmarkItem]:
 
 
 @method("bookmark.list", effect=READ_ONLY)
-def bookmark_list(ws: Any, p: BookmarkListParams) -> Listing[BookmarkItem]:
+def bookmark_list(ws: Workspace, p: BookmarkListParams) -> Listing[BookmarkItem]:
     """List bookmarks in address order, optionally of one category."""
     prog = ws.program(p.program)
     refresh(prog)
@@ -71,7 +72,7 @@ def bookmark_list(ws: Any, p: BookmarkListParams) -> Listing[BookmarkItem]:
 
 
 @method("bookmark.create", effect=MUTATION)
-def bookmark_create(ws: Any, p: BookmarkCreateParams, ctx: CallContext) -> BookmarkEdited:
+def bookmark_create(ws: Workspace, p: BookmarkCreateParams, ctx: CallContext) -> BookmarkEdited:
     """Bookmark an address in a category; `conflict` if that bookmark exists."""
     prog = ws.program(p.program)
     va = selected_address(prog, p.selector)
@@ -91,7 +92,7 @@ def bookmark_create(ws: Any, p: BookmarkCreateParams, ctx: CallContext) -> Bookm
 
 
 @method("bookmark.delete", effect=DESTRUCTIVE)
-def bookmark_delete(ws: Any, p: BookmarkRef, ctx: CallContext) -> BookmarkEdited:
+def bookmark_delete(ws: Workspace, p: BookmarkRef, ctx: CallContext) -> BookmarkEdited:
     """Delete a bookmark; `not_found` if there is none."""
     prog = ws.program(p.program)
     va = selected_address(prog, p.selector)

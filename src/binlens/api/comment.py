@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -13,6 +13,7 @@ from binlens.api.pages import page_by_address
 from binlens.api.registry import DESTRUCTIVE, MUTATION, READ_ONLY, CallContext, method
 from binlens.api.symbol_edit import selected_address
 from binlens.errors import BinlensError
+from binlens.workspace import Program, Workspace
 
 CommentKind = Literal["eol", "pre", "plate"]
 CommentText = Annotated[str, Field(min_length=1, max_length=65536)]
@@ -57,17 +58,17 @@ class CommentListParams(Params):
     scan: Scan = Scan()
 
 
-def _item(prog: Any, va: int, kind: str, text: str) -> CommentItem:
-    return CommentItem(address=hex(va), kind=kind, text=text, name=prog.name_at(va))  # type: ignore[arg-type]
+def _item(prog: Program, va: int, kind: CommentKind, text: str) -> CommentItem:
+    return CommentItem(address=hex(va), kind=kind, text=text, name=prog.name_at(va))
 
 
-def _get(prog: Any, va: int, kind: str) -> CommentItem | None:
+def _get(prog: Program, va: int, kind: CommentKind) -> CommentItem | None:
     row = store(prog).get(prog.db.connect(), "comment", (va, kind))
     return _item(prog, va, kind, row["text"]) if row else None
 
 
 @method("comment.get", effect=READ_ONLY)
-def comment_get(ws: Any, p: CommentRef) -> CommentItem:
+def comment_get(ws: Workspace, p: CommentRef) -> CommentItem:
     """The comment of one kind at an address."""
     prog = ws.program(p.program)
     refresh(prog)
@@ -79,7 +80,7 @@ def comment_get(ws: Any, p: CommentRef) -> CommentItem:
 
 
 @method("comment.list", effect=READ_ONLY)
-def comment_list(ws: Any, p: CommentListParams) -> Listing[CommentItem]:
+def comment_list(ws: Workspace, p: CommentListParams) -> Listing[CommentItem]:
     """List comments in address order, filtered by kind, text glob and address range."""
     prog = ws.program(p.program)
     refresh(prog)
@@ -92,7 +93,7 @@ def comment_list(ws: Any, p: CommentListParams) -> Listing[CommentItem]:
     return Listing[CommentItem](items=out, next_cursor=cursor, scan=report)
 
 
-def _write(ws: Any, p: CommentRef, ctx: CallContext, method_name: str, must_exist: bool | None) -> CommentEdited:
+def _write(ws: Workspace, p: CommentRef, ctx: CallContext, method_name: str, must_exist: bool | None) -> CommentEdited:
     prog = ws.program(p.program)
     va = selected_address(prog, p.selector)
     text = getattr(p, "text", None)
@@ -111,24 +112,24 @@ def _write(ws: Any, p: CommentRef, ctx: CallContext, method_name: str, must_exis
 
 
 @method("comment.create", effect=MUTATION)
-def comment_create(ws: Any, p: CommentWrite, ctx: CallContext) -> CommentEdited:
+def comment_create(ws: Workspace, p: CommentWrite, ctx: CallContext) -> CommentEdited:
     """Add a comment; `conflict` if that kind of comment is already there."""
     return _write(ws, p, ctx, "comment.create", False)
 
 
 @method("comment.patch", effect=MUTATION)
-def comment_patch(ws: Any, p: CommentWrite, ctx: CallContext) -> CommentEdited:
+def comment_patch(ws: Workspace, p: CommentWrite, ctx: CallContext) -> CommentEdited:
     """Replace the text of an existing comment; `not_found` if there is none."""
     return _write(ws, p, ctx, "comment.patch", True)
 
 
 @method("comment.upsert", effect=MUTATION)
-def comment_upsert(ws: Any, p: CommentWrite, ctx: CallContext) -> CommentEdited:
+def comment_upsert(ws: Workspace, p: CommentWrite, ctx: CallContext) -> CommentEdited:
     """Set a comment, creating or replacing it."""
     return _write(ws, p, ctx, "comment.upsert", None)
 
 
 @method("comment.delete", effect=DESTRUCTIVE)
-def comment_delete(ws: Any, p: CommentRef, ctx: CallContext) -> CommentEdited:
+def comment_delete(ws: Workspace, p: CommentRef, ctx: CallContext) -> CommentEdited:
     """Delete a comment; `not_found` if there is none."""
     return _write(ws, p, ctx, "comment.delete", True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import sqlite3
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -17,6 +17,7 @@ from binlens.cdecl import CType, DeclarationError, Definition, TypeSystem
 from binlens.cdecl.abi import SCALARS
 from binlens.errors import BinlensError
 from binlens.store.annotations import Change, last_data_type_position
+from binlens.workspace import Program, Workspace
 
 TypeName = Annotated[str, Field(min_length=1, max_length=256, description="'struct foo', 'foo_t', 'int', ...")]
 Declaration = Annotated[
@@ -142,9 +143,9 @@ def describe(ts: TypeSystem, name: str) -> DataTypeItem:
     d = ts.defs.get(name)
     item = DataTypeItem(
         name=name,
-        kind="scalar" if d is None else d.kind,  # type: ignore[arg-type]
+        kind="scalar" if d is None else d.kind,
         category="/builtin" if d is None else d.category,
-        source="builtin" if d is None else d.source,  # type: ignore[arg-type]
+        source="builtin" if d is None else d.source,
         size=t.size,
         alignment=t.align,
         declaration=name if d is None else d.declaration,
@@ -176,7 +177,7 @@ def _bad_declaration(err: DeclarationError, target: str = "/params/declaration")
     return BinlensError("invalid_argument", f"bad C declaration: {err.message}", target=target, details=err.details())
 
 
-def _system_from(prog: Any, conn: sqlite3.Connection) -> TypeSystem:
+def _system_from(prog: Program, conn: sqlite3.Connection) -> TypeSystem:
     rows = sorted(store(prog).rows("data_type", conn), key=lambda kv: kv[1]["position"])
     return TypeSystem(abi_of(prog), [(k[0], v["kind"], v["category"], v["declaration"]) for k, v in rows])
 
@@ -221,7 +222,13 @@ def _layout(ts: TypeSystem, name: str) -> CType:
 
 
 def _write_types(
-    prog: Any, ctx: CallContext, method_name: str, text: str, category: str | None, mode: str, name: str | None = None
+    prog: Program,
+    ctx: CallContext,
+    method_name: str,
+    text: str,
+    category: str | None,
+    mode: str,
+    name: str | None = None,
 ) -> DataTypeEdited:
     """Create (mode 'create'), replace (mode 'patch', of `name`) or upsert the types `text` declares."""
     defined: list[str] = []
@@ -277,7 +284,7 @@ def _write_types(
 
 
 @method("data_type.get", effect=READ_ONLY)
-def data_type_get(ws: Any, p: DataTypeGetParams) -> DataTypeItem:
+def data_type_get(ws: Workspace, p: DataTypeGetParams) -> DataTypeItem:
     """One type by name ('struct foo', 'foo_t', 'int'): size, alignment, members with offsets."""
     prog = ws.program(p.program)
     refresh(prog)
@@ -302,7 +309,7 @@ def all_type_names(ts: TypeSystem) -> list[str]:
 
 
 @method("data_type.list", effect=READ_ONLY)
-def data_type_list(ws: Any, p: DataTypeListParams) -> Listing[DataTypeItem]:
+def data_type_list(ws: Workspace, p: DataTypeListParams) -> Listing[DataTypeItem]:
     """List types (C scalars, libc and Win32 types, the user's) by category, kind, source and name glob."""
     prog = ws.program(p.program)
     refresh(prog)
@@ -329,19 +336,19 @@ def data_type_list(ws: Any, p: DataTypeListParams) -> Listing[DataTypeItem]:
 
 
 @method("data_type.create", effect=MUTATION)
-def data_type_create(ws: Any, p: DataTypeWriteParams, ctx: CallContext) -> DataTypeEdited:
+def data_type_create(ws: Workspace, p: DataTypeWriteParams, ctx: CallContext) -> DataTypeEdited:
     """Declare new types in C; `conflict` if a name exists, `invalid_argument` with the parser's message if bad."""
     return _write_types(ws.program(p.program), ctx, "data_type.create", p.declaration, p.category, "create")
 
 
 @method("data_type.upsert", effect=MUTATION)
-def data_type_upsert(ws: Any, p: DataTypeWriteParams, ctx: CallContext) -> DataTypeEdited:
+def data_type_upsert(ws: Workspace, p: DataTypeWriteParams, ctx: CallContext) -> DataTypeEdited:
     """Declare types in C, replacing any user types of the same names."""
     return _write_types(ws.program(p.program), ctx, "data_type.upsert", p.declaration, p.category, "upsert")
 
 
 @method("data_type.patch", effect=MUTATION)
-def data_type_patch(ws: Any, p: DataTypePatchParams, ctx: CallContext) -> DataTypeEdited:
+def data_type_patch(ws: Workspace, p: DataTypePatchParams, ctx: CallContext) -> DataTypeEdited:
     """Redefine a user type (its declaration must define the same name) or move it to another category."""
     prog = ws.program(p.program)
     refresh(prog)
@@ -359,7 +366,7 @@ def data_type_patch(ws: Any, p: DataTypePatchParams, ctx: CallContext) -> DataTy
 
 
 @method("data_type.delete", effect=DESTRUCTIVE)
-def data_type_delete(ws: Any, p: DataTypeDeleteParams, ctx: CallContext) -> EditResult:
+def data_type_delete(ws: Workspace, p: DataTypeDeleteParams, ctx: CallContext) -> EditResult:
     """Delete a user type; `conflict` if other types, globals or prototypes still use it."""
     prog = ws.program(p.program)
     name = " ".join(p.name.split())
@@ -385,7 +392,7 @@ def data_type_delete(ws: Any, p: DataTypeDeleteParams, ctx: CallContext) -> Edit
 
 
 @method("data_type_category.list", effect=READ_ONLY)
-def data_type_category_list(ws: Any, p: CategoryListParams) -> Listing[CategoryItem]:
+def data_type_category_list(ws: Workspace, p: CategoryListParams) -> Listing[CategoryItem]:
     """List type categories ('/builtin', '/libc', '/win32', the user's) with their type counts."""
     prog = ws.program(p.program)
     refresh(prog)

@@ -292,7 +292,7 @@ def engine(prog: Program) -> Any:
     return prog.extensions.get("analysis")
 
 
-def settle_analysis(prog: Any, ctx: Any, timeout_s: float = 600.0) -> None:
+def settle_analysis(prog: Program, ctx: CallContext | None, timeout_s: float = 600.0) -> None:
     """Let the program's analysis finish (and be saved) before an edit that consults it opens its
     write transaction: waiting for it inside one kept the analysis process from saving ("database
     is locked"), so a `function.create` before the first analysis failed it. Outside an atomic

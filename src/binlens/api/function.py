@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -15,9 +15,9 @@ from binlens.api.registry import READ_ONLY, CallContext, method
 from binlens.jobs.state import function_name
 from binlens.printable import escape_controls
 from binlens.store.analysis import AnalysisView, FunctionRow
-from binlens.workspace import Program
+from binlens.workspace import Program, Workspace
 
-Source = Literal[SOURCES]  # type: ignore[valid-type]
+Source = Literal[SOURCES]  # type: ignore[valid-type]  # the engine's tuple, spelled once; pydantic reads it
 
 
 class FunctionItem(Result):
@@ -106,7 +106,7 @@ def function_item(prog: Program, f: FunctionRow) -> FunctionItem:
 
 
 @method("function.list", effect=READ_ONLY)
-def function_list(ws: Any, p: FunctionListParams, ctx: CallContext) -> Listing[FunctionItem]:
+def function_list(ws: Workspace, p: FunctionListParams, ctx: CallContext) -> Listing[FunctionItem]:
     """List functions in address order, filtered by name glob, size range and source."""
     prog, view = need_view(ws, p, ctx)
     funcs: list[FunctionRow] = view.functions
@@ -124,7 +124,7 @@ def function_list(ws: Any, p: FunctionListParams, ctx: CallContext) -> Listing[F
 
 
 @method("function.get", effect=READ_ONLY)
-def function_get(ws: Any, p: FunctionSelectParams, ctx: CallContext) -> FunctionDetail:
+def function_get(ws: Workspace, p: FunctionSelectParams, ctx: CallContext) -> FunctionDetail:
     """One function by entry address, an address inside it, or name."""
     prog, view = need_view(ws, p, ctx)
     f = select_function(prog, view, p.selector)
@@ -146,7 +146,7 @@ def _successors(view: AnalysisView, fn: int) -> dict[int, list[int]]:
 
 
 @method("function.blocks", effect=READ_ONLY)
-def function_blocks(ws: Any, p: FunctionBlocksParams, ctx: CallContext) -> Listing[BlockItem]:
+def function_blocks(ws: Workspace, p: FunctionBlocksParams, ctx: CallContext) -> Listing[BlockItem]:
     """The basic blocks of a function in address order, with their successors."""
     prog, view = need_view(ws, p, ctx)
     f = select_function(prog, view, p.selector)
@@ -167,7 +167,7 @@ def function_blocks(ws: Any, p: FunctionBlocksParams, ctx: CallContext) -> Listi
 
 
 @method("function.cfg", effect=READ_ONLY)
-def function_cfg(ws: Any, p: FunctionCfgParams, ctx: CallContext) -> FunctionCfg:
+def function_cfg(ws: Workspace, p: FunctionCfgParams, ctx: CallContext) -> FunctionCfg:
     """The control-flow graph of a function as JSON nodes/edges, DOT or Mermaid."""
     prog, view = need_view(ws, p, ctx)
     f = select_function(prog, view, p.selector)

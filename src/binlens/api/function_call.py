@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -14,7 +14,7 @@ from binlens.api.pages import page_by_offset
 from binlens.api.registry import READ_ONLY, CallContext, method
 from binlens.jobs.state import name_for_address
 from binlens.store.analysis import AnalysisView
-from binlens.workspace import Program
+from binlens.workspace import Program, Workspace
 
 
 class CallItem(Result):
@@ -37,7 +37,7 @@ def _is_import(prog: Program, va: int) -> bool:
 
 
 @method("function_call.list", effect=READ_ONLY)
-def function_call_list(ws: Any, p: FunctionCallListParams, ctx: CallContext) -> Listing[CallItem]:
+def function_call_list(ws: Workspace, p: FunctionCallListParams, ctx: CallContext) -> Listing[CallItem]:
     """The call sites that call a function (callers) or that it makes (callees), by site address."""
     prog, view = need_view(ws, p, ctx)
     f = select_function(prog, view, p.selector)
@@ -116,7 +116,7 @@ def _walk(view: AnalysisView, root: int, depth: int, up: bool) -> tuple[dict[int
 
 
 @method("callgraph.get", effect=READ_ONLY)
-def callgraph_get(ws: Any, p: CallgraphParams, ctx: CallContext) -> Callgraph:
+def callgraph_get(ws: Workspace, p: CallgraphParams, ctx: CallContext) -> Callgraph:
     """The call graph around a function: callers and/or callees up to `depth` calls away."""
     prog, view = need_view(ws, p, ctx)
     f = select_function(prog, view, p.selector)

@@ -22,6 +22,7 @@ from binlens.api.symbol_edit import selected_address
 from binlens.cdecl import DeclarationError
 from binlens.errors import BinlensError
 from binlens.store.annotations import Change
+from binlens.workspace import Program, Workspace
 
 TypeText = Annotated[str, Field(min_length=1, max_length=1024, description="A C type name, e.g. 'const char *'.")]
 ParamName = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
@@ -110,7 +111,7 @@ class ParameterDeleteParams(Params):
     ordinal: int = Field(ge=0, le=255)
 
 
-def is_function(prog: Any, va: int, conn: sqlite3.Connection | None = None) -> bool:
+def is_function(prog: Program, va: int, conn: sqlite3.Connection | None = None) -> bool:
     """Whether `va` starts a function (engine, user definition, symbol, export or entry point)."""
     state = store(prog).get(conn or prog.db.connect(), "function", (va,))
     if state is not None:
@@ -129,7 +130,7 @@ def is_function(prog: Any, va: int, conn: sqlite3.Connection | None = None) -> b
     return sec is not None and sec.kind == "code" and any(e.address == va for e in img.exports)
 
 
-def function_address(prog: Any, selector: Selector, base: str = "/params/selector") -> int:
+def function_address(prog: Program, selector: Selector, base: str = "/params/selector") -> int:
     """The function a selector names, or `not_found`."""
     va = selected_address(prog, selector) if base == "/params/selector" else _sel(prog, selector, base)
     if not is_function(prog, va):
@@ -137,13 +138,13 @@ def function_address(prog: Any, selector: Selector, base: str = "/params/selecto
     return va
 
 
-def _sel(prog: Any, selector: Selector, base: str) -> int:
+def _sel(prog: Program, selector: Selector, base: str) -> int:
     if selector.name is not None:
         return prog.resolve(selector.name, f"{base}/name")
     return prog.resolve(selector.address or "", f"{base}/address")
 
 
-def load_prototype(prog: Any, va: int, conn: sqlite3.Connection | None = None) -> dict[str, Any] | None:
+def load_prototype(prog: Program, va: int, conn: sqlite3.Connection | None = None) -> dict[str, Any] | None:
     """The stored prototype of the function at `va` (return_type, calling_convention, parameters, variadic)."""
     row = store(prog).get(conn or prog.db.connect(), "prototype", (va,))
     return json.loads(row["prototype"]) if row else None
@@ -153,7 +154,7 @@ def _proto_value(proto: dict[str, Any]) -> dict[str, Any]:
     return {"prototype": json.dumps(proto, sort_keys=True, separators=(",", ":"))}
 
 
-def render_prototype(prog: Any, va: int, proto: dict[str, Any] | None) -> Prototype | None:
+def render_prototype(prog: Program, va: int, proto: dict[str, Any] | None) -> Prototype | None:
     """The wire form of a stored prototype, with its C spelling."""
     if proto is None:
         return None
@@ -176,7 +177,7 @@ def render_prototype(prog: Any, va: int, proto: dict[str, Any] | None) -> Protot
     )
 
 
-def _type(prog: Any, text: str, target: str, *, allow_void: bool = False) -> str:
+def _type(prog: Program, text: str, target: str, *, allow_void: bool = False) -> str:
     try:
         t = types(prog).parse_type_name(text)
     except DeclarationError as err:
@@ -192,7 +193,7 @@ def _type(prog: Any, text: str, target: str, *, allow_void: bool = False) -> str
     return t.spelling
 
 
-def _convention(prog: Any, cc: str, target: str) -> str:
+def _convention(prog: Program, cc: str, target: str) -> str:
     allowed = abi_of(prog).conventions
     if cc not in allowed:
         raise BinlensError(
@@ -201,7 +202,7 @@ def _convention(prog: Any, cc: str, target: str) -> str:
     return cc
 
 
-def _from_c(prog: Any, text: str) -> tuple[str | None, dict[str, Any]]:
+def _from_c(prog: Program, text: str) -> tuple[str | None, dict[str, Any]]:
     """(name, prototype) from a C prototype."""
     src = text.strip().rstrip(";") + ";"
     try:
@@ -237,7 +238,7 @@ def _from_c(prog: Any, text: str) -> tuple[str | None, dict[str, Any]]:
     }
 
 
-def _edited(prog: Any, va: int, entry: int | None) -> FunctionEdited:
+def _edited(prog: Program, va: int, entry: int | None) -> FunctionEdited:
     return FunctionEdited(
         journal_id=entry,
         address=hex(va),
@@ -247,7 +248,7 @@ def _edited(prog: Any, va: int, entry: int | None) -> FunctionEdited:
 
 
 @method("function.patch", effect=MUTATION)
-def function_patch(ws: Any, p: FunctionPatchParams, ctx: CallContext) -> FunctionEdited:
+def function_patch(ws: Workspace, p: FunctionPatchParams, ctx: CallContext) -> FunctionEdited:
     """Rename a function and/or set its prototype (C text, return type, calling convention); clashes are `conflict`."""
     prog = ws.program(p.program)
     refresh(prog)
@@ -297,7 +298,7 @@ class FunctionPrototypeParams(Params):
 
 
 @method("function_prototype.get", effect=READ_ONLY)
-def function_prototype_get(ws: Any, p: FunctionPrototypeParams) -> FunctionEdited:
+def function_prototype_get(ws: Workspace, p: FunctionPrototypeParams) -> FunctionEdited:
     """A function's name and the prototype the user gave it (null if none yet)."""
     prog = ws.program(p.program)
     refresh(prog)
@@ -305,7 +306,7 @@ def function_prototype_get(ws: Any, p: FunctionPrototypeParams) -> FunctionEdite
     return _edited(prog, va, None)
 
 
-def _param_edit(ws: Any, p: Any, ctx: CallContext, method_name: str, change: Any) -> FunctionEdited:
+def _param_edit(ws: Workspace, p: Any, ctx: CallContext, method_name: str, change: Any) -> FunctionEdited:
     prog = ws.program(p.program)
     refresh(prog)
     va = function_address(prog, p.function, "/params/function")
@@ -325,7 +326,7 @@ def _param_edit(ws: Any, p: Any, ctx: CallContext, method_name: str, change: Any
 
 
 @method("function_parameter.create", effect=MUTATION)
-def function_parameter_create(ws: Any, p: ParameterCreateParams, ctx: CallContext) -> FunctionEdited:
+def function_parameter_create(ws: Workspace, p: ParameterCreateParams, ctx: CallContext) -> FunctionEdited:
     """Add a named, typed parameter to a function's prototype (appended, or inserted at `ordinal`)."""
     prog = ws.program(p.program)
     spelling = _type(prog, p.type, "/params/type")
@@ -342,7 +343,7 @@ def function_parameter_create(ws: Any, p: ParameterCreateParams, ctx: CallContex
 
 
 @method("function_parameter.patch", effect=MUTATION)
-def function_parameter_patch(ws: Any, p: ParameterPatchParams, ctx: CallContext) -> FunctionEdited:
+def function_parameter_patch(ws: Workspace, p: ParameterPatchParams, ctx: CallContext) -> FunctionEdited:
     """Rename and/or retype one parameter; `not_found` if the ordinal does not exist."""
     prog = ws.program(p.program)
     if p.name is None and p.type is None:
@@ -361,7 +362,7 @@ def function_parameter_patch(ws: Any, p: ParameterPatchParams, ctx: CallContext)
 
 
 @method("function_parameter.delete", effect=DESTRUCTIVE)
-def function_parameter_delete(ws: Any, p: ParameterDeleteParams, ctx: CallContext) -> FunctionEdited:
+def function_parameter_delete(ws: Workspace, p: ParameterDeleteParams, ctx: CallContext) -> FunctionEdited:
     """Remove one parameter from a function's prototype; `not_found` if the ordinal does not exist."""
 
     def change(params: list[dict[str, Any]]) -> None:
@@ -373,7 +374,7 @@ def function_parameter_delete(ws: Any, p: ParameterDeleteParams, ctx: CallContex
 
 
 @method("function.create", effect=MUTATION)
-def function_create(ws: Any, p: FunctionCreateParams, ctx: CallContext) -> FunctionEdited:
+def function_create(ws: Workspace, p: FunctionCreateParams, ctx: CallContext) -> FunctionEdited:
     """Define a function at an address (the engine re-runs local analysis); `conflict` if one is there."""
     prog = ws.program(p.program)
     refresh(prog)
@@ -397,7 +398,7 @@ def function_create(ws: Any, p: FunctionCreateParams, ctx: CallContext) -> Funct
 
 
 @method("function.delete", effect=DESTRUCTIVE)
-def function_delete(ws: Any, p: FunctionRef, ctx: CallContext) -> FunctionEdited:
+def function_delete(ws: Workspace, p: FunctionRef, ctx: CallContext) -> FunctionEdited:
     """Undefine the function at an address (the engine re-runs local analysis); `not_found` if none."""
     prog = ws.program(p.program)
     refresh(prog)
@@ -415,7 +416,7 @@ def function_delete(ws: Any, p: FunctionRef, ctx: CallContext) -> FunctionEdited
     return _edited(prog, va, entry)
 
 
-def _need_engine(prog: Any) -> Any:
+def _need_engine(prog: Program) -> Any:
     analysis = engine(prog)
     if analysis is None:
         raise BinlensError(

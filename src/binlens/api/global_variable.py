@@ -16,6 +16,7 @@ from binlens.cdecl import DeclarationError
 from binlens.cdecl.decode import decode
 from binlens.errors import BinlensError
 from binlens.store.annotations import Change, globals_near
+from binlens.workspace import Program, Workspace
 
 TypeText = Annotated[str, Field(min_length=1, max_length=1024, description="A C type name: 'int', 'char [16]'.")]
 NameText = Annotated[str, Field(min_length=1, max_length=1024)]
@@ -69,7 +70,7 @@ class GlobalListParams(Params):
     scan: Scan = Scan()
 
 
-def item(prog: Any, va: int, type_text: str) -> GlobalItem:
+def item(prog: Program, va: int, type_text: str) -> GlobalItem:
     """A global's record with its value decoded now."""
     sec = prog.image.section_at(va)
     try:
@@ -94,13 +95,13 @@ def item(prog: Any, va: int, type_text: str) -> GlobalItem:
     )
 
 
-def global_item_at(prog: Any, va: int) -> GlobalItem | None:
+def global_item_at(prog: Program, va: int) -> GlobalItem | None:
     """The user's global starting at `va` with its decoded value, or None (one indexed lookup)."""
     row = store(prog).get(prog.db.connect(), "global", (va,))
     return None if row is None else item(prog, va, row["type"])
 
 
-def global_at(prog: Any, va: int) -> tuple[str, int] | None:
+def global_at(prog: Program, va: int) -> tuple[str, int] | None:
     """(type, size) of the user's global starting at `va`, for the listing to show its data."""
     row = store(prog).get(prog.db.connect(), "global", (va,))
     if row is None:
@@ -112,7 +113,7 @@ def global_at(prog: Any, va: int) -> tuple[str, int] | None:
     return t.spelling, t.size or 0
 
 
-def _write(ws: Any, p: GlobalRef, ctx: CallContext, method_name: str, must_exist: bool | None) -> GlobalEdited:
+def _write(ws: Workspace, p: GlobalRef, ctx: CallContext, method_name: str, must_exist: bool | None) -> GlobalEdited:
     prog = ws.program(p.program)
     refresh(prog)
     va = selected_address(prog, p.selector)
@@ -156,7 +157,7 @@ def _write(ws: Any, p: GlobalRef, ctx: CallContext, method_name: str, must_exist
     return GlobalEdited(journal_id=entry, global_variable=item(prog, va, row["type"]) if row else None)
 
 
-def _no_overlap(prog: Any, conn: sqlite3.Connection, va: int, size: int) -> None:
+def _no_overlap(prog: Program, conn: sqlite3.Connection, va: int, size: int) -> None:
     for addr, type_text in globals_near(conn, va, size):
         other = global_at(prog, addr)
         osize = other[1] if other else 1
@@ -170,7 +171,7 @@ def _no_overlap(prog: Any, conn: sqlite3.Connection, va: int, size: int) -> None
 
 
 @method("global_variable.get", effect=READ_ONLY)
-def global_variable_get(ws: Any, p: GlobalRef) -> GlobalItem:
+def global_variable_get(ws: Workspace, p: GlobalRef) -> GlobalItem:
     """A typed global: name, type, size and its value decoded from the bytes."""
     prog = ws.program(p.program)
     refresh(prog)
@@ -184,7 +185,7 @@ def global_variable_get(ws: Any, p: GlobalRef) -> GlobalItem:
 
 
 @method("global_variable.list", effect=READ_ONLY)
-def global_variable_list(ws: Any, p: GlobalListParams) -> Listing[GlobalItem]:
+def global_variable_list(ws: Workspace, p: GlobalListParams) -> Listing[GlobalItem]:
     """List the user's typed globals in address order with their values."""
     prog = ws.program(p.program)
     refresh(prog)
@@ -195,19 +196,19 @@ def global_variable_list(ws: Any, p: GlobalListParams) -> Listing[GlobalItem]:
 
 
 @method("global_variable.create", effect=MUTATION)
-def global_variable_create(ws: Any, p: GlobalWrite, ctx: CallContext) -> GlobalEdited:
+def global_variable_create(ws: Workspace, p: GlobalWrite, ctx: CallContext) -> GlobalEdited:
     """Type the data at an address (and optionally name it); `conflict` if a global is there or overlaps."""
     return _write(ws, p, ctx, "global_variable.create", False)
 
 
 @method("global_variable.upsert", effect=MUTATION)
-def global_variable_upsert(ws: Any, p: GlobalWrite, ctx: CallContext) -> GlobalEdited:
+def global_variable_upsert(ws: Workspace, p: GlobalWrite, ctx: CallContext) -> GlobalEdited:
     """Type the data at an address, replacing any global there."""
     return _write(ws, p, ctx, "global_variable.upsert", None)
 
 
 @method("global_variable.patch", effect=MUTATION)
-def global_variable_patch(ws: Any, p: GlobalPatch, ctx: CallContext) -> GlobalEdited:
+def global_variable_patch(ws: Workspace, p: GlobalPatch, ctx: CallContext) -> GlobalEdited:
     """Change a global's type and/or name; `not_found` if there is no global at the address."""
     if p.type is None and p.name is None:
         raise BinlensError("invalid_argument", "give a new type or name", target="/params")
@@ -215,6 +216,6 @@ def global_variable_patch(ws: Any, p: GlobalPatch, ctx: CallContext) -> GlobalEd
 
 
 @method("global_variable.delete", effect=DESTRUCTIVE)
-def global_variable_delete(ws: Any, p: GlobalRef, ctx: CallContext) -> GlobalEdited:
+def global_variable_delete(ws: Workspace, p: GlobalRef, ctx: CallContext) -> GlobalEdited:
     """Remove a global's type (a name given to the address stays; clear it with symbol.patch)."""
     return _write(ws, p, ctx, "global_variable.delete", True)

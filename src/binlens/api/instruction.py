@@ -17,13 +17,13 @@ from binlens.api.cursor import decode_cursor, encode_cursor, query_key
 from binlens.api.edits import comments_in
 from binlens.api.function_edit import load_prototype, render_prototype
 from binlens.api.global_variable import global_item_at
-from binlens.api.models import AddressRange, HexAddress, Listing, Page, Result, Scan, ScanReport, Selector
+from binlens.api.models import AddressRange, HexAddress, Listing, Page, Result, Scan, ScanReport, Selector, StopReason
 from binlens.api.pages import scan_bounds
 from binlens.api.registry import READ_ONLY, CallContext, method
 from binlens.errors import BinlensError
 from binlens.jobs.state import function_name, name_for_address
 from binlens.store.analysis import AnalysisView
-from binlens.workspace import Program
+from binlens.workspace import Program, Workspace
 
 
 class InstructionItem(Result):
@@ -158,7 +158,7 @@ def instruction_item(ins: Instruction, fn: int | None) -> InstructionItem:
 
 
 @method("instruction.get", effect=READ_ONLY)
-def instruction_get(ws: Any, p: InstructionGetParams, ctx: CallContext) -> InstructionItem:
+def instruction_get(ws: Workspace, p: InstructionGetParams, ctx: CallContext) -> InstructionItem:
     """The instruction at an address: bytes, text, flow kind, targets and address-like operands."""
     prog, view = need_view(ws, p, ctx)
     va, target = select_address(prog, p.selector)
@@ -172,7 +172,7 @@ def instruction_get(ws: Any, p: InstructionGetParams, ctx: CallContext) -> Instr
 
 
 @method("instruction.list", effect=READ_ONLY, long_running=True)
-def instruction_list(ws: Any, p: InstructionListParams, ctx: CallContext) -> Listing[InstructionItem]:
+def instruction_list(ws: Workspace, p: InstructionListParams, ctx: CallContext) -> Listing[InstructionItem]:
     """Instructions in address order over a range (the analysed blocks, or a linear decode), with a cursor."""
     prog, view = need_view(ws, p, ctx)
     start, end = scan_bounds(prog, p.scan)
@@ -182,7 +182,7 @@ def instruction_list(ws: Any, p: InstructionListParams, ctx: CallContext) -> Lis
     deadline = time.monotonic() + p.scan.timeout_ms / 1000
     dec = decoder(prog)
     out: list[InstructionItem] = []
-    stop = "range_end"
+    stop: StopReason = "range_end"
     nxt: int | None = None
     if p.mode == "linear":
         if p.scan.range is None:
@@ -279,7 +279,7 @@ def _quote(text: str, limit: int = 60) -> str:
 
 
 @method("listing.get", effect=READ_ONLY)
-def listing_get(ws: Any, p: ListingParams, ctx: CallContext) -> ListingResult:
+def listing_get(ws: Workspace, p: ListingParams, ctx: CallContext) -> ListingResult:
     """Disassembly of a function or range with labels, call-target names and string/xref comments."""
     prog, view = need_view(ws, p, ctx)
     if (p.selector is None) == (p.range is None):

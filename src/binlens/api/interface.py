@@ -9,6 +9,7 @@ from pydantic import Field
 from binlens.api.models import Params, Result
 from binlens.api.registry import READ_ONLY, REGISTRY, MethodSpec, method
 from binlens.errors import BinlensError
+from binlens.workspace import Workspace
 
 
 class InterfaceGetParams(Params):
@@ -47,13 +48,15 @@ def describe(spec: MethodSpec, schemas: bool = True) -> MethodInfo:
     )
 
 
-def visible_methods(ws: Any) -> list[MethodSpec]:
-    """The methods this server offers (mutations are hidden when read-only)."""
-    return [s for name, s in sorted(REGISTRY.items()) if not (ws.read_only and s.mutates)]
+def visible_methods(ws: Workspace) -> list[MethodSpec]:
+    """Every method, whatever this server can run now: capabilities are never hidden (SPEC §6). A
+    method that cannot run (a mutation under `--read-only`, a missing provider) is listed and
+    answers with the reason; `session.get` reports each method's availability."""
+    return [s for _, s in sorted(REGISTRY.items())]
 
 
 @method("interface.get", effect=READ_ONLY)
-def interface_get(ws: Any, p: InterfaceGetParams) -> InterfaceInfo:
+def interface_get(ws: Workspace, p: InterfaceGetParams) -> InterfaceInfo:
     """Describe every method (or one, or one domain's): name, effect, summary and JSON Schemas."""
     specs = visible_methods(ws)
     if p.method is not None:

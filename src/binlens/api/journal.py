@@ -11,6 +11,7 @@ from binlens.api.edits import client_of, database_busy, refresh, store, sync_eng
 from binlens.api.models import Listing, Page, Params, ProgramRef, Result
 from binlens.api.registry import DESTRUCTIVE, READ_ONLY, CallContext, method
 from binlens.errors import BinlensError
+from binlens.workspace import Workspace
 
 EntryState = Literal["done", "undone", "abandoned"]
 
@@ -72,7 +73,7 @@ def _entry(row: dict[str, Any], with_changes: bool) -> JournalEntry:
 
 
 @method("journal.list", effect=READ_ONLY)
-def journal_list(ws: Any, p: JournalListParams) -> Listing[JournalEntry]:
+def journal_list(ws: Workspace, p: JournalListParams) -> Listing[JournalEntry]:
     """List journal entries (time, client, method, before/after of each change), oldest or newest first."""
     prog = ws.program(p.program)
     pos = decode_cursor(p.page.cursor, prog, query_key(p))
@@ -86,7 +87,7 @@ def journal_list(ws: Any, p: JournalListParams) -> Listing[JournalEntry]:
     return Listing[JournalEntry](items=[_entry(r, p.include_changes) for r in rows], next_cursor=cursor)
 
 
-def _step(ws: Any, p: JournalStepParams, ctx: CallContext, undo: bool) -> JournalStepped:
+def _step(ws: Workspace, p: JournalStepParams, ctx: CallContext, undo: bool) -> JournalStepped:
     prog = ws.program(p.program)
     st = store(prog)
     client = client_of(ctx)
@@ -106,12 +107,12 @@ def _step(ws: Any, p: JournalStepParams, ctx: CallContext, undo: bool) -> Journa
 
 
 @method("journal.undo", effect=DESTRUCTIVE)
-def journal_undo(ws: Any, p: JournalStepParams, ctx: CallContext) -> JournalStepped:
+def journal_undo(ws: Workspace, p: JournalStepParams, ctx: CallContext) -> JournalStepped:
     """Undo the latest edits (of any client), restoring exactly what was there before; `not_found` if none."""
     return _step(ws, p, ctx, True)
 
 
 @method("journal.redo", effect=DESTRUCTIVE)
-def journal_redo(ws: Any, p: JournalStepParams, ctx: CallContext) -> JournalStepped:
+def journal_redo(ws: Workspace, p: JournalStepParams, ctx: CallContext) -> JournalStepped:
     """Redo the edits undone last (until a new edit abandons them); `not_found` if none."""
     return _step(ws, p, ctx, False)

@@ -7,7 +7,7 @@ import contextlib
 import re
 import time
 from collections.abc import Callable, Iterator
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import regex
 from pydantic import Field
@@ -26,10 +26,13 @@ from binlens.api.models import (
     Scan,
     ScanReport,
     Selector,
+    StopReason,
 )
 from binlens.api.pages import scan_bounds
 from binlens.api.registry import READ_ONLY, CallContext, method
 from binlens.errors import BinlensError
+from binlens.loader import Image
+from binlens.workspace import Program, Workspace
 
 
 class MemoryBlock(Result):
@@ -54,7 +57,7 @@ class MemoryBlockGetParams(Params):
     selector: Selector = Field(description="An address inside the block, or the block's name.")
 
 
-def blocks(prog: Any) -> list[MemoryBlock]:
+def blocks(prog: Program) -> list[MemoryBlock]:
     """Segments then sections, each in address order."""
     img = prog.image
     out = [
@@ -89,7 +92,7 @@ def blocks(prog: Any) -> list[MemoryBlock]:
 
 
 @method("memory_block.list", effect=READ_ONLY)
-def memory_block_list(ws: Any, p: MemoryBlockListParams) -> Listing[MemoryBlock]:
+def memory_block_list(ws: Workspace, p: MemoryBlockListParams) -> Listing[MemoryBlock]:
     """List segments and sections with permissions and file/VA ranges."""
     items = blocks(ws.program(p.program))
     if p.kind:
@@ -98,7 +101,7 @@ def memory_block_list(ws: Any, p: MemoryBlockListParams) -> Listing[MemoryBlock]
 
 
 @method("memory_block.get", effect=READ_ONLY)
-def memory_block_get(ws: Any, p: MemoryBlockGetParams) -> MemoryBlock:
+def memory_block_get(ws: Workspace, p: MemoryBlockGetParams) -> MemoryBlock:
     """The section (or segment) containing an address, or a block by name."""
     prog = ws.program(p.program)
     items = blocks(prog)
@@ -133,7 +136,7 @@ class MemoryBytes(Result):
     patched: bool = Field(False, description="True when any byte differs from the file (a memory.write patch).")
 
 
-def read_bytes(prog: Any, va: int, length: int, target: str) -> bytes:
+def read_bytes(prog: Program, va: int, length: int, target: str) -> bytes:
     """Bytes at `va` as the program sees them (patch overlays applied by later layers)."""
     data = prog.image.read(va, length)
     if data is None:
@@ -142,7 +145,7 @@ def read_bytes(prog: Any, va: int, length: int, target: str) -> bytes:
 
 
 @method("memory.read", effect=READ_ONLY)
-def memory_read(ws: Any, p: MemoryReadParams) -> MemoryBytes:
+def memory_read(ws: Workspace, p: MemoryReadParams) -> MemoryBytes:
     """Read up to 64 KiB at an address, as hex or base64 (zeros where a segment has no file bytes)."""
     prog = ws.program(p.program)
     va = prog.resolve(p.address, "/params/address")
@@ -204,8 +207,9 @@ def compile_pattern(p: MemorySearchParams) -> regex.Pattern[bytes]:
                     "invalid_argument", f"bad pattern token {tok!r}: use hex bytes and '??'", target="/params/pattern"
                 )
         return regex.compile(b"".join(parts), regex.DOTALL)
+    assert p.regex is not None  # exactly one of the two is given
     try:
-        return regex.compile(p.regex.encode("latin-1"), USER_FLAGS)  # type: ignore[union-attr]
+        return regex.compile(p.regex.encode("latin-1"), USER_FLAGS)
     except (regex.error, UnicodeEncodeError) as err:
         raise BinlensError("invalid_argument", f"bad regex: {err}", target="/params/regex") from None
 
@@ -223,7 +227,7 @@ Find = Callable[[int, int, int, int, float], "list[tuple[int, int, bytes]] | Non
 
 
 @contextlib.contextmanager
-def _finder(p: MemorySearchParams, prog: Any, rx: regex.Pattern[bytes], ctx: CallContext) -> Iterator[Find]:
+def _finder(p: MemorySearchParams, prog: Program, rx: regex.Pattern[bytes], ctx: CallContext) -> Iterator[Find]:
     """How a window is searched: a hex pattern (no repetition, linear) here, a client regex in a child."""
     data = prog.image.data
     if p.regex is None:
@@ -237,7 +241,7 @@ def _finder(p: MemorySearchParams, prog: Any, rx: regex.Pattern[bytes], ctx: Cal
 
 
 @method("memory.search", effect=READ_ONLY, long_running=True)
-def memory_search(ws: Any, p: MemorySearchParams, ctx: CallContext) -> Listing[SearchHit]:
+def memory_search(ws: Workspace, p: MemorySearchParams, ctx: CallContext) -> Listing[SearchHit]:
     """Search file-backed bytes for a hex pattern (with ?? wildcards) or a bytes regex, in address order."""
     prog = ws.program(p.program)
     rx = compile_pattern(p)
@@ -251,15 +255,15 @@ def memory_search(ws: Any, p: MemorySearchParams, ctx: CallContext) -> Listing[S
     cursor = encode_cursor(prog, qkey, hex(resume)) if resume is not None else None
     report = ScanReport(
         complete=resume is None,
-        stop_reason=stop,  # type: ignore[arg-type]
+        stop_reason=stop,
         scanned_to=hex(resume) if resume is not None else None,
     )
     return Listing[SearchHit](items=hits, next_cursor=cursor, scan=report)
 
 
 def _search(
-    img: Any, find: Find, cur: int, end: int, limit: int, deadline: float, ctx: CallContext
-) -> tuple[list[SearchHit], str, int | None]:
+    img: Image, find: Find, cur: int, end: int, limit: int, deadline: float, ctx: CallContext
+) -> tuple[list[SearchHit], StopReason, int | None]:
     """Hits from `cur` to `end` chunk by chunk: (hits, stop reason, resume address or None)."""
     hits: list[SearchHit] = []
     size = CHUNK

@@ -58,11 +58,14 @@ class Scan(Params):
     timeout_ms: int = Field(1000, ge=100, le=60000, description="Stop and return a partial page after this.")
 
 
+StopReason = Literal["limit", "timeout", "range_end"]
+
+
 class ScanReport(Result):
     """How far a scan got."""
 
     complete: bool
-    stop_reason: Literal["limit", "timeout", "range_end"]
+    stop_reason: StopReason
     scanned_to: HexAddress | None = None
 
 

@@ -20,6 +20,7 @@ from binlens.api.registry import MUTATION, CallContext, method
 from binlens.api.symbol_edit import storable
 from binlens.errors import BinlensError
 from binlens.store.annotations import Change
+from binlens.workspace import Program, Workspace
 
 MAX_WRITE = 65536
 
@@ -87,7 +88,7 @@ def _runs_of(va: int, data: bytes, base: bytes) -> list[list[Any]]:
 
 
 @method("memory.write", effect=MUTATION)
-def memory_write(ws: Any, p: MemoryWriteParams, ctx: CallContext) -> MemoryWritten:
+def memory_write(ws: Workspace, p: MemoryWriteParams, ctx: CallContext) -> MemoryWritten:
     """Patch bytes in the database (never in the file); memory.read then shows them with `patched: true`."""
     prog = ws.program(p.program)
     va = storable(prog.resolve(p.address, "/params/address"), "/params/address")
@@ -112,7 +113,7 @@ def memory_write(ws: Any, p: MemoryWriteParams, ctx: CallContext) -> MemoryWritt
     )
 
 
-def patched_file(prog: Any) -> tuple[bytes, int]:
+def patched_file(prog: Program) -> tuple[bytes, int]:
     """The file's bytes with every patch applied, and how many bytes differ."""
     out = bytearray(prog.image.data)
     count = 0
@@ -151,7 +152,7 @@ def write_atomically(target: Path, data: bytes, mode: int | None = None) -> None
 
 
 @method("program.export", effect=MUTATION)
-def program_export(ws: Any, p: ProgramExportParams) -> ProgramExported:
+def program_export(ws: Workspace, p: ProgramExportParams) -> ProgramExported:
     """Write a copy of the file with every patch applied, atomically (temporary file, then rename)."""
     prog = ws.program(p.program)
     target = ws.check_export(Path(p.path), prog, "/params/path")

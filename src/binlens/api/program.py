@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import Field
 
 from binlens.api.common import ProgramIdentity
 from binlens.api.models import Params, ProgramRef, Result
 from binlens.api.registry import LIFECYCLE, READ_ONLY, method
+from binlens.workspace import Program, Workspace
 
 
 class ProgramOpenParams(Params):
@@ -51,7 +52,7 @@ class Closed(Result):
     closed: str
 
 
-def details(prog: Any) -> ProgramDetails:
+def details(prog: Program) -> ProgramDetails:
     """Everything program.get reports about one program."""
     img = prog.image
     return ProgramDetails(
@@ -77,25 +78,25 @@ def details(prog: Any) -> ProgramDetails:
 
 
 @method("program.open", effect=LIFECYCLE)
-def program_open(ws: Any, p: ProgramOpenParams) -> ProgramDetails:
+def program_open(ws: Workspace, p: ProgramOpenParams) -> ProgramDetails:
     """Open an executable (ELF, PE, Mach-O) under the allowed roots and return its handle and identity."""
     return details(ws.open(p.path, p.slice))
 
 
 @method("program.list", effect=READ_ONLY)
-def program_list(ws: Any, p: ProgramListParams) -> ProgramList:
+def program_list(ws: Workspace, p: ProgramListParams) -> ProgramList:
     """List the open programs."""
     return ProgramList(items=[ProgramIdentity(**prog.identity) for prog in ws.programs.values()])
 
 
 @method("program.get", effect=READ_ONLY)
-def program_get(ws: Any, p: ProgramRefParams) -> ProgramDetails:
+def program_get(ws: Workspace, p: ProgramRefParams) -> ProgramDetails:
     """Identity, sections, counts and database path of one program."""
     return details(ws.program(p.program))
 
 
 @method("program.close", effect=LIFECYCLE)
-def program_close(ws: Any, p: ProgramRefParams) -> Closed:
+def program_close(ws: Workspace, p: ProgramRefParams) -> Closed:
     """Close a program (its database stays on disk for the next open)."""
     prog = ws.program(p.program)
     ws.close(prog.handle)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -13,8 +13,9 @@ from binlens.api.pages import page_by_offset
 from binlens.api.registry import READ_ONLY, CallContext, method
 from binlens.errors import BinlensError
 from binlens.jobs.state import name_for_address
+from binlens.workspace import Workspace
 
-XrefKind = Literal[XREF_KINDS]  # type: ignore[valid-type]
+XrefKind = Literal[XREF_KINDS]  # type: ignore[valid-type]  # the engine's tuple, spelled once; pydantic reads it
 
 
 class ReferenceItem(Result):
@@ -37,7 +38,7 @@ class ReferenceListParams(NeedsAnalysis):
 
 
 @method("reference.list", effect=READ_ONLY)
-def reference_list(ws: Any, p: ReferenceListParams, ctx: CallContext) -> Listing[ReferenceItem]:
+def reference_list(ws: Workspace, p: ReferenceListParams, ctx: CallContext) -> Listing[ReferenceItem]:
     """Cross-references to or from an address (or from a whole function), filtered by kind."""
     prog, view = need_view(ws, p, ctx)
     va = prog.resolve(p.address, "/params/address")

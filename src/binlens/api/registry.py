@@ -12,12 +12,18 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from binlens import components
+from binlens.api.requirements import Requirement, first_missing, parse
 from binlens.errors import BinlensError, pointer
+
+if TYPE_CHECKING:
+    from _collections_abc import dict_items, dict_keys, dict_values
+
+    from binlens.workspace import Workspace
 
 log = logging.getLogger("binlens")
 
@@ -101,6 +107,8 @@ class MethodSpec:
     result_type: Any
     func: Callable[..., Any]
     long_running: bool = False
+    # what it needs to run here (`requirements.py`); a mutation needs a writable server
+    requires: tuple[Requirement, ...] = ()
 
     @property
     def domain(self) -> str:
@@ -175,7 +183,7 @@ class Registry(dict[str, MethodSpec]):
         self._find(name)
         return dict.__getitem__(self, name)
 
-    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, name: str, default: Any = None) -> Any:
         return dict.__getitem__(self, name) if self._find(name) else default
 
     def __iter__(self) -> typing.Iterator[str]:
@@ -186,15 +194,15 @@ class Registry(dict[str, MethodSpec]):
         self.load_all()
         return dict.__len__(self)
 
-    def keys(self) -> typing.KeysView[str]:  # type: ignore[override]
+    def keys(self) -> dict_keys[str, MethodSpec]:
         self.load_all()
         return dict.keys(self)
 
-    def values(self) -> typing.ValuesView[MethodSpec]:  # type: ignore[override]
+    def values(self) -> dict_values[str, MethodSpec]:
         self.load_all()
         return dict.values(self)
 
-    def items(self) -> typing.ItemsView[str, MethodSpec]:  # type: ignore[override]
+    def items(self) -> dict_items[str, MethodSpec]:
         self.load_all()
         return dict.items(self)
 
@@ -203,17 +211,30 @@ REGISTRY = Registry()
 
 
 def method(
-    name: str, *, effect: str, summary: str | None = None, long_running: bool = False
+    name: str,
+    *,
+    effect: str,
+    summary: str | None = None,
+    long_running: bool = False,
+    requires: tuple[str, ...] = (),
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register `func(ws, params, ctx?)` as the dotted method `name`.
 
     The params model and result type come from the function's annotations; the docstring's
-    first line is the summary unless given.
+    first line is the summary unless given. `requires` names what the method needs to run
+    (`provider:<id>`, `provider-kind:<kind>`, `permission:<name>`; a mutation needs `writable`
+    without saying so): while one is missing the method stays in the catalog and a call answers
+    `unavailable` (`read_only` for `writable`) with the reason and the remedy.
     """
     if effect not in EFFECTS:
         raise ValueError(f"unknown effect {effect!r}")
     if name.count(".") != 1:
         raise ValueError(f"method name {name!r} must be 'domain.verb'")
+    if isinstance(requires, str):
+        raise ValueError("requires is a tuple of requirements")
+    needs = tuple(parse(text) for text in requires)
+    if effect in (MUTATION, DESTRUCTIVE) and all(r.kind != "writable" for r in needs):
+        needs = (parse("writable"), *needs)
 
     def register(func: Callable[..., Any]) -> Callable[..., Any]:
         hints = typing.get_type_hints(func)
@@ -235,6 +256,7 @@ def method(
             result_type=result_type,
             func=func,
             long_running=long_running,
+            requires=needs,
         )
         return func
 
@@ -269,7 +291,7 @@ def _server_built(err: ValidationError) -> bool:
     """Did `err` come from a result model (named by `err.title`), which the server fills itself?"""
     from binlens.api.models import Params, Result
 
-    def names(cls: type) -> set[str]:
+    def names(cls: type[BaseModel]) -> set[str]:
         out: set[str] = set()
         for sub in cls.__subclasses__():
             out.add(sub.__name__)
@@ -291,7 +313,7 @@ def lookup(name: Any) -> MethodSpec:
 
 
 def invoke(
-    ws: Any,
+    ws: Workspace,
     name: str,
     params: Any,
     ctx: CallContext | None = None,
@@ -304,8 +326,9 @@ def invoke(
         params = {}
     if not isinstance(params, dict):
         raise BinlensError("invalid_argument", "params must be an object", target="/params")
-    if ws.read_only and spec.mutates:
-        raise BinlensError("read_only", f"{name} changes the database and the server is read-only")
+    unmet = first_missing(ws, spec.requires)
+    if unmet is not None:
+        raise unmet[0].error(name, unmet[1])
     try:
         parsed = spec.params_model.model_validate(params)
     except ValidationError as err:
@@ -400,7 +423,7 @@ def json_size_at_least(value: Any, budget: int) -> int:
     return total
 
 
-def program_identity(ws: Any, name: str, params: Any, result: Any = None) -> dict[str, Any] | None:
+def program_identity(ws: Workspace, name: str, params: Any, result: Any = None) -> dict[str, Any] | None:
     """The identity of the program a call concerned (SPEC: carried by every such response), or None.
 
     A method concerns a program when its params take `program` (named, or the only open one), or
@@ -421,7 +444,7 @@ def program_identity(ws: Any, name: str, params: Any, result: Any = None) -> dic
     return None
 
 
-def _run(spec: MethodSpec, ws: Any, parsed: BaseModel, ctx: CallContext) -> Any:
+def _run(spec: MethodSpec, ws: Workspace, parsed: BaseModel, ctx: CallContext) -> Any:
     if spec.func.__code__.co_argcount >= 3:
         return spec.func(ws, parsed, ctx)
     return spec.func(ws, parsed)

@@ -15,6 +15,7 @@ from binlens.api.models import HexAddress, Listing, Page, Result, Scan, ScanRepo
 from binlens.api.pages import page_by_address, scan_bounds
 from binlens.api.registry import READ_ONLY, CallContext, method
 from binlens.errors import BinlensError
+from binlens.workspace import Program, Workspace
 
 
 class StringItem(Result):
@@ -46,7 +47,7 @@ USER_FLAGS = regex.VERSION0  # `re` syntax
 
 
 @method("string.list", effect=READ_ONLY)
-def string_list(ws: Any, p: StringListParams, ctx: CallContext) -> Listing[StringItem]:
+def string_list(ws: Workspace, p: StringListParams, ctx: CallContext) -> Listing[StringItem]:
     """Strings in address order, filtered by text, regex, encoding, section and length, with reference counts."""
     prog, view = need_view(ws, p, ctx)
     pattern = None
@@ -80,7 +81,7 @@ def _wanted(p: StringListParams, row: tuple[Any, ...]) -> bool:
     return p.referenced is None or (refs > 0) == p.referenced
 
 
-def _matching(prog: Any, p: StringListParams, rows: list[Any], ctx: CallContext) -> tuple[list[Any], int | None]:
+def _matching(prog: Program, p: StringListParams, rows: list[Any], ctx: CallContext) -> tuple[list[Any], int | None]:
     """The rows of this page's scan the regex finds something in, up to one past the page (so the
     page knows there is more), and the address to resume from when the scan's deadline came first."""
     start, end = scan_bounds(prog, p.scan)

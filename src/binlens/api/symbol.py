@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -11,6 +11,7 @@ from binlens.api.models import HexAddress, Listing, Page, Params, ProgramRef, Re
 from binlens.api.pages import page_by_offset, scan_bounds
 from binlens.api.registry import READ_ONLY, method
 from binlens.errors import BinlensError
+from binlens.workspace import Program, Workspace
 
 SymbolKind = Literal["function", "object", "import", "export", "other"]
 
@@ -40,7 +41,7 @@ class SymbolGetParams(Params):
     selector: Selector
 
 
-def all_symbols(prog: Any) -> list[SymbolItem]:
+def all_symbols(prog: Program) -> list[SymbolItem]:
     """Every symbol, import and export, in address order (cached per program)."""
     cached = prog.extensions.get("symbol.items")
     if cached is not None:
@@ -55,7 +56,7 @@ def all_symbols(prog: Any) -> list[SymbolItem]:
             kind=s.kind,
             binding=s.binding,
             source=s.source,
-        )  # type: ignore[arg-type]
+        )
         for s in img.symbols
     ]
     items += [
@@ -80,7 +81,7 @@ def all_symbols(prog: Any) -> list[SymbolItem]:
 
 
 @method("symbol.list", effect=READ_ONLY)
-def symbol_list(ws: Any, p: SymbolListParams) -> Listing[SymbolItem]:
+def symbol_list(ws: Workspace, p: SymbolListParams) -> Listing[SymbolItem]:
     """List symbols, imports and exports in address order, filtered by kind and name glob."""
     prog = ws.program(p.program)
     refresh_names(prog)
@@ -101,21 +102,21 @@ def symbol_list(ws: Any, p: SymbolListParams) -> Listing[SymbolItem]:
     return Listing[SymbolItem](items=[with_user_name(prog, s) for s in out], next_cursor=cursor, scan=report)
 
 
-def refresh_names(prog: Any) -> None:
+def refresh_names(prog: Program) -> None:
     """Pick up renames made by other processes (the annotation layer's hook, when loaded)."""
     refresh = prog.extensions.get("annotations.refresh")
     if refresh is not None:
         refresh()
 
 
-def with_user_name(prog: Any, item: SymbolItem) -> SymbolItem:
+def with_user_name(prog: Program, item: SymbolItem) -> SymbolItem:
     """The item with the user's name for its address (items are cached, so this copies)."""
     user = prog.user_names.get(int(item.address, 16))
     return item.model_copy(update={"user_name": user}) if user is not None else item
 
 
 @method("symbol.get", effect=READ_ONLY)
-def symbol_get(ws: Any, p: SymbolGetParams) -> SymbolItem:
+def symbol_get(ws: Workspace, p: SymbolGetParams) -> SymbolItem:
     """One symbol by address or name."""
     prog = ws.program(p.program)
     refresh_names(prog)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import Field
 
@@ -10,6 +10,7 @@ from binlens.api.edits import EditResult, edit, name_change, original_name, refr
 from binlens.api.models import HexAddress, Params, ProgramRef, Selector
 from binlens.api.registry import MUTATION, CallContext, method
 from binlens.errors import BinlensError
+from binlens.workspace import Program, Workspace
 
 NameText = Annotated[str, Field(min_length=1, max_length=1024)]
 
@@ -31,7 +32,7 @@ class SymbolPatched(EditResult):
     original_name: str | None = Field(description="The name from the file or the analysis, without user renames.")
 
 
-def selected_address(prog: Any, selector: Selector) -> int:
+def selected_address(prog: Program, selector: Selector) -> int:
     """The address a selector names (by address, or by a name that resolves)."""
     if selector.name is not None:
         va, target = prog.resolve(selector.name, "/params/selector/name"), "/params/selector/name"
@@ -49,7 +50,7 @@ def storable(va: int, target: str) -> int:
 
 
 @method("symbol.patch", effect=MUTATION)
-def symbol_patch(ws: Any, p: SymbolPatchParams, ctx: CallContext) -> SymbolPatched:
+def symbol_patch(ws: Workspace, p: SymbolPatchParams, ctx: CallContext) -> SymbolPatched:
     """Rename the symbol at an address (any address may get a name); a name used elsewhere is a conflict."""
     prog = ws.program(p.program)
     refresh(prog)

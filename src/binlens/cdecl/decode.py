@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, Literal
 
 from binlens.cdecl.ctype import CType
 
 MAX_ELEMENTS = 4096
+ByteOrder = Literal["little", "big"]
 
 
 def decode(t: CType, data: bytes, endian: str) -> Any:
     """The value of `data` seen as `t`: numbers, hex pointers, strings for char arrays, dicts, lists."""
     t = t.strip()
-    order = "little" if endian == "little" else "big"
+    order: ByteOrder = "little" if endian == "little" else "big"
     if t.kind == "scalar":
         return _scalar(t, data, order)
     if t.kind == "enum":
@@ -41,9 +42,10 @@ def decode(t: CType, data: bytes, endian: str) -> Any:
             key = f.name if f.name is not None else f"<anonymous {i}>"
             size = f.type.size or 0
             chunk = data[f.offset : f.offset + size]
-            if f.bit_size is not None:
-                raw = int.from_bytes(chunk, order)
-                value = (raw >> f.bit_offset) & ((1 << f.bit_size) - 1) if order == "little" else _be_bits(raw, f, size)
+            if f.bit_size is not None and f.bit_offset is not None:  # a bit-field (layout sets both)
+                bits = int.from_bytes(chunk, order)
+                shift = f.bit_offset if order == "little" else size * 8 - f.bit_offset - f.bit_size
+                value = (bits >> shift) & ((1 << f.bit_size) - 1)
                 if f.type.strip().signed and value >> (f.bit_size - 1):
                     value -= 1 << f.bit_size
                 out[key] = value
@@ -53,12 +55,7 @@ def decode(t: CType, data: bytes, endian: str) -> Any:
     return None
 
 
-def _be_bits(raw: int, f: Any, size: int) -> int:
-    shift = size * 8 - f.bit_offset - f.bit_size
-    return (raw >> shift) & ((1 << f.bit_size) - 1)
-
-
-def _scalar(t: CType, data: bytes, order: str) -> Any:
+def _scalar(t: CType, data: bytes, order: ByteOrder) -> Any:
     size = t.size or 0
     raw = data[:size]
     if t.name == "_Bool":

@@ -6,7 +6,7 @@ import copy
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pycparser import c_ast, c_generator, c_parser
 
@@ -35,16 +35,20 @@ class DeclarationError(Exception):
         return out
 
 
+DefinitionKind = Literal["struct", "union", "enum", "typedef", "function"]
+_TAG_KINDS: dict[str, DefinitionKind] = {"struct": "struct", "union": "union", "enum": "enum"}
+
+
 @dataclass
 class Definition:
     """One named type a declaration defines."""
 
     name: str
-    kind: str  # struct, union, enum, typedef, function
+    kind: DefinitionKind
     node: c_ast.Node
     declaration: str  # canonical C text of this definition alone
     category: str = "/user"
-    source: str = "user"
+    source: Literal["builtin", "user"] = "user"
 
 
 def type_key(node: c_ast.Node) -> str | None:
@@ -240,6 +244,7 @@ def definitions(ast: c_ast.FileAST) -> list[Definition]:
                 out.append(_tagged_definition(tagged, gen))
                 split = copy.deepcopy(node)
                 inner = _inline_tagged(split.type)
+                assert inner is not None  # a copy of `tagged`'s typedef
                 if isinstance(inner, c_ast.Enum):
                     inner.values = None
                 else:
@@ -300,4 +305,4 @@ def _inline_tagged(node: c_ast.Node) -> c_ast.Node | None:
 def _tagged_definition(node: c_ast.Node, gen: c_generator.CGenerator) -> Definition:
     key = type_key(node)
     assert key is not None
-    return Definition(key, key.split(" ")[0], node, gen.visit(node) + ";")
+    return Definition(key, _TAG_KINDS[key.split(" ")[0]], node, gen.visit(node) + ";")

@@ -198,10 +198,10 @@ class TypeSystem:
                 raise DeclarationError("an array cannot have a negative size", *coord(node))
             if elem.size is None:
                 raise DeclarationError(f"array of incomplete type {elem.spelling}", *coord(node))
-            size = None if count is None else elem.size * count
-            if size is not None and size >= 1 << 62:
+            total = None if count is None else elem.size * count
+            if total is not None and total >= 1 << 62:
                 raise DeclarationError("the array is too large", *coord(node))
-            return CType(kind="array", size=size, align=elem.align, count=count, _target=elem)
+            return CType(kind="array", size=total, align=elem.align, count=count, _target=elem)
         if isinstance(node, c_ast.FuncDecl):
             return self._function(node)
         if isinstance(node, (c_ast.Struct, c_ast.Union, c_ast.Enum)):
@@ -256,8 +256,8 @@ class TypeSystem:
                 raise DeclarationError(f"unknown {key}", *coord(node))
             return self.resolve(key)
         known = self.defs.get(key) if key is not None else None
-        if known is not None and known.node is node:
-            return self.resolve(key)  # type: ignore[arg-type]
+        if key is not None and known is not None and known.node is node:
+            return self.resolve(key)
         if isinstance(node, c_ast.Enum):
             return self._enum(node)
         return self._record(node)

@@ -9,11 +9,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from binlens.cli.main import command, make_workspace
 from binlens.cli.render import add_full_option
 from binlens.printable import escape_controls
+
+if TYPE_CHECKING:
+    from binlens.workspace import Program, Workspace
 
 
 def _fail(message: str, code: int = 1) -> int:
@@ -21,7 +24,7 @@ def _fail(message: str, code: int = 1) -> int:
     return code
 
 
-def _open_and_analyse(args: argparse.Namespace, then: str) -> tuple[Any, Any]:
+def _open_and_analyse(args: argparse.Namespace, then: str) -> tuple[Workspace, Program]:
     """Open the file and run (or load) its analysis, with a progress bar on stderr; `then` is the
     method the command calls next (imported while the analysis runs, not after)."""
     from binlens.api import CallContext, invoke
@@ -76,7 +79,9 @@ def _open_and_analyse(args: argparse.Namespace, then: str) -> tuple[Any, Any]:
     return ws, prog
 
 
-def _pages(ws: Any, method: str, params: dict[str, Any], limit: int | None = None) -> Iterator[list[dict[str, Any]]]:
+def _pages(
+    ws: Workspace, method: str, params: dict[str, Any], limit: int | None = None
+) -> Iterator[list[dict[str, Any]]]:
     """The items of a listing method, a page (of at most 1,000) at a time; `limit`: at most that many."""
     from binlens.api import invoke
 
@@ -144,7 +149,7 @@ def _common_file(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slice", default=None, help="slice of a universal Mach-O")
 
 
-def _run(fn: Any, args: argparse.Namespace) -> int:
+def _run(fn: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     from binlens.errors import BinlensError
 
     try:

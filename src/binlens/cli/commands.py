@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from binlens.cli.main import command, make_workspace
 from binlens.cli.render import add_full_option
 
+if TYPE_CHECKING:
+    from binlens.errors import BinlensError
 
-def _fail(err: Any) -> int:
+
+def _fail(err: BinlensError) -> int:
     from binlens.printable import escape_controls
 
     sys.stderr.write(f"binlens: error: {escape_controls(err.message)}\n")

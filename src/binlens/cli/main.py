@@ -13,15 +13,20 @@ TYPE_CHECKING = False  # (`typing` itself costs ~15 ms of start-up before the an
 if TYPE_CHECKING:  # (imported where used: a command that analyses starts its analysis process first)
     import argparse
     import subprocess
+    from typing import Any
+
+    from binlens.workspace import Workspace
+
+    Run = Callable[[argparse.Namespace], int]
 
 # Subcommands register here: name -> (configure parser, run). Other layers add theirs.
-COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
+COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Run]] = {}
 
 
-def command(name: str, configure: Callable[[argparse.ArgumentParser], None]):
+def command(name: str, configure: Callable[[argparse.ArgumentParser], None]) -> Callable[[Run], Run]:
     """Register a subcommand."""
 
-    def wrap(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def wrap(run: Run) -> Run:
         COMMANDS[name] = (configure, run)
         return run
 
@@ -65,10 +70,11 @@ def byte_count(value: str) -> int:
     return n
 
 
-_workspaces: list = []  # the workspaces this command made: `console` closes their programs at the end
+_workspaces: list[Workspace] = []  # the workspaces this command made: `console` closes their programs at the end
 
 
-def make_workspace(args: argparse.Namespace, **kw):  # noqa: ANN201 - avoids importing the api at start
+def make_workspace(args: argparse.Namespace, **kw: Any) -> Workspace:
+    """The workspace of a command: `--home` (or the default) and `kw` as its Config; closed at exit."""
     from binlens.store import default_home
     from binlens.workspace import Config, Workspace
 

@@ -13,10 +13,15 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from binlens.cli.main import command, make_workspace
 from binlens.cli.server_args import add_mcp_options, confinement, positive, seconds
+
+if TYPE_CHECKING:
+    from binlens.server.connections import ConnectionLimits
+    from binlens.server.options import ServerOptions
+    from binlens.workspace import Workspace
 
 log = logging.getLogger("binlens.server")
 
@@ -193,7 +198,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return _run_server(ws, opts, args, opened)
 
 
-def _connection_limits(opts: Any) -> tuple[Any, int]:
+def _connection_limits(opts: ServerOptions) -> tuple[ConnectionLimits, int]:
     """The connection bounds, with the cap lowered to what the descriptor limit allows (and said so)."""
     from binlens.server.connections import ConnectionLimits, fit_fd_limit, install_log_rate_limit
 
@@ -210,7 +215,7 @@ def _connection_limits(opts: Any) -> tuple[Any, int]:
     return limits, backlog
 
 
-def _run_server(ws: Any, opts: Any, args: argparse.Namespace, opened: list[Path]) -> int:
+def _run_server(ws: Workspace, opts: ServerOptions, args: argparse.Namespace, opened: list[Path]) -> int:
     import uvicorn
 
     from binlens.server.app import build_app

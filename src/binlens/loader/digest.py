@@ -11,22 +11,26 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import Any
 
-_builtin: Callable[[bytes], object] | None
-try:  # CPython 3.12+: `_sha2`; 3.11: `_sha256`
-    from _sha2 import sha256 as _builtin  # type: ignore[import-not-found]
-except ImportError:
-    try:
-        from _sha256 import sha256 as _builtin  # type: ignore[import-not-found,no-redef]
-    except ImportError:  # pragma: no cover - an interpreter without its builtin hash modules
-        _builtin = None
+
+def _builtin_sha256() -> Callable[[bytes | bytearray | memoryview], Any] | None:
+    """CPython's own SHA-256 constructor (`_sha2` on 3.12+, `_sha256` on 3.11), or None."""
+    for name in ("_sha2", "_sha256"):
+        try:
+            return __import__(name).sha256
+        except ImportError:
+            continue
+    return None  # pragma: no cover - an interpreter without its builtin hash modules
+
+
+_builtin = _builtin_sha256()
 
 
 def sha256_hex(data: bytes | bytearray | memoryview) -> str:
     """The SHA-256 digest of `data`, as lowercase hex."""
-    hashlib = sys.modules.get("hashlib")
-    if hashlib is None and _builtin is not None:
-        return _builtin(data).hexdigest()  # type: ignore[attr-defined]
-    if hashlib is None:  # pragma: no cover
-        import hashlib
+    if "hashlib" not in sys.modules and _builtin is not None:
+        return _builtin(data).hexdigest()
+    import hashlib  # already loaded, except on an interpreter without the builtin hash modules
+
     return hashlib.sha256(data).hexdigest()

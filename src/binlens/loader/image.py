@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import operator
 from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal
 
 EF_ARM_BE8 = 0x00800000  # ELF e_flags: a big-endian ARM image whose instructions are little-endian
 # Where every mapped region and every run of code ends at the latest: the last byte of the 64-bit
@@ -82,6 +83,9 @@ def section_kind(perms: str, nobits: bool) -> str:
     return "data" if perms[0] == "r" else "other"
 
 
+SymbolKind = Literal["function", "object", "other"]
+
+
 @dataclass(frozen=True, slots=True)
 class Symbol:
     """A named address from a symbol table (demangled `name`, original `raw_name`)."""
@@ -90,7 +94,7 @@ class Symbol:
     raw_name: str
     address: int
     size: int
-    kind: str  # "function" | "object" | "other"
+    kind: SymbolKind
     binding: str  # "local" | "global" | "weak"
     source: str  # "symtab" | "dynsym" | "export" | "coff" | "macho"
 
@@ -320,31 +324,35 @@ def cap_names(img: Image) -> Image:
 # The parser child sends an Image as plain tuples: pickling frozen slotted dataclasses costs
 # ~10x more (a Python-level __setstate__ per object), ~0.1 s on libc.
 _ROW_TYPES = (Segment, Section, Symbol, Import, Export, Relocation)
-_ROW = {cls: operator.attrgetter(*(f.name for f in fields(cls))) for cls in (*_ROW_TYPES, Identity)}
+_ROW: dict[type, operator.attrgetter[Any]] = {
+    cls: operator.attrgetter(*(f.name for f in fields(cls))) for cls in (*_ROW_TYPES, Identity)
+}
+# `encode_image`'s tuple: identity, the six row lists, slices, hints, warnings, machine flags, data ranges.
+EncodedImage = tuple[Any, ...]
 
 
-def encode_image(img: Image) -> tuple:
+def encode_image(img: Image) -> EncodedImage:
     """The Image without its bytes, as plain tuples (see `decode_image`)."""
-    rows = tuple(
-        [_ROW[cls](x) for x in items]
-        for cls, items in zip(
-            _ROW_TYPES,
-            (img.segments, img.sections, img.symbols, img.imports, img.exports, img.relocations),
-            strict=True,
-        )
-    )
+    tables: tuple[list[Any], ...] = (img.segments, img.sections, img.symbols, img.imports, img.exports, img.relocations)
+    rows = tuple([_ROW[cls](x) for x in items] for cls, items in zip(_ROW_TYPES, tables, strict=True))
     head = (_ROW[Identity](img.identity), *rows, img.slices, img.function_hints, img.warnings, img.machine_flags)
     return (*head, img.data_ranges)
 
 
-def decode_image(encoded: tuple, data: bytes) -> Image:
+def decode_image(encoded: EncodedImage, data: bytes) -> Image:
     """Rebuild an Image from `encode_image`'s tuples and the file's bytes."""
-    ident, *rows, slices, hints, warnings, flags, data_ranges = encoded
-    lists = [[cls(*r) for r in rs] for cls, rs in zip(_ROW_TYPES, rows, strict=True)]
+    ident, segments, sections, symbols, imports, exports, relocations, slices, hints, warnings, flags, data_ranges = (
+        encoded
+    )
     return Image(
         Identity(*ident),
         data,
-        *lists,
+        [Segment(*r) for r in segments],
+        [Section(*r) for r in sections],
+        [Symbol(*r) for r in symbols],
+        [Import(*r) for r in imports],
+        [Export(*r) for r in exports],
+        [Relocation(*r) for r in relocations],
         slices=slices,
         function_hints=hints,
         warnings=warnings,

@@ -29,6 +29,7 @@ from binlens.loader.image import (
     Section,
     Segment,
     Symbol,
+    SymbolKind,
     perms_text,
     section_kind,
 )
@@ -48,7 +49,7 @@ DT_VERSYM, DT_VERNEED, DT_VERNEEDNUM = 0x6FFFFFF0, 0x6FFFFFFE, 0x6FFFFFFF
 _UNSUPPORTED_TAGS = {0x6000000F, 0x60000010, 0x60000011, 0x60000012}  # Android's packed relocations
 
 SHT_SYMTAB, SHT_NOBITS, SHT_DYNSYM = 2, 8, 11
-SYM_KIND = {2: "function", 10: "function", 1: "object", 6: "object"}
+SYM_KIND: dict[int, SymbolKind] = {2: "function", 10: "function", 1: "object", 6: "object"}
 SYM_BINDING = {0: "local", 2: "weak"}
 
 
@@ -346,7 +347,7 @@ def _relocations(
     tables = [
         (_rel_table(rd, dyn, DT_RELA, DT_RELASZ, True), False),
         (_rel_table(rd, dyn, DT_REL, DT_RELSZ, False), False),
-        ([(va, relative, 0) for va in relr], False),
+        ([(va, relative, 0) for va in relr] if relative is not None else [], False),
         (_rel_table(rd, dyn, DT_JMPREL, DT_PLTRELSZ, plt_rela), True),
     ]
     out = []
@@ -430,11 +431,14 @@ def _libraries(rd: _Reader, dyn: dict[int, list[int]], nsyms: int) -> Callable[[
     return library
 
 
+RawImport = tuple[str, str, str | None, int, int | None, str]  # the fields of an Import
+
+
 def _imports(
     rd: _Reader, dyn: dict[int, list[int]], dynsyms: list[tuple[Any, ...]], relocs: list[tuple[Any, ...]]
-) -> list[tuple[str, str, str | None, int, None, str]]:
+) -> list[RawImport]:
     library = _libraries(rd, dyn, len(dynsyms))
-    out = []
+    out: list[RawImport] = []
     seen = set()
     for address, _t, name, _a, index, is_plt in relocs:
         if is_plt and name:
@@ -450,8 +454,8 @@ def _imports(
 
 
 def _mips_got_imports(
-    rd: _Reader, dyn: dict[int, list[int]], dynsyms: list[RawSymbol], known: list[tuple[Any, ...]]
-) -> list[tuple[str, str, str | None, int, int | None, str]]:
+    rd: _Reader, dyn: dict[int, list[int]], dynsyms: list[RawSymbol], known: list[RawImport]
+) -> list[RawImport]:
     """The imports bound through MIPS's global GOT entries (`mips_got`), beside those of relocations."""
     library = _libraries(rd, dyn, len(dynsyms))
     first = {tag: values[0] for tag, values in dyn.items()}

@@ -24,6 +24,7 @@ from binlens.loader.image import (
     Section,
     Segment,
     Symbol,
+    SymbolKind,
     perms_text,
     section_kind,
 )
@@ -123,35 +124,35 @@ def _parse_elf(data: bytes, sha: str, file_name: str) -> Image:
         bits = cls_bits
     endian = "big" if _enum_name(hdr.identity_data) == "MSB" else "little"
     segments = []
-    for i, s in enumerate(b.segments):
-        if _enum_name(s.type) != "LOAD":
+    for i, seg in enumerate(b.segments):
+        if _enum_name(seg.type) != "LOAD":
             continue
-        flags = int(s.flags)
+        flags = int(seg.flags)
         segments.append(
             Segment(
                 name=f"LOAD{i}",
-                va=s.virtual_address,
-                vsize=s.virtual_size,
-                offset=s.file_offset,
-                fsize=s.physical_size,
+                va=seg.virtual_address,
+                vsize=seg.virtual_size,
+                offset=seg.file_offset,
+                fsize=seg.physical_size,
                 perms=perms_text(bool(flags & 4), bool(flags & 2), bool(flags & 1)),
             )
         )
     sections = []
-    for s in b.sections:
-        if not _text(s.name) and s.size == 0:
+    for sec in b.sections:
+        if not _text(sec.name) and sec.size == 0:
             continue
-        flags = int(s.flags)
+        flags = int(sec.flags)
         alloc = bool(flags & 0x2)
-        nobits = _enum_name(s.type) == "NOBITS"
+        nobits = _enum_name(sec.type) == "NOBITS"
         perms = perms_text(alloc, bool(flags & 0x1), bool(flags & 0x4))
         sections.append(
             Section(
-                name=_text(s.name),
-                va=s.virtual_address if alloc else 0,
-                size=s.size if alloc else 0,
-                offset=s.offset,
-                fsize=0 if nobits else s.size,
+                name=_text(sec.name),
+                va=sec.virtual_address if alloc else 0,
+                size=sec.size if alloc else 0,
+                offset=sec.offset,
+                fsize=0 if nobits else sec.size,
                 perms=perms,
                 kind=section_kind(perms, nobits) if alloc else "other",
             )
@@ -165,7 +166,8 @@ def _parse_elf(data: bytes, sha: str, file_name: str) -> Image:
     ]
     relocations = []
     for r in b.relocations:
-        sym = _text(r.symbol.name) if r.has_symbol and _text(r.symbol.name) else None
+        symbol = r.symbol if r.has_symbol else None
+        sym = (_text(symbol.name) or None) if symbol is not None else None
         relocations.append(Relocation(address=r.address, type=_enum_name(r.type), symbol=sym, addend=r.addend))
     hints: dict[str, list[int]] = {}
     hints["init_array"] = sorted({f.address for f in b.ctor_functions if f.address})
@@ -216,7 +218,9 @@ def _elf_symbols(b: Any) -> list[Symbol]:
             if s.shndx == 0:  # undefined: an import, not a symbol of this image
                 continue
             t = _enum_name(s.type)
-            kind = "function" if t in ("FUNC", "GNU_IFUNC") else "object" if t in ("OBJECT", "TLS") else "other"
+            kind: SymbolKind = (
+                "function" if t in ("FUNC", "GNU_IFUNC") else "object" if t in ("OBJECT", "TLS") else "other"
+            )
             binding = {"LOCAL": "local", "WEAK": "weak"}.get(_enum_name(s.binding), "global")
             key = (s.name, s.value)
             if key in out:
@@ -225,15 +229,15 @@ def _elf_symbols(b: Any) -> list[Symbol]:
     return sorted(out.values(), key=lambda s: (s.address, _text(s.name)))
 
 
-def _lief_text(read: Callable[[], Any]) -> str | None:
-    """A string LIEF reads as text (None when it is not UTF-8: some of LIEF's getters raise then)."""
+def _name_text(obj: Any) -> str | None:
+    """`obj.name` as text (None when it is not UTF-8: some of LIEF's getters raise then)."""
     try:
-        return _text(read())
+        return _text(obj.name)
     except UnicodeDecodeError:
         return None
 
 
-def _elf_library_of(b: Any) -> Any:
+def _elf_library_of(b: Any) -> Callable[[Any], str | None]:
     """A function symbol -> library file, from the version needs (vna_other index), else the only DT_NEEDED."""
     try:
         libs = [_text(lib) for lib in b.libraries]
@@ -242,7 +246,7 @@ def _elf_library_of(b: Any) -> Any:
     single = libs[0] if len(libs) == 1 else None
     by_index: dict[int, str] = {}
     for req in b.symbols_version_requirement:
-        name = _lief_text(lambda req=req: req.name)
+        name = _name_text(req)
         if not name:  # (a file name that is not UTF-8: its symbols' library stays unknown)
             continue
         for aux in req.get_auxiliary_symbols():
@@ -321,13 +325,13 @@ def _parse_pe(data: bytes, sha: str, file_name: str) -> Image:
         sections.append(Section(name, va, vsize, s.offset, fsize, perms, section_kind(perms, nobits), name))
         segments.append(Segment(name, va, vsize, s.offset, fsize, perms))
     symbols = []
-    for s in b.symbols:
-        name = _text(s.name)
-        if not name or s.section_idx <= 0 or s.section_idx > len(sections) or s.is_file_record:
+    for sym in b.symbols:
+        name = _text(sym.name)
+        if not name or sym.section_idx <= 0 or sym.section_idx > len(sections) or sym.is_file_record:
             continue
-        kind = "function" if s.is_function else "other"
-        binding = "global" if s.is_external else "local"
-        addr = (sections[s.section_idx - 1].va + s.value) % top
+        kind: SymbolKind = "function" if sym.is_function else "other"
+        binding = "global" if sym.is_external else "local"
+        addr = (sections[sym.section_idx - 1].va + sym.value) % top
         symbols.append(Symbol(demangle(name), name, addr, 0, kind, binding, "coff"))
     imports = []
     for lib in b.imports:
@@ -335,15 +339,16 @@ def _parse_pe(data: bytes, sha: str, file_name: str) -> Image:
             name = _text(e.name) if not e.is_ordinal else f"{_text(lib.name)}#{e.ordinal}"
             imports.append(Import(demangle(name), name, _text(lib.name), slot=at(e.iat_address)))
     exports = []
-    if b.has_exports:
-        for e in b.get_export().entries:
-            if e.is_extern:
+    export = b.get_export() if b.has_exports else None
+    if export is not None:
+        for entry in export.entries:
+            if entry.is_extern:
                 continue
-            exports.append(Export(demangle(_text(e.name)), _text(e.name), at(e.address), e.ordinal))
+            exports.append(Export(demangle(_text(entry.name)), _text(entry.name), at(entry.address), entry.ordinal))
     relocations = []
     for rb in b.relocations:
-        for e in rb.entries:
-            relocations.append(Relocation(at(e.address), _enum_name(e.type), None))
+        for reloc in rb.entries:
+            relocations.append(Relocation(at(reloc.address), _enum_name(reloc.type), None))
     hints = {"pdata": sorted({at(f.rva_start) for f in b.exceptions}) if b.has_exceptions else []}
     ident = Identity(
         sha256=sha,
@@ -392,7 +397,7 @@ def _parse_macho(data: bytes, sha: str, file_name: str, slice_name: str | None) 
     fat = lief.MachO.parse(data, _macho_config())
     if fat is None or fat.size == 0:
         raise BinlensError("invalid_argument", "malformed Mach-O file: no slice could be parsed")
-    binaries = [fat.at(i) for i in range(fat.size)]
+    binaries = list(fat)
     archs = [_macho_arch(b)[0] for b in binaries]
     slices = slice_names(
         [(a, int(b.header.cpu_type), b.header.cpu_subtype) for a, b in zip(archs, binaries, strict=True)]
@@ -412,8 +417,7 @@ def _parse_macho(data: bytes, sha: str, file_name: str, slice_name: str | None) 
             offset, fsize = _in_slice(base, end, s.file_offset, s.file_size)
             segments.append(Segment(_text(s.name), s.virtual_address, s.virtual_size, offset, fsize, perms))
         for sec in s.sections:
-            t = _enum_name(sec.type)
-            nobits = t in ("ZEROFILL", "GB_ZEROFILL", "THREAD_LOCAL_ZEROFILL")
+            nobits = _enum_name(sec.type) in ("ZEROFILL", "GB_ZEROFILL", "THREAD_LOCAL_ZEROFILL")
             offset, fsize = _in_slice(base, end, sec.offset, 0 if nobits else sec.size)
             sections.append(
                 Section(
@@ -427,26 +431,27 @@ def _parse_macho(data: bytes, sha: str, file_name: str, slice_name: str | None) 
                     _text(s.name),
                 )
             )
-    fs = b.function_starts.functions if b.has_function_starts else []
+    function_starts = b.function_starts if b.has_function_starts else None
+    fs = function_starts.functions if function_starts is not None else []
     starts = {b.imagebase + f for f in fs}
     symbols = []
     thumb: set[int] = set()
-    for s in b.symbols:
-        raw = _text(s.name)
-        t = s.raw_type
-        if not raw or s.value == 0 or t & 0xE0 or (t & 0x0E) != 0x0E:  # stabs; not N_SECT
+    for sym in b.symbols:
+        raw = _text(sym.name)
+        t = sym.raw_type
+        if not raw or sym.value == 0 or t & 0xE0 or (t & 0x0E) != 0x0E:  # stabs; not N_SECT
             continue
         name = raw[1:] if raw.startswith("_") else raw
         binding = "global" if t & 0x01 else "local"
-        kind = "function" if s.value in starts else "other"
-        symbols.append(Symbol(demangle(name), raw, s.value, 0, kind, binding, "macho"))
-        if s.description & N_ARM_THUMB_DEF and arch == "arm":
-            thumb.add(s.value)
+        kind: SymbolKind = "function" if sym.value in starts else "other"
+        symbols.append(Symbol(demangle(name), raw, sym.value, 0, kind, binding, "macho"))
+        if sym.description & N_ARM_THUMB_DEF and arch == "arm":
+            thumb.add(sym.value)
     imports = _macho_imports(b)
     exports = []
-    for s in b.exported_symbols:
-        name = _text(s.name)[1:] if _text(s.name).startswith("_") else _text(s.name)
-        exports.append(Export(demangle(name), _text(s.name), s.value))
+    for exp in b.exported_symbols:
+        name = _text(exp.name)[1:] if _text(exp.name).startswith("_") else _text(exp.name)
+        exports.append(Export(demangle(name), _text(exp.name), exp.value))
     hints = {"function_starts": sorted(starts)}
     if thumb:
         hints["thumb"] = sorted(thumb)

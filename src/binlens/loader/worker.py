@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from binlens.errors import BinlensError
 from binlens.frames import FALLBACK, STATUS_ERROR, STATUS_OK, read_frame, write_answer
@@ -44,7 +44,7 @@ def fast_candidate(data: bytes) -> bool:
     whole header, PowerPC64 ELFv1 files (declined by the reader) are left out too."""
     if len(data) < 20 or data[:4] != b"\x7fELF" or data[5] not in (1, 2) or data[4] not in (1, 2):
         return False
-    order = "little" if data[5] == 1 else "big"
+    order: Literal["little", "big"] = "little" if data[5] == 1 else "big"
     machine = int.from_bytes(data[18:20], order)
     if fast_machine(machine, 64 if data[4] == 2 else 32) is None:
         return False

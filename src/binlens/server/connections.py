@@ -60,7 +60,7 @@ class BinlensH11Protocol(H11Protocol):
         self._timer_kind = ""
 
     # --- connection life -------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as H11Protocol does
         """Count the connection; over the cap evict the oldest idle one or refuse this one."""
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections and not self._evict_oldest_waiting():

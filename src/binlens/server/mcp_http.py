@@ -37,7 +37,9 @@ from binlens.server.mcp_protocol import (
     internal_error,
     modern_meta,
 )
+from binlens.server.options import ServerOptions
 from binlens.server.wire import FrameError, decode, dump_bytes, valid_id
+from binlens.workspace import Workspace
 
 log = logging.getLogger("binlens.mcp")
 
@@ -532,8 +534,8 @@ class LegacySse:
         if inbound.kind == "notification":
             self.core.handle_notification(inbound, sess.session)
         elif inbound.kind == "request" and sess.session.running(inbound.id):
-            err = RpcError(INVALID_REQUEST, f"id {inbound.id!r} is already used by a running request")
-            self._deliver(sess, error_response(err, inbound.id, sess.session.negotiated))
+            reused = RpcError(INVALID_REQUEST, f"id {inbound.id!r} is already used by a running request")
+            self._deliver(sess, error_response(reused, inbound.id, sess.session.negotiated))
         elif inbound.kind == "request":
             task = asyncio.ensure_future(self._request(sess, inbound))
             sess.session.begin(inbound.id, task)
@@ -559,7 +561,7 @@ class LegacySse:
         self._deliver(sess, response)
 
 
-def mcp_routes(ws: Any, opts: Any) -> list[Route]:
+def mcp_routes(ws: Workspace, opts: ServerOptions) -> list[Route]:
     """The MCP routes of `binlens serve`: /mcp, /sse and /messages over one McpCore."""
     core = McpCore(
         ws,

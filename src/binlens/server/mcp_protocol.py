@@ -13,7 +13,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,7 @@ from binlens.errors import BinlensError
 from binlens.server.mcp_tools import ResourceNotFound, ToolError, ToolSet
 from binlens.server.slots import shared_slots
 from binlens.server.wire import valid_id
+from binlens.workspace import Workspace
 
 log = logging.getLogger("binlens.mcp")
 
@@ -86,7 +87,7 @@ CACHE_HINTS: dict[str, tuple[int, str]] = {
     "resources/read": (60_000, "private"),
 }
 
-Notify = Callable[[dict[str, Any]], Awaitable[None]]
+Notify = Callable[[dict[str, Any]], Coroutine[Any, Any, None]]  # an async def: run_coroutine_threadsafe takes it
 
 
 class RpcError(Exception):
@@ -221,7 +222,7 @@ class McpCore:
     """One server's MCP behaviour: shared by every transport and connection."""
 
     def __init__(
-        self, ws: Any, prefix: str = "binlens", *, max_concurrent: int | None = None, separator: str = "."
+        self, ws: Workspace, prefix: str = "binlens", *, max_concurrent: int | None = None, separator: str = "."
     ) -> None:
         self.ws = ws
         self.tools = ToolSet(ws, prefix, separator)
@@ -371,13 +372,14 @@ class McpCore:
             return {"resourceTemplates": self.tools.list_resource_templates()}
         if method == "prompts/list":
             return {"prompts": self.tools.list_prompts()}
+        # `name` and `uri` below are required strings: validate_client_request checked the params
         if method == "prompts/get":
             try:
-                return self.tools.get_prompt(params.get("name"), params.get("arguments"))
+                return self.tools.get_prompt(params["name"], params.get("arguments"))
             except ResourceNotFound:
                 raise RpcError(INVALID_PARAMS, f"Unknown prompt: {params.get('name')}") from None
         if method == "resources/read":
-            uri = params.get("uri")
+            uri = params["uri"]
             try:
                 content = await anyio.to_thread.run_sync(self.tools.read_resource, uri)
             except ResourceNotFound:
@@ -396,12 +398,12 @@ class McpCore:
         self, params: dict[str, Any], request_id: Any, session: Session | None, notify: Notify | None
     ) -> dict[str, Any]:
         """Run a tool in a worker thread: `busy` beyond the limit, progress out, cancellation in."""
-        name = params.get("name")
+        name = params["name"]  # (a string: validate_client_request checked the params)
         if not self.tools.has_tool(name):
             raise RpcError(INVALID_PARAMS, f"Unknown tool: {name}")
         arguments = params.get("arguments")
-        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
-        token = meta.get("progressToken")
+        meta = params.get("_meta")
+        token = meta.get("progressToken") if isinstance(meta, dict) else None
         loop = asyncio.get_running_loop()
         progress_fn = None
         if token is not None and notify is not None:

@@ -163,8 +163,8 @@ class StdioServer:
             self.core.handle_notification(inbound, self.session)
             return
         if self.session.running(inbound.id):
-            err = RpcError(INVALID_REQUEST, f"id {inbound.id!r} is already used by a running request")
-            self._write(error_response(err, inbound.id, version))
+            reused = RpcError(INVALID_REQUEST, f"id {inbound.id!r} is already used by a running request")
+            self._write(error_response(reused, inbound.id, version))
             return
         if inbound.method not in _CONCURRENT:
             await self._request(inbound)  # cheap and in order: initialize settles the era before the next frame

@@ -16,6 +16,7 @@ from binlens.api import invoke
 from binlens.api.interface import describe, visible_methods
 from binlens.api.registry import DESTRUCTIVE, READ_ONLY, CallContext, MethodSpec, program_identity
 from binlens.errors import BinlensError
+from binlens.workspace import Workspace
 
 PREFIX_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 CATALOG_URI = "binlens://contracts/methods"
@@ -76,7 +77,7 @@ def annotations_for(specs: list[MethodSpec]) -> dict[str, Any]:
 class ToolSet:
     """The tools and resources of one server: generated once from the visible registry."""
 
-    def __init__(self, ws: Any, prefix: str = "binlens", separator: str = ".") -> None:
+    def __init__(self, ws: Workspace, prefix: str = "binlens", separator: str = ".") -> None:
         self.ws = ws
         self.prefix = validate_prefix(prefix)
         self.sep = validate_separator(separator)
@@ -169,6 +170,7 @@ class ToolSet:
             raise ToolError(f"unknown tool {name!r}; tools/list names them")
         if arguments is None:
             arguments = {}
+        data: Any  # help's object, or whatever the domain method returns
         try:
             if not isinstance(arguments, dict):
                 raise BinlensError("invalid_argument", "arguments must be an object", target="/arguments")
@@ -191,7 +193,8 @@ class ToolSet:
         if tool == self.help_name:
             return None
         specs = {s.operation: s for s in self.domains[self._by_tool[tool]]}
-        spec = specs.get(arguments.get("operation"))  # type: ignore[arg-type]
+        op = arguments.get("operation")
+        spec = specs.get(op) if isinstance(op, str) else None
         if spec is None:
             return None
         return program_identity(self.ws, spec.name, arguments.get("params") or {}, data)

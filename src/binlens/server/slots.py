@@ -7,7 +7,10 @@ bounds the whole server, not each transport; beyond it a call fails at once with
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from binlens.workspace import Workspace
 
 
 class CallSlots:
@@ -37,10 +40,9 @@ class CallSlots:
         return self._running
 
 
-def shared_slots(ws: Any, limit: int) -> CallSlots:
+def shared_slots(ws: Workspace, limit: int) -> CallSlots:
     """The server's one `CallSlots`, kept on its workspace (the first transport sets the limit)."""
-    slots = getattr(ws, "call_slots", None)
+    slots: CallSlots | None = ws.extensions.get("call_slots")
     if slots is None:
-        slots = CallSlots(limit)
-        ws.call_slots = slots
+        slots = ws.extensions["call_slots"] = CallSlots(limit)
     return slots

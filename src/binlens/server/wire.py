@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, TypeGuard
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -36,7 +36,7 @@ class FrameError(Exception):
         self.identifiable = identifiable
 
 
-def valid_id(value: Any) -> bool:
+def valid_id(value: Any) -> TypeGuard[str | int]:
     """A JSON-RPC id this server echoes: a string or an integer (not a bool)."""
     return isinstance(value, (str, int)) and not isinstance(value, bool)
 
@@ -55,8 +55,11 @@ def decode(data: bytes | str, *, reject_constants: bool = False) -> Any:
         raise FrameError(PARSE_ERROR, "Parse error: the message is not UTF-8 text") from None
     except ValueError:
         raise FrameError(PARSE_ERROR, "Parse error: the message is not valid JSON") from None
-    pattern = _SURROGATE_ESCAPE_B if isinstance(data, bytes) else _SURROGATE_ESCAPE
-    if pattern.search(data) is not None:  # type: ignore[arg-type]
+    if isinstance(data, bytes):
+        escaped = _SURROGATE_ESCAPE_B.search(data) is not None
+    else:
+        escaped = _SURROGATE_ESCAPE.search(data) is not None
+    if escaped:
         where = lone_surrogate_at(msg)
         if where is not None:
             rid = msg.get("id") if isinstance(msg, dict) else None

@@ -42,6 +42,7 @@ from binlens.server.auth import refuse
 from binlens.server.options import ServerOptions
 from binlens.server.slots import shared_slots
 from binlens.server.wire import FrameError, decode, dumps, valid_id
+from binlens.workspace import Workspace
 
 log = logging.getLogger("binlens.ws")
 
@@ -69,7 +70,7 @@ def rpc_error(msg_id: Any, code: int, message: str, data: Any = None) -> dict[st
 class WsHub:
     """The connected /ws clients of one server: slots, notifications, shutdown."""
 
-    def __init__(self, ws: Any, opts: ServerOptions) -> None:
+    def __init__(self, ws: Workspace, opts: ServerOptions) -> None:
         self.ws = ws
         self.opts = opts
         self.max_clients = max(1, opts.ws_clients)
@@ -313,23 +314,25 @@ class WsSession:
             if has_id:
                 await self.send({"jsonrpc": "2.0", "id": msg_id, "result": {"cancelled": found}})
             return
-        if not has_id:
+        if not has_id or not valid_id(msg_id):  # (an id that is not valid is answered above)
             await invalid(f'"id" is required (the only notification accepted is {CANCEL_METHOD})')
             return
         if msg_id in self.calls:
             await invalid(f"id {msg_id!r} is already used by a running request")
             return
         if method not in REGISTRY:
-            err = BinlensError("not_found", f"unknown method {method!r}; interface.get lists them", target="/method")
-            await self.send(rpc_error(msg_id, METHOD_NOT_FOUND, "Method not found", err.to_dict()))
+            missing = BinlensError(
+                "not_found", f"unknown method {method!r}; interface.get lists them", target="/method"
+            )
+            await self.send(rpc_error(msg_id, METHOD_NOT_FOUND, "Method not found", missing.to_dict()))
             return
         if not self.hub.try_start():
-            err = BinlensError(
+            busy = BinlensError(
                 "busy",
                 f"{self.hub.max_concurrent} requests are already running; retry shortly",
                 details={"max_concurrent": self.hub.max_concurrent},
             )
-            await self.send(rpc_error(msg_id, METHOD_FAILED, err.message, err.to_dict()))
+            await self.send(rpc_error(msg_id, METHOD_FAILED, busy.message, busy.to_dict()))
             return
         ctx = CallContext(client=self.id, progress=self._progress_sender(msg_id))
         self.calls[msg_id] = ctx
@@ -382,8 +385,8 @@ class WsSession:
                 reply = rpc_error(msg_id, METHOD_FAILED, err.message, err.to_dict())
             except Exception:  # noqa: BLE001 - nothing internal crosses the wire
                 log.exception("internal error serving %s", method)
-                err = BinlensError("internal", f"internal error in {method}; see the server log")
-                reply = rpc_error(msg_id, METHOD_FAILED, err.message, err.to_dict())
+                internal = BinlensError("internal", f"internal error in {method}; see the server log")
+                reply = rpc_error(msg_id, METHOD_FAILED, internal.message, internal.to_dict())
         finally:
             self.hub.finish()
             self.calls.pop(msg_id, None)

@@ -368,7 +368,7 @@ class AnalysisView:
 
     def xrefs_from_function(self, fn: int, kinds: tuple[str, ...] = ()) -> list[tuple[int, int, str, int | None]]:
         """The references made from the blocks of `fn`."""
-        out = [
+        out: list[tuple[int, int, str, int | None]] = [
             (s, d, k, fn)
             for data, codes in self._q("SELECT data, kinds FROM xref_pack WHERE function=?", (s64(fn),))
             for s, d, k in unpack_xrefs(data, codes)

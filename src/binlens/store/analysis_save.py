@@ -17,7 +17,7 @@ import pickle
 import time
 from array import array
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from types import ModuleType
@@ -31,10 +31,8 @@ from binlens.store.analysis import (
     pack_blocks,
     pack_edges,
     pack_xrefs,
-    s64,
-    u64,
 )
-from binlens.store.database import ProgramDatabase
+from binlens.store.database import ProgramDatabase, s64, u64
 
 _TABLES = ("func", "func_blocks", "call", "xref_pack", "string")
 _FUNC_INSERT = f"INSERT OR REPLACE INTO func ({_FUNC_COLUMNS}, edges, edge_kinds) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
@@ -65,8 +63,8 @@ _INDEXES = (
     ("xref_pack_by_function", "xref_pack(function)"),
 )
 _HIGH = 1 << 63
-Column = array | list[int]
-Spans = tuple[array, array, array] | tuple[list[int], list[int], list[int]]  # `owner_spans`' (arrays)
+Column = MutableSequence[int]  # an array 'Q' (as `owner_spans` makes them) or a list of ints
+Spans = tuple[Column, Column, Column]
 
 
 def _signer(*values: Iterable[int]) -> Callable[[int], int]:
@@ -199,7 +197,8 @@ def merge_function_rows(first: FunctionRows, second: FunctionRows) -> FunctionRo
     first.func += second.func
     first.blocks += second.blocks
     first.calls += second.calls
-    first.counts = tuple(a + b for a, b in zip(first.counts, second.counts, strict=True))  # type: ignore[assignment]
+    (functions1, blocks1, insns1), (functions2, blocks2, insns2) = first.counts, second.counts
+    first.counts = (functions1 + functions2, blocks1 + blocks2, insns1 + insns2)
     return first
 
 

@@ -278,7 +278,7 @@ class AnnotationStore:
         entry id, or None when nothing actually changed.
         """
         with self.transaction() as conn:
-            changes = []
+            changes: list[dict[str, Any]] = []
             for kind, key, after in plan(conn):
                 before = self.get(conn, kind, key)
                 if before == after:
@@ -347,11 +347,11 @@ class AnnotationStore:
         limit: int,
         state: str | None = None,
         newest_first: bool = False,
-        filters: dict[str, str] | None = None,
+        filters: dict[str, str | None] | None = None,
     ) -> list[dict[str, Any]]:
         """Journal entries after `position` (an id; None: from the start) in id order or newest first.
 
-        `filters` match columns exactly (state, client, method, batch).
+        `filters` match columns exactly (state, client, method, batch); a None filter matches all.
         """
         cols = ("id", "time", "client", "method", "summary", "batch", "state", "changes", "undone_time", "undone_by")
         where = ["id < ?" if newest_first else "id > ?"]
@@ -390,7 +390,7 @@ class AnnotationStore:
     # --- byte patches ---------------------------------------------------------------------------
     def patched_bytes(self, start: int, length: int) -> list[tuple[int, int]]:
         """(address, byte) of every patched byte in [start, start+length)."""
-        return in_spans(self.db.connect(), _PATCH_BYTES, start, start + length)  # type: ignore[return-value]
+        return in_spans(self.db.connect(), _PATCH_BYTES, start, start + length)
 
 
 def _runs(rows: list[tuple[int, int]]) -> list[list[Any]]:

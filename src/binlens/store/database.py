@@ -31,15 +31,14 @@ _MIGRATIONS: dict[str, list[Migration]] = {}
 _listed_loaded = False
 _listed_lock = threading.Lock()
 
-CORE_MIGRATIONS: list[Migration] = [
-    """
+_CORE_SCHEMA = """
     CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
     CREATE TABLE IF NOT EXISTS image (
         sha256 TEXT PRIMARY KEY, file_name TEXT, size INTEGER, format TEXT, arch TEXT,
         slice TEXT, first_opened TEXT DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now'))
     );
-    """,
-]
+    """
+CORE_MIGRATIONS: list[Migration] = [_CORE_SCHEMA]
 
 
 def _migrations() -> dict[str, list[Migration]]:
@@ -313,7 +312,7 @@ class ProgramDatabase:
 
 
 def _create_meta(conn: sqlite3.Connection) -> None:
-    for stmt in _split_sql(CORE_MIGRATIONS[0]):
+    for stmt in _split_sql(_CORE_SCHEMA):
         conn.execute(stmt)
 
 

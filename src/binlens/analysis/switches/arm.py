@@ -40,7 +40,7 @@ from capstone import arm
 
 from binlens.analysis.codemap import BODY, CodeMap
 from binlens.analysis.switches import common as jt
-from binlens.analysis.switches.common import writable
+from binlens.analysis.switches.tables import writable
 
 if TYPE_CHECKING:
     from capstone.arm import ArmOp, ArmOpMem

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 import capstone as cs
 
 from binlens.analysis.codemap import CodeMap
+from binlens.analysis.switches.tables import writable
 
 if TYPE_CHECKING:
     from binlens.analysis.decode.capstone_backend import CapstoneBackend
@@ -119,11 +120,3 @@ def read_entries(image: Image, table: int, size: int, count: int, signed: bool) 
 def near_code(codemap: CodeMap, target: int, jump_va: int, align: int) -> bool:
     """Can `target` be a case of the jump at `jump_va`: aligned, within `WINDOW`, in code?"""
     return not target % align and abs(target - jump_va) <= WINDOW and codemap.contains(target)
-
-
-def writable(image: Image, va: int) -> bool:
-    """Whether `va` lies in a section written at run time (a table there may change: not a jump table)."""
-    sec = image.section_at(va)
-    if sec is None or sec.name.startswith(".data.rel.ro"):  # read-only once relocated (RELRO)
-        return False
-    return sec.perms[1] == "w" and sec.kind != "code"

@@ -38,7 +38,7 @@ from capstone import mips as mp
 
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.switches import common as jt
-from binlens.analysis.switches.common import writable
+from binlens.analysis.switches.tables import writable
 
 if TYPE_CHECKING:
     from binlens.analysis.decode.capstone_backend import CapstoneBackend

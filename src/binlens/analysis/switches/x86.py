@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from binlens.analysis.codemap import BODY, CodeMap, CodeRegion
 from binlens.analysis.decode import iced as ix
-from binlens.analysis.switches.common import writable
+from binlens.analysis.switches.tables import writable
 
 if TYPE_CHECKING:
     from binlens.analysis.decode.x86 import X86Backend
