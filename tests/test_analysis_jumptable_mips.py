@@ -118,3 +118,17 @@ def test_a_table_without_a_bound_check_stays_unresolved(mips_build, opt, pic):
 def test_incomplete_dispatch_patterns_stay_unresolved(mips_build, edit):
     b = mips_build("gcc", BE, "-O2", False, edit)
     xb.check_broken_dispatch(b, b.tables["wide_switch"][1])
+
+
+def test_the_resolver_keeps_gp_off_the_backend(mips_build):
+    """The MIPS `_gp` that the resolver and the address pairs share is kept by the resolver module
+    (per backend), not written onto the backend."""
+    from binlens.analysis.engine import explore, gc_paused
+    from binlens.analysis.switches.mips import gp_value
+
+    b = mips_build("gcc", BE, "-O2", True)
+    with gc_paused():
+        explored = explore(parse_path(str(b.stripped)))
+    assert explored.explorer.jt, "the build's switches resolve"
+    assert gp_value(explored.backend, explored.image) is not None
+    assert not [name for name in vars(explored.backend) if "gp" in name]

@@ -166,3 +166,19 @@ def test_corpus_ppc_and_riscv_tables_stay_inside_their_functions():
         analysis = analyze(img)
         cases = xb.assert_corpus_cases(img, analysis, symbols, (name,))  # ip keeps only its exported symbols
         assert len({src for src, _ in cases}) >= at_least, (name, len({src for src, _ in cases}))
+
+
+def test_the_resolver_keeps_its_caches_off_the_backend(ppcrv_build):
+    """The PowerPC resolver's function extents and PIC registers (PowerPC 32 PIC: r30 from the
+    function's start) are kept by the resolver module (per backend): an analysis adds no attribute
+    to the backend."""
+    from binlens.analysis.codemap import CodeMap
+    from binlens.analysis.decode.backend import make_backend
+    from binlens.analysis.engine import explore, gc_paused
+
+    b = ppcrv_build("ppc", "gcc", "-O2", True)
+    with gc_paused():
+        explored = explore(parse_path(str(b.stripped)))
+    assert explored.explorer.jt, "the build's switches resolve"
+    fresh = make_backend(explored.image, CodeMap(explored.image))
+    assert set(vars(explored.backend)) == set(vars(fresh))

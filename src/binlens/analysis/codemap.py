@@ -82,7 +82,7 @@ class CodeMap:
         the C extension is built, else a set (a set of gcc's cc1's 1.33M chunk starts is 64 MiB)."""
         if _AddrBits is None:
             return set()
-        return _AddrBits([(r.va, len(r.data)) for r in self.regions])  # type: ignore[no-any-return]
+        return _AddrBits([(r.va, len(r.data)) for r in self.regions])
 
     @property
     def total_bytes(self) -> int:

@@ -6,13 +6,15 @@ import dataclasses
 import gc
 import threading
 import time
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Container, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
+from typing import Any
 
 from binlens.analysis.arch.profiles import profile
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.decode.backend import Backend, make_backend
-from binlens.analysis.discovery.explorer import NORETURN_NAMES, Body, Explorer
+from binlens.analysis.discovery.explorer import NORETURN_NAMES, Explorer
 from binlens.analysis.discovery.functions import iter_functions
 from binlens.analysis.discovery.noreturn import noret_callers, returning_functions
 from binlens.analysis.discovery.refused import RefusedStarts, data_like_test
@@ -27,6 +29,7 @@ from binlens.analysis.metadata.thunks import find_thunks
 from binlens.analysis.model import (
     SOURCES,
     XREF_KINDS,
+    Body,
     FoundString,
     Function,
     ProgramAnalysis,
@@ -39,7 +42,7 @@ from binlens.analysis.refs.xrefs import collect_refs, pointers_in_data
 from binlens.analysis.switches.gotos import goto_tables
 from binlens.analysis.switches.resolvers import resolver_for
 from binlens.analysis.version import ENGINE_VERSION
-from binlens.loader.image import Image
+from binlens.loader.image import Image, Section, Symbol
 
 # Discovery walks each body without its edges (`Explorer.record_edges`; `None`: with them, as the
 # tests compare): they are walked once when it ends, and on demand for the non-returning test.
@@ -322,8 +325,14 @@ def _text(value: object) -> str:
 
 def _text_names(image: Image) -> Image:
     """The image with every section and symbol name as text (malformed files can carry raw bytes)."""
-    lists = {"sections": image.sections, "symbols": image.symbols, "exports": image.exports, "imports": image.imports}
-    fixed = {}
+    # records of four kinds, each with a `name` (and a `raw_name`, but sections), treated alike
+    lists: dict[str, list[Any]] = {
+        "sections": image.sections,
+        "symbols": image.symbols,
+        "exports": image.exports,
+        "imports": image.imports,
+    }
+    fixed: dict[str, Any] = {}
     for key, items in lists.items():
         if any(not isinstance(x.name, str) or not isinstance(getattr(x, "raw_name", ""), str) for x in items):
             fixed[key] = [
@@ -336,6 +345,7 @@ def _text_names(image: Image) -> Image:
 
 
 def _metadata_seeds(image: Image, seeds: Seeds) -> dict[int, str]:
+    s: Symbol | Section  # (the loops below walk symbols, then sections)
     ident = image.identity
     if ident.entry:
         seeds.add(ident.entry, "entry")
@@ -378,7 +388,9 @@ def make_explorer(image: Image, codemap: CodeMap, backend: Backend, jt_tables: d
     )
 
 
-def _jump_table_fn(image: Image, codemap: CodeMap, backend: Backend, tables: dict[int, int]) -> Callable | None:
+def _jump_table_fn(
+    image: Image, codemap: CodeMap, backend: Backend, tables: dict[int, int]
+) -> Callable[[int, int, list[tuple[int, int]]], tuple[list[int], bool]] | None:
     jump_table_targets = resolver_for(image.identity.arch)
     if jump_table_targets is None:
         return None
@@ -478,13 +490,15 @@ def _table_entry_seeds(
             in_table[dst] = in_table.get(dst, True) and inside(src)
     from_code = {
         dst
-        for dst, kind in zip(backend.x_dst, backend.x_kind, strict=True)  # type: ignore[attr-defined]
+        for dst, kind in zip(backend.x_dst, backend.x_kind, strict=True)
         if kind == _K_OFFSET and dst in guessed
     }
     return {va for va, ok in in_table.items() if ok and va not in from_code}
 
 
-def _cold_parts(bodies: dict[int, Body], starts: dict[int, frozenset[str]], extents: dict[int, int]) -> set[int]:
+def _cold_parts(
+    bodies: dict[int, Body], starts: Mapping[int, AbstractSet[str]], extents: dict[int, int]
+) -> set[int]:
     """Unwind-only starts that one other function enters only by conditional jumps (gcc `.cold` parts)."""
     refs: dict[int, set[int]] = {}
     for f, b in bodies.items():

@@ -7,6 +7,8 @@ and returns their functions and the references from their code; the caller
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
+
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.decode.backend import make_backend
 from binlens.analysis.discovery.explorer import NORETURN_NAMES
@@ -26,7 +28,7 @@ def analyze_functions(
     entries: list[int],
     starts: set[int],
     noreturn: set[int],
-    string_starts: set[int] = frozenset(),  # type: ignore[assignment]
+    string_starts: AbstractSet[int] = frozenset(),
 ) -> tuple[list[Function], list[Xref]]:
     """Local analysis: the bodies of `entries` alone, with `starts` as every other known entry.
 
@@ -42,7 +44,7 @@ def _analyze_functions(
     entries: list[int],
     starts: set[int],
     noreturn: set[int],
-    string_starts: set[int],
+    string_starts: AbstractSet[int],
 ) -> tuple[list[Function], list[Xref]]:
     image = _text_names(image)
     codemap = CodeMap(image)

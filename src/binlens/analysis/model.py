@@ -10,6 +10,7 @@ import bisect
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import cast
 
 # Flow kinds of one instruction (the issue's instruction model); "data" marks bytes a linear
 # listing shows as `.byte` because they do not decode (binlens.api.instruction.decode_range).
@@ -161,6 +162,12 @@ def pairs(flat: array | list[int]) -> Iterator[tuple[int, int]]:
     """(site, callee) of each call of `Body.calls` or `Function.calls`."""
     it = iter(flat)
     return zip(it, it, strict=True)
+
+
+def edge_triples(flat: list[int | str]) -> Iterator[tuple[int, int, str]]:
+    """(src chunk, dst chunk, kind) of each edge of `Body.edges`."""
+    it = iter(flat)
+    return cast("Iterator[tuple[int, int, str]]", zip(it, it, it, strict=True))  # (the triples' types)
 
 
 def function_display_name(address: int, symbol: str | None = None, thunk: str | None = None) -> str:

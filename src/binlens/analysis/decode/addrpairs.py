@@ -5,15 +5,18 @@ and recorded as references of the instruction that completes them."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import capstone as cs
 
 from binlens.analysis.model import T_CALL, T_ICALL, T_JUMP, XREF_KINDS
 
 if TYPE_CHECKING:
+    from binlens.analysis.decode.backend import Chunk
     from binlens.analysis.decode.capstone_backend import CapstoneBackend
+    from binlens.analysis.switches.symbolic import RelocMap
 
 K_READ, K_WRITE, K_OFFSET = XREF_KINDS.index("read"), XREF_KINDS.index("write"), XREF_KINDS.index("offset")
 K_CALL, K_JUMP = XREF_KINDS.index("call"), XREF_KINDS.index("jump")
@@ -22,6 +25,19 @@ K_CALL, K_JUMP = XREF_KINDS.index("call"), XREF_KINDS.index("jump")
 # what an instruction does with an address pair: begins it, adds the low part, loads or stores through it
 _HI, _ADD, _LOAD, _STORE = range(4)
 Shape = tuple[int, str, str, int]  # (what, destination register, base register, immediate or displacement)
+Value = tuple  # a symbolic value of the resolvers' states: ("c", k) is the constant k
+Regs = dict[str, Value]  # register -> value
+
+
+class PairState(Protocol):
+    """What `PairRefs` asks of a jump-table resolver's symbolic state (`RvState`, `PpcState`, `MipsState`)."""
+
+    regs: Regs
+    mask: int
+
+    def step(self, ins: cs.CsInsn, next_va: int) -> None:
+        """Evaluate `ins`; `next_va` is the address executed after it on this path."""
+        ...
 
 
 class PairRefs:
@@ -44,10 +60,10 @@ class PairRefs:
         self.backend = backend
         image = backend.image
         self.seeds: set[int] = set()  # constants that are formed addresses before any instruction
-        self.relocs: dict[int, int | None] | None = None  # the eval states' relocation map, built once
+        self.relocs: RelocMap | None = None  # the eval states' relocation map, built once
         # return address -> callee-saved registers holding formed addresses there (gcc keeps a section
         # anchor in `s0` across calls and adds each object's offset to it later)
-        self.carry: dict[int, dict[str, tuple]] = {}
+        self.carry: dict[int, Regs] = {}
         # `lui`/`lis` make an address only in code at a fixed address: in position-independent ELF
         # code `lui a5, 0x10; addi a5, a5, -256` is the number 0xff00 (the image's own code is there)
         self.fixed = not (image.identity.format == "ELF" and image.identity.image_base == 0)
@@ -57,20 +73,26 @@ class PairRefs:
         self.slots: set[int] | None = None
         # MIPS: the chunks whose only pair parts are `$gp`-relative GOT loads (the calls through `$t9`)
         # skip the evaluation: their reads are recorded directly
-        self.gp_reads: Callable[[list[cs.CsInsn]], dict[str, tuple]] | None = None
+        self.gp_reads: Callable[[list[cs.CsInsn]], Regs] | None = None
         self.gp: int | None = None  # MIPS: `_gp`, what `$gp` holds in PIC code
         self._stub_of: dict[int, int] | None = None
         self._slot_of: dict[int, int] | None = None
-        if backend.arch != "mips":
-            self.slots = {r.address for r in image.relocations if "RELATIVE" in r.type.upper()}
+        # the sum of a low part: MIPS64 32-bit adds (`addiu`) sign-extend their result
+        self.word32: Callable[[int], int] | None = None
         arch = backend.arch
+        if arch != "mips":
+            self.slots = {r.address for r in image.relocations if "RELATIVE" in r.type.upper()}
+        self.new_state: Callable[[], PairState]
+        self.shape: Callable[[cs.CsInsn], Shape | None]
+        self.loads: dict[str, tuple[int, bool]] = {}
+        self.stores: dict[str, int]
         if arch == "riscv":
             from binlens.analysis.switches import riscv as rv
 
-            self.new_state = lambda: rv.RvState(image)
+            self.new_state = lambda: rv.RvState(image, self._relocs())
             self.shape = self._riscv
             self.loads, self.stores = rv.RV_LOADS, rv.RV_STORES
-            self.alias = rv.RV_ALIASES
+            self.rv_reg, self.rv_mem = rv.reg_name, rv.mem_operand
             self.saved = tuple(f"s{k}" for k in range(12))
         elif arch == "ppc":
             from binlens.analysis.switches import ppc as pp
@@ -79,8 +101,8 @@ class PairRefs:
             if toc is not None:
                 self.seeds.add(toc)
 
-            def new_ppc() -> object:
-                state = pp.PpcState(image)
+            def new_ppc() -> PairState:
+                state = pp.PpcState(image, self._relocs())
                 if toc is not None:  # ELFv2: r2 holds the TOC pointer throughout the module's code
                     state.regs["r2"] = state.const(toc)
                     state.fixed.add("r2")
@@ -100,6 +122,8 @@ class PairRefs:
             bits = image.identity.bits
             self.new_state = lambda: mp.MipsState(backend.md(False), image, gp, bits)
             self.shape = self._mips
+            self.mips_reg: Callable[[int], str] = functools.partial(mp.reg_name, backend.md(False))
+            self.word32 = lambda v: mp.word(v, False, bits)
             self.loads = {**mp.LOADS, **(mp.LOADS_64 if bits == 64 else {})}
             self.stores = mp.STORES
             self.saved = (*(f"s{k}" for k in range(8)), "fp", "s8")
@@ -133,39 +157,45 @@ class PairRefs:
             return lambda m, text, a: m in ("lis", "addis") or (m.endswith("l") and text.endswith(f"0x{a + 4:x}"))
         return lambda m, text, _a: m == "lui" or text.endswith("($gp)")
 
-    def evaluate(self, insns: list[cs.CsInsn], carried: dict[str, tuple] | None = None) -> dict[str, tuple]:
+    def _relocs(self) -> RelocMap:
+        """The image's relocation map (`symbolic.reloc_map`), built once for every state."""
+        if self.relocs is None:
+            from binlens.analysis.switches.symbolic import reloc_map
+
+            self.relocs = reloc_map(self.backend.image)
+        return self.relocs
+
+    def evaluate(self, insns: list[cs.CsInsn], carried: Regs | None = None) -> Regs:
         """Record the references of the pairs completed in `insns` (one chunk, from its first high
         part; from its start when `carried` gives registers holding formed addresses on entry).
         Returns the callee-saved registers holding formed addresses at its end."""
         if self.gp_reads is not None and not carried and not any(map(self.completes, insns)):
             return self.gp_reads(insns)  # MIPS PIC `lw $t9, %call16(f)($gp); jalr $t9`: no pair to follow
         state = self.new_state()
-        if self.relocs is not None:
-            state._relocs = self.relocs  # type: ignore[attr-defined]
-        regs = state.regs  # type: ignore[attr-defined]
-        mask = state.mask  # type: ignore[attr-defined]
+        regs = state.regs
+        mask = state.mask
         formed = set(self.seeds)
         if carried:
             regs.update(carried)
             formed.update(v[1] for v in carried.values())
-        ref = self.backend._ref
+        ref = self.backend.ref
         last = len(insns) - 1
         for k, ins in enumerate(insns):
             nxt = insns[k + 1].address if k < last else ins.address + ins.size
-            shape = self.shape(state, ins)
+            shape = self.shape(ins)
             if shape is None:
-                state.step(ins, nxt)  # type: ignore[attr-defined]
+                state.step(ins, nxt)
                 continue
             what, dst, base, imm = shape
             b = regs.get(base) if base else None
             through = b is not None and b[0] == "c" and b[1] in formed
-            state.step(ins, nxt)  # type: ignore[attr-defined]
+            state.step(ins, nxt)
             if what == _HI and (through or not base):
                 v = regs.get(dst)
                 if v is not None and v[0] == "c":
                     formed.add(v[1])
-            elif through and what != _HI:
-                addr = (self._sum(state, ins, b[1], imm) if what == _ADD else b[1] + imm) & mask  # type: ignore[index]
+            elif through and what != _HI and b is not None:
+                addr = (self._sum(ins, b[1], imm) if what == _ADD else b[1] + imm) & mask
                 if what == _ADD:
                     ref(ins.address, addr, K_OFFSET)
                     formed.add(addr)
@@ -178,8 +208,6 @@ class PairRefs:
                             ref(ins.address, v[1], K_OFFSET)  # the address a relocated slot holds
                 else:
                     ref(ins.address, addr, K_WRITE)
-        if self.relocs is None:
-            self.relocs = getattr(state, "_relocs", None)
         kept = {}
         for r in self.saved:
             v = regs.get(r)
@@ -187,19 +215,19 @@ class PairRefs:
                 kept[r] = v
         return kept
 
-    def keep(self, va: int, kept: dict[str, tuple]) -> None:
+    def keep(self, va: int, kept: Regs) -> None:
         """Registers holding formed addresses where execution goes on at `va` (after a call)."""
         self.carry[va] = kept
 
-    def _gp_reads(self, insns: list[cs.CsInsn], gp: int) -> dict[str, tuple]:
+    def _gp_reads(self, insns: list[cs.CsInsn], gp: int) -> Regs:
         """Record the `read` of each `$gp`-relative load of `insns` ($gp is `_gp` in PIC code)."""
         mask = (1 << self.backend.image.identity.bits) - 1
         for ins in insns:
             if ins.mnemonic in self.loads and ins.op_str.endswith("($gp)"):
-                self.backend._ref(ins.address, (gp + ins.operands[1].mem.disp) & mask, K_READ)
+                self.backend.ref(ins.address, (gp + ins.operands[1].mem.disp) & mask, K_READ)
         return {}
 
-    def got_call(self, out: tuple, insns: list[cs.CsInsn]) -> tuple:
+    def got_call(self, out: Chunk, insns: list[cs.CsInsn]) -> Chunk:
         """MIPS: the chunk `out` ending in `jalr`/`jr` through a register that `insns` (the chunk's
         instructions from its first pair part on) loaded from a GOT entry (`lw $t9, %call16(f)($gp)`,
         then maybe `move`s and an `addiu` of a low part) made a call or jump: through the entry of
@@ -228,7 +256,7 @@ class PairRefs:
                 reg, low = ops[1].reg, ops[2].imm
             elif m in ("lw", "ld") and len(ops) == 2 and ins.reg_name(ops[1].mem.base) == "gp":
                 slot = (gp + ops[1].mem.disp) & ((1 << self.backend.image.identity.bits) - 1)
-                self.backend._ref(ins.address, slot, K_READ)  # (also where the chunk sets $gp itself)
+                self.backend.ref(ins.address, slot, K_READ)  # (also where the chunk sets $gp itself)
                 break
             else:
                 return out
@@ -239,7 +267,7 @@ class PairRefs:
         if not low and slot in backend.import_slots:
             stub = self._stubs().get(slot)
             if stub is None:
-                backend._ref(at, slot, K_CALL if term == T_ICALL else K_JUMP)
+                backend.ref(at, slot, K_CALL if term == T_ICALL else K_JUMP)
                 return (end, term, (slot, *targets[1:]), last)
             target = stub  # the import's thunk (its lazy-binding stub): callers of `exit` are found there
         else:
@@ -247,7 +275,8 @@ class PairRefs:
             word = image.read(slot, backend.ptr_size)
             if word is None or len(word) != backend.ptr_size:
                 return out
-            target = int.from_bytes(word, image.identity.endian) + low  # type: ignore[arg-type]
+            order: Literal["little", "big"] = "big" if image.identity.endian == "big" else "little"
+            target = int.from_bytes(word, order) + low
             target &= (1 << image.identity.bits) - 1
             if not backend.codemap.contains(target):
                 return out
@@ -269,33 +298,33 @@ class PairRefs:
             self._stub_of = {imp.slot: imp.stub for imp in image.imports if imp.stub in named}
         return self._stub_of
 
-    def _sum(self, state: object, ins: cs.CsInsn, base: int, imm: int) -> int:
+    def _sum(self, ins: cs.CsInsn, base: int, imm: int) -> int:
         """base + imm as the instruction computes it (MIPS64 32-bit adds sign-extend their result)."""
-        if self.backend.arch == "mips" and not ins.mnemonic.startswith("d"):
-            return state._word(base + imm, False)  # type: ignore[attr-defined]
+        if self.word32 is not None and not ins.mnemonic.startswith("d"):
+            return self.word32(base + imm)
         return base + imm
 
     # ------------------------------------------------------------------ shapes per architecture
-    def _riscv(self, state: object, ins: cs.CsInsn) -> Shape | None:
+    def _riscv(self, ins: cs.CsInsn) -> Shape | None:
         m = ins.mnemonic.removeprefix("c.")
         ops = ins.operands
         if not ops or ops[0].type != cs.CS_OP_REG:
             return None
         if m == "auipc" or m == "lui" and self.fixed:
-            return _HI, state._reg(ins, ops[0]), "", 0  # type: ignore[attr-defined]
+            return _HI, self.rv_reg(ins, ops[0]), "", 0
         if m in ("addi", "addiw") and len(ops) == 3 and ops[1].type == cs.CS_OP_REG and ops[2].type == cs.CS_OP_IMM:
             if m == "addiw" and self.backend.ptr_size == 8:
                 return None  # a 32-bit add: not an address on RV64
-            return _ADD, state._reg(ins, ops[0]), state._reg(ins, ops[1]), ops[2].imm  # type: ignore[attr-defined]
+            return _ADD, self.rv_reg(ins, ops[0]), self.rv_reg(ins, ops[1]), ops[2].imm
         what = _LOAD if m in self.loads else _STORE if m in self.stores else -1
         if what < 0:
             return None
-        where = state._mem(ins, ops)  # type: ignore[attr-defined]
+        where = self.rv_mem(ins, ops)
         if where is None:
             return None
-        return what, state._reg(ins, ops[0]), where[0], where[1]  # type: ignore[attr-defined]
+        return what, self.rv_reg(ins, ops[0]), where[0], where[1]
 
-    def _ppc(self, state: object, ins: cs.CsInsn) -> Shape | None:
+    def _ppc(self, ins: cs.CsInsn) -> Shape | None:
         m = ins.mnemonic.rstrip("+-").removesuffix(".")
         ops = ins.operands
         if not ops or ops[0].type != cs.CS_OP_REG:
@@ -318,12 +347,12 @@ class PairRefs:
             return None
         return what, dst, ins.reg_name(ops[1].mem.base), ops[1].mem.disp
 
-    def _mips(self, state: object, ins: cs.CsInsn) -> Shape | None:
+    def _mips(self, ins: cs.CsInsn) -> Shape | None:
         m = ins.mnemonic
         ops = ins.operands
         if not ops or ops[0].type != cs.CS_OP_REG:
             return None
-        name = state.name  # type: ignore[attr-defined]
+        name = self.mips_reg
         if m == "lui" and self.fixed:  # (PIC code forms addresses from GOT loads)
             return _HI, name(ops[0].reg), "", 0
         if m in ("addiu", "daddiu", "addi", "daddi") and len(ops) == 3 and ops[1].type == cs.CS_OP_REG:

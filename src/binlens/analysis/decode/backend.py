@@ -10,12 +10,15 @@ Thumb state) name the concrete class.
 from __future__ import annotations
 
 from array import array
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeGuard
 
+from binlens.analysis.arch.profiles import profile
 from binlens.errors import BinlensError
 
 if TYPE_CHECKING:
     from binlens.analysis.codemap import CodeMap
+    from binlens.analysis.decode.capstone_backend import CapstoneBackend
+    from binlens.analysis.decode.x86 import X86Backend
     from binlens.analysis.model import Instruction
     from binlens.loader.image import Image
 
@@ -43,10 +46,22 @@ class Backend(Protocol):
         ...
 
 
+def is_capstone(backend: Backend) -> TypeGuard[CapstoneBackend]:
+    """Is `backend` the capstone one (every ISA but x86)? The ARM32 passes ask it for the Thumb
+    state, and the jump-table resolvers for its decoders."""
+    return not profile(backend.image.identity.arch).x86
+
+
+def is_x86(backend: Backend) -> TypeGuard[X86Backend]:
+    """Is `backend` the x86 one (iced-x86 and the C scanner)? Passes that read x86 instructions
+    themselves (the jump-table resolver, the gap heuristics) ask it."""
+    return profile(backend.image.identity.arch).x86
+
+
 def make_backend(image: Image, codemap: CodeMap) -> Backend:
     """The decoder for the image's architecture, or `unsupported`."""
     arch = image.identity.arch
-    if arch in ("x86-64", "x86"):
+    if profile(arch).x86:
         from binlens.analysis.decode.x86 import X86Backend
 
         return X86Backend(image, codemap)

@@ -11,14 +11,17 @@ forward evaluation (`PairRefs`) and recorded as a reference of the instruction t
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Literal
 
 import capstone as cs
 from capstone import arm as _ARM
 
+from binlens.analysis.arch.profiles import profile
 from binlens.analysis.codemap import BODY, CHUNK, INSN, CodeMap
 from binlens.analysis.decode import branchflow, fastcs
 from binlens.analysis.decode.addrpairs import PairRefs
+from binlens.analysis.decode.backend import Chunk
 from binlens.analysis.decode.branchflow import (
     F_CALL,
     F_CIJUMP,
@@ -83,6 +86,7 @@ class CapstoneBackend:
         self.image = image
         self.codemap = codemap
         self.arch = image.identity.arch
+        isa = profile(self.arch)
         self.ptr_size = 8 if image.identity.bits == 64 else 4
         self.addr_mask = (1 << (8 * self.ptr_size)) - 1
         self.import_slots = frozenset(imp.slot for imp in image.imports)
@@ -100,13 +104,15 @@ class CapstoneBackend:
         self.x_src = array("Q")
         self.x_dst = array("Q")
         self.x_kind = bytearray()
-        self.delay = 1 if self.arch == "mips" else 0
+        self.delay = isa.delay_slots  # instructions run after a branch before it (MIPS)
+        self.thumb_bit = isa.thumb_bit  # bit 0 of a code address names Thumb state (ARM32)
         self.pairs = PairRefs(self) if self.arch in PairRefs.ARCHES else None
         self._may_flow = _may_flow_for(self.arch)
         self._text_flow = branchflow.text_flow(self.arch, self._global_entry)  # (branches without a detailed decode)
         self._lite: dict[bool, cs.Cs] = {}  # decoders without operand details, by ARM32 state
 
     def md(self, thumb: bool) -> cs.Cs:
+        """The detailed decoder (operands on) for ARM32's Thumb state or, `thumb` false, every other code."""
         m = self._md.get(thumb)
         if m is None:
             arch, mode = _mode(self.image, thumb)
@@ -168,7 +174,7 @@ class CapstoneBackend:
         words = self.image.read(tgt - 8, 8)
         if words is None or len(words) != 8:
             return tgt
-        order = "big" if self.image.identity.endian == "big" else "little"
+        order: Literal["little", "big"] = "big" if self.image.identity.endian == "big" else "little"
         w1, w2 = int.from_bytes(words[:4], order), int.from_bytes(words[4:], order)
         return tgt - 8 if w1 >> 16 == 0x3C4C and w2 >> 16 == 0x3842 else tgt
 
@@ -197,7 +203,7 @@ class CapstoneBackend:
         return _arm_table_jump(ins, cond), -1
 
     # ------------------------------------------------------------------ chunks
-    def decode_chunk(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
+    def decode_chunk(self, va: int) -> Chunk | None:
         """Decode straight-line code from `va` (same contract as the x86 backend)."""
         if self.pairs is None:
             return self._decode_chunk(va, None)
@@ -226,9 +232,7 @@ class CapstoneBackend:
         end = insns[-1][0] + insns[-1][1]
         return list(self.md(False).disasm(self.image.read(start, end - start) or b"", start, len(insns)))
 
-    def _decode_chunk(
-        self, va: int, formed: list[tuple[int, int]] | None, whole: bool = False
-    ) -> tuple[int, int, tuple[int, ...], int] | None:
+    def _decode_chunk(self, va: int, formed: list[tuple[int, int]] | None, whole: bool = False) -> Chunk | None:
         """`decode_chunk`; `formed` (when not None) collects (address, size) of the chunk's instructions
         from the first that begins an address pair on (from the first on when `whole`: the pair
         evaluation looks at them).
@@ -238,8 +242,8 @@ class CapstoneBackend:
         operands (`_may_flow_for`, AArch64 `adrp` pairs) are decoded again, one by one, with them
         (inside a Thumb IT block, from its `it` instruction on: the condition comes from there)."""
         arm = self.arch == "arm"
-        thumb = va in self.thumb or (va & 1 and arm)
-        va &= ~1 if arm else ~0
+        thumb = va in self.thumb or va & self.thumb_bit
+        va &= ~self.thumb_bit
         r = self.codemap.region(va)
         if r is None:
             return None
@@ -258,7 +262,7 @@ class CapstoneBackend:
         pages: dict[int, int] = {}  # AArch64: register -> the page an `adrp` put there
         paged: set[str] = set()  # the names of those registers
         a64 = self.arch == "aarch64"
-        begins = self.pairs.begins if formed is not None else None  # type: ignore[union-attr]
+        begins = self.pairs.begins if formed is not None and self.pairs is not None else None
         may_flow = self._may_flow
         text_flow = self._text_flow
         it_at = it_left = 0  # Thumb: where the last IT block began, and how many instructions it still covers
@@ -276,8 +280,8 @@ class CapstoneBackend:
                     state[o] = INSN
             first = False
             state[o + 1 : o + n] = _BODY_RUNS[n]
-            if begins is not None and (formed or whole or begins(m, text, a)):
-                formed.append((a, n))  # type: ignore[union-attr]
+            if begins is not None and formed is not None and (formed or whole or begins(m, text, a)):
+                formed.append((a, n))
             last = a if pending is None else last
             nxt = a + n
             if pending is not None:
@@ -347,15 +351,15 @@ class CapstoneBackend:
             pages[ops[0].reg] = ops[1].imm
             paged.add(ins.reg_name(ops[0].reg))
         elif m == "adr" and len(ops) == 2:
-            self._ref(ins.address, ops[1].imm, K_OFFSET)
+            self.ref(ins.address, ops[1].imm, K_OFFSET)
         elif m == "add" and len(ops) == 3 and ops[1].type == cs.CS_OP_REG and ops[2].type == cs.CS_OP_IMM:
             page = pages.get(ops[1].reg)
             if page is not None:
-                self._ref(ins.address, page + ops[2].imm, K_OFFSET)
+                self.ref(ins.address, page + ops[2].imm, K_OFFSET)
         elif m.startswith(("ldr", "str")) and len(ops) >= 2 and ops[-1].type == cs.CS_OP_MEM:
             page = pages.get(ops[-1].mem.base)
             if page is not None:
-                self._ref(ins.address, page + ops[-1].mem.disp, K_READ)
+                self.ref(ins.address, page + ops[-1].mem.disp, K_READ)
 
     def _literal(self, ins: cs.CsInsn, thumb: bool, lits: dict[str, int]) -> None:
         """Note the words an ARM32 pc-relative load reads (`ldr rX, [pc, #imm]`, `ldrd`, `vldr`);
@@ -378,10 +382,11 @@ class CapstoneBackend:
         word = self.image.read(at, 4)
         if word is None or len(word) != 4:
             return
-        w = int.from_bytes(word, self.image.identity.endian)  # type: ignore[arg-type]
+        order: Literal["little", "big"] = "big" if self.image.identity.endian == "big" else "little"
+        w = int.from_bytes(word, order)
         lits[ins.reg_name(ops[0].reg)] = w
         if self._absolute_literals and w > 0xFFFF:
-            self._ref(ins.address, w & ~1 if self.codemap.contains(w & ~1) else w, K_OFFSET)
+            self.ref(ins.address, w & ~1 if self.codemap.contains(w & ~1) else w, K_OFFSET)
 
     def _movw_movt(self, m: str, text: str, a: int, lits: dict[str, int]) -> None:
         """ARM32 `movw rX, #lo; movt rX, #hi`: an address in code at a fixed address (referenced
@@ -401,7 +406,7 @@ class CapstoneBackend:
             return
         w = lits[reg] = lo | v << 16
         if self._absolute_literals and w > 0xFFFF:
-            self._ref(a, w & ~1 if self.codemap.contains(w & ~1) else w, K_OFFSET)
+            self.ref(a, w & ~1 if self.codemap.contains(w & ~1) else w, K_OFFSET)
 
     def _pc_relative(self, ins: cs.CsInsn, thumb: bool, lits: dict[str, int]) -> None:
         """ARM32 position-independent code: `add rX, pc` (Thumb; ARM `add rX, pc, rX`) turns the offset
@@ -415,17 +420,19 @@ class CapstoneBackend:
                 other = next((r for r in srcs if r != _ARM.ARM_REG_PC), None)
                 w = lits.get(ins.reg_name(other)) if other is not None else None
                 if w is not None:
-                    self._ref(ins.address, (w + pcv) & 0xFFFFFFFF, K_OFFSET)
+                    self.ref(ins.address, (w + pcv) & 0xFFFFFFFF, K_OFFSET)
         elif ins.id == _ARM.ARM_INS_LDR and ops and ops[-1].type == _ARM.ARM_OP_MEM:
             mem = ops[-1].mem
             if mem.base == _ARM.ARM_REG_PC and mem.index and not ops[-1].shift.type:
                 w = lits.get(ins.reg_name(mem.index))
                 if w is not None:
-                    self._ref(ins.address, (w + pcv) & 0xFFFFFFFF, K_READ)
+                    self.ref(ins.address, (w + pcv) & 0xFFFFFFFF, K_READ)
         if ops and ops[0].type == _ARM.ARM_OP_REG:
             lits.pop(ins.reg_name(ops[0].reg), None)
 
-    def _ref(self, src: int, dst: int, kind: int) -> None:
+    def ref(self, src: int, dst: int, kind: int) -> None:
+        """Record a reference of `kind` (a `model.XREF_KINDS` code) from the instruction at `src` to
+        `dst`, when `dst` is mapped."""
         if self.image.is_mapped(dst):
             self.x_src.append(src)
             self.x_dst.append(dst)
@@ -434,8 +441,8 @@ class CapstoneBackend:
     # ------------------------------------------------------------------ listings
     def instructions(self, start: int, end: int) -> list[Instruction]:
         """The instruction model for [start, end)."""
-        thumb = start in self.thumb or bool(start & 1 and self.arch == "arm")
-        start &= ~1 if self.arch == "arm" else ~0
+        thumb = start in self.thumb or bool(start & self.thumb_bit)
+        start &= ~self.thumb_bit
         data = self.image.read(start, max(0, end - start)) or b""
         out = []
         for ins in self.md(thumb).disasm(data, start):
@@ -480,7 +487,7 @@ def _arm_table_jump(ins: cs.CsInsn, cond: bool) -> int:
     return F_CIJUMP if cond and indexed else F_NEXT
 
 
-_TERMS = {
+_TERMS: dict[int, Callable[[int], tuple[int, tuple[int, ...]]]] = {
     F_JUMP: lambda t: (T_JUMP, (t,)) if t != -1 else (T_IJUMP, (-1,)),
     F_COND: lambda t: (T_COND, (t, -2)) if t != -1 else (T_FALL, (-2,)),
     F_CALL: lambda t: (T_CALL, (t, -2)) if t != -1 else (T_ICALL, (-1, -2)),
@@ -498,7 +505,7 @@ _TERMS = {
 _WINDOW = 8
 
 
-def _stream(md: cs.Cs, data: bytes, off: int, va: int):  # noqa: ANN201 - a generator of tuples
+def _stream(md: cs.Cs, data: bytes, off: int, va: int) -> Iterator[tuple[int, int, str, str]]:
     """(address, size, mnemonic, operand text) of the instructions from `off` on, decoded in small
     windows (capstone decodes a whole buffer at once; no instruction here is over 4 bytes)."""
     while off < len(data):

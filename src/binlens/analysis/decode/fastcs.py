@@ -66,6 +66,11 @@ class Insn:
     mnemonic: str
     op_str: str
     operands: list[Any]
+    _arch: Any  # the architecture's detail structure (`CsMips`, ...), or None
+    _code: bytes  # the decoded buffer, and where the instruction lies in it
+    _pos: int
+    _md: cs.Cs
+    _full: cs.CsInsn | None  # the binding's own instruction, decoded on first use
 
     @property
     def bytes(self) -> bytearray:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from binlens.analysis.codemap import BODY, CHUNK, INSN, CodeMap, CodeRegion
 from binlens.analysis.decode import iced as ix
+from binlens.analysis.decode.backend import Chunk
 from binlens.analysis.decode.x86_pic import THUNK_REGS, PicState
 from binlens.analysis.decode.x86_pic import step as pic_step
 from binlens.analysis.model import (
@@ -90,8 +91,7 @@ class X86Backend:
         self.x_dst = array("Q")
         self.x_kind = bytearray()
         self._fmt: ix.Formatter | None = None
-        self._r: CodeRegion | None = None  # the region of the last chunk, and its decoder
-        self._dec: ix.Decoder | None = None
+        self._last: tuple[CodeRegion, ix.Decoder] | None = None  # the region of the last chunk, and its decoder
         self._min_ref = min_ref = 0 if self.got else 4  # shorter instructions cannot hold an address operand
         # i386 PIC: `__x86.get_pc_thunk.REG` (`mov REG, [esp]; ret`) -> REG, and the return address
         # of each call to one -> REG, which holds that address there (then `add REG, GOT - here`)
@@ -103,17 +103,16 @@ class X86Backend:
         # the ELF header): only RIP-relative and GOT-relative operands reference data there
         position_independent = image.identity.format == "ELF" and image.identity.image_base == 0
         lo, hi = (0, 0) if position_independent else (self.lo, self.hi)
-        self._ctx = (lo, hi, self.got, self.gotreg, min_ref, self.x_src, self.x_dst, self.x_kind)
-        self._ctx += (image.is_mapped,)
+        self._ctx = (lo, hi, self.got, self.gotreg, min_ref, self.x_src, self.x_dst, self.x_kind, image.is_mapped)
         # the C scanner takes the plain part of every chunk, except in i386 PIC code, where
         # `_pc_chunk` follows the GOT register through calls
         self._scan = _c_scan if not pic else None
         self._scan_args = (self.bits, lo, hi, min_ref)
         # the explorer's first try at a new chunk: decoded whole in C, else False (this class decides)
-        self.fast_chunk: Callable[[int], tuple[int, int, tuple[int, ...], int] | bool | None] | None = None
+        self.fast_chunk: Callable[[int], Chunk | bool | None] | None = None
         if self._scan is not None and _x86scan is not None:
-            regions = [(r.va, r.data, r.state) for r in codemap.regions]
-            self.fast_chunk = _x86scan.Scanner(regions, self.bits, lo, hi, min_ref, self._ref_at).chunk
+            scanned = [(r.va, r.data, r.state) for r in codemap.regions]
+            self.fast_chunk = _x86scan.Scanner(scanned, self.bits, lo, hi, min_ref, self._ref_at).chunk
 
     def _ref_at(self, va: int) -> None:
         """The scanner flagged the instruction at `va`: an operand may hold an address."""
@@ -131,7 +130,7 @@ class X86Backend:
             self._decoders[r.va] = d
         return d
 
-    def decode_chunk(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
+    def decode_chunk(self, va: int) -> Chunk | None:
         """Decode straight-line code from `va`: (end, terminator, targets, address of last insn).
 
         The C scanner (`_x86scan.scan`) takes the plain instructions first and often the whole
@@ -142,13 +141,13 @@ class X86Backend:
         byte is f4. The state bytes under the chunk are checked once at the end with a C-speed
         count; when an instruction overlapped code decoded before, the exact path runs instead.
         """
-        r = self._r
-        if r is None or not r.va <= va < r.end:
-            r = self.codemap.region(va)
-            if r is None:
+        held = self._last
+        if held is None or not held[0].va <= va < held[0].end:
+            found = self.codemap.region(va)
+            if found is None:
                 return None
-            self._r = r
-            self._dec = self._decoder(r)
+            held = self._last = (found, self._decoder(found))
+        r, dec = held
         state = r.state
         off0 = off = va - r.va
         if self._pc_after and va in self._pc_after:
@@ -169,13 +168,12 @@ class X86Backend:
                 self._ref_at(r.va + o)
             if n == 2:
                 return out[0]
-        dec = self._dec
         min_ref, x_src, x_dst, x_kind = self._min_ref, self.x_src, self.x_dst, self.x_kind
         data_ref, ending = self._data_ref, self._ending
         marks: list[bytes] = []
         add_mark = marks.append
         cur = last = va
-        res = None
+        res: Chunk | None = None
         if out is not None:
             off, cur, last, span, _ = out
             add_mark(span)
@@ -219,11 +217,11 @@ class X86Backend:
         state[off0] = CHUNK
         return res
 
-    def decode_chunk_exact(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
+    def decode_chunk_exact(self, va: int) -> Chunk | None:
         """What `decode_chunk` answers, always by the exact per-instruction path (its test oracle)."""
         return self._pc_chunk(va) if va in self._pc_after else self._decode_chunk_exact(va)
 
-    def _pc_chunk(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
+    def _pc_chunk(self, va: int) -> Chunk | None:
         """i386 PIC: decode the chunk at `va`, where registers or stack slots hold a known address
         (`x86_pic`), and pass what still holds one on to the chunks it flows to."""
         state = self._pc_now = self._pc_after[va].copy()
@@ -257,7 +255,7 @@ class X86Backend:
 
         return record
 
-    def _decode_chunk_exact(self, va: int, pic: PicState | None = None) -> tuple[int, int, tuple[int, ...], int] | None:
+    def _decode_chunk_exact(self, va: int, pic: PicState | None = None) -> Chunk | None:
         """`decode_chunk` checking the state map under every instruction as it goes. `pic` (i386
         PIC) says which registers and slots hold a known address on entry (`x86_pic.step`)."""
         r = self.codemap.region(va)
@@ -358,9 +356,7 @@ class X86Backend:
             x_dst.append(v)
             x_kind.append(K_OFFSET)
 
-    def _ending(
-        self, ins: ix.Instruction, fc: int, cur: int, nxt: int, last: int
-    ) -> tuple[int, int, tuple[int, ...], int] | None:
+    def _ending(self, ins: ix.Instruction, fc: int, cur: int, nxt: int, last: int) -> Chunk | None:
         """How an instruction that is not plain fall-through ends its chunk; None when it does not."""
         if fc == _FC_COND:
             return nxt, T_COND, (ins.near_branch_target, nxt), last

@@ -11,6 +11,7 @@ follows both, within a chunk and along the chunks the code flows to (`X86Backend
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from binlens.analysis.decode import iced as ix
@@ -60,14 +61,14 @@ class PicState:
         return PicState({r: v for r, v in self.regs.items() if r not in CALLER_SAVED}, dict(self.slots))
 
 
-def step(ins: ix.Instruction, state: PicState, record: object) -> None:
-    """Record (`record(address, kind)`) the address a memory operand based on a known register
+def step(ins: ix.Instruction, state: PicState, record: Callable[[int], None]) -> None:
+    """Record (`record(address)`) the address a memory operand based on a known register
     forms (with an index register: the start of the array it indexes), then follow `ins`'s effect
     on the known registers and slots."""
     regs = state.regs
     base = ins.memory_base
     if base != REG_NONE and base in regs:
-        record((regs[base] + ins.memory_displacement) & 0xFFFFFFFF)  # type: ignore[operator]
+        record((regs[base] + ins.memory_displacement) & 0xFFFFFFFF)
     k0 = ins.op0_kind if ins.op_count else None
     m = ins.mnemonic
     if k0 == OK.REGISTER:

@@ -15,8 +15,15 @@ import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from binlens.analysis.decode.backend import Backend, is_capstone
 from binlens.loader.image import Image
+
+if TYPE_CHECKING:
+    import capstone as cs
+
+    from binlens.analysis.discovery.explorer import Explorer
 
 EXIDX_CANTUNWIND = 1
 
@@ -145,11 +152,11 @@ def guess_state(data: bytes, valid: Callable[[bool], int], order: str = "<") -> 
     return None
 
 
-def decodes(md: object, data: bytes, va: int) -> int:
+def decodes(md: cs.Cs, data: bytes, va: int) -> int:
     """How many of the first 4 instructions of `data` decode with the capstone decoder `md` (4 when
     a return or an unconditional branch comes first: what follows it is another function)."""
     n = 0
-    for ins in md.disasm(data, va, 4):  # type: ignore[attr-defined]
+    for ins in md.disasm(data, va, 4):
         n += 1
         m, ops = ins.mnemonic, ins.op_str
         if m in ("bx", "b", "b.w") or (m.startswith("pop") and "pc" in ops) or (m == "ldm" and "pc" in ops):
@@ -159,8 +166,8 @@ def decodes(md: object, data: bytes, va: int) -> int:
 
 def seed_exidx_starts(
     image: Image,
-    backend: object,
-    explorer: object,
+    backend: Backend,
+    explorer: Explorer,
     starts: list[int],
     noret: set[int],
     add: Callable[[int, str], int | None],
@@ -179,21 +186,25 @@ def seed_exidx_starts(
     entry point's).
     """
     entries = exidx_starts(parse_exidx(image))
-    if not entries:
+    if not entries or not is_capstone(backend):  # (ARM32 code: the capstone backend decodes it)
         return {}
-    explorer.traverse(starts, noret)  # type: ignore[attr-defined]
-    decided: dict[int, bool] = backend.decoded_thumb  # type: ignore[attr-defined]
-    thumb: set[int] = backend.thumb  # type: ignore[attr-defined]
+    explorer.traverse(starts, noret)
+    decided: dict[int, bool] = backend.decoded_thumb
+    thumb: set[int] = backend.thumb
     votes = [decided[e.start] for e in entries if e.start in decided]
     prior = 2 * sum(votes) >= len(votes) if votes else bool(image.identity.entry & 1)
     order = "<" if image.code_endian == "little" else ">"
-    md = backend.md  # type: ignore[attr-defined]
+    md = backend.md
     added = {}
     for e in entries:
         va = e.start & ~1
         if va not in decided:
             data = image.read(va, 16) or b""
-            state = guess_state(data, lambda t, data=data, va=va: decodes(md(t), data, va), order)
+
+            def valid(thumb: bool, data: bytes = data, va: int = va) -> int:
+                return decodes(md(thumb), data, va)
+
+            state = guess_state(data, valid, order)
             if state is None:
                 state = prior
             if state:

@@ -2,27 +2,32 @@
 
 from __future__ import annotations
 
+from binlens.analysis.arch.profiles import profile
 from binlens.analysis.codemap import CodeMap
+from binlens.analysis.decode.backend import Backend, is_capstone
 from binlens.loader.image import Image
 
 
 class Seeds:
     """Function starts with their sources, normalised (Thumb bit) and limited to code."""
 
-    def __init__(self, image: Image, codemap: CodeMap, backend: object) -> None:
+    def __init__(self, image: Image, codemap: CodeMap, backend: Backend) -> None:
         self.codemap = codemap
-        self.backend = backend
-        self.arm = image.identity.arch == "arm"
+        # ARM32: bit 0 of a code address names Thumb state; the backend's set of Thumb starts
+        self.thumb: set[int] | None = None
+        if profile(image.identity.arch).thumb_bit and is_capstone(backend):
+            self.thumb = backend.thumb
+        self.arm = self.thumb is not None
         self.starts: dict[int, frozenset[str]] = {}
-        if self.arm:  # Thumb code the format marks elsewhere than in bit 0 (Mach-O N_ARM_THUMB_DEF symbols)
-            backend.thumb.update(va & ~1 for va in image.function_hints.get("thumb", []))  # type: ignore[attr-defined]
+        if self.thumb is not None:  # Thumb code marked elsewhere than in bit 0 (Mach-O N_ARM_THUMB_DEF symbols)
+            self.thumb.update(va & ~1 for va in image.function_hints.get("thumb", []))
 
     def add(self, va: int, source: str) -> int | None:
         """Note `source` for the start at `va` (ARM: bit 0 names Thumb code); its address, or None
         when `va` is not in code."""
-        if self.arm and va & 1:
+        if self.thumb is not None and va & 1:
             va &= ~1
-            self.backend.thumb.add(va)  # type: ignore[attr-defined]
+            self.thumb.add(va)
         if not self.codemap.contains(va):
             return None
         self.starts[va] = with_source(self.starts.get(va), source)

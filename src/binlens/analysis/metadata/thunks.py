@@ -15,7 +15,9 @@ from __future__ import annotations
 import bisect
 import re
 import struct
+from typing import Literal
 
+from binlens.analysis.arch.profiles import profile
 from binlens.analysis.codemap import CodeMap
 from binlens.loader.image import Image
 
@@ -44,11 +46,12 @@ def find_thunks(image: Image, codemap: CodeMap) -> dict[int, str]:
     if not by_slot:
         return {}
     arch = image.identity.arch
+    x86 = profile(arch).x86
     out: dict[int, str] = {}
     fmt = image.identity.format
     for r in codemap.regions:
         stubby = _is_stub_section(r.name)
-        if arch in ("x86-64", "x86") and (stubby or fmt == "PE"):
+        if x86 and (stubby or fmt == "PE"):
             _x86_thunks(image, r.va, r.data, by_slot, out)
         elif stubby and arch in _ELF_PLT:
             _ELF_PLT[arch](image, r.va, r.data, by_slot, out)
@@ -57,7 +60,7 @@ def find_thunks(image: Image, codemap: CodeMap) -> dict[int, str]:
         for s in image.sections:
             if _is_stub_section(s.name) and s.kind == "code" and not any(r.va == s.va for r in codemap.regions):
                 data = bytes(image.data[s.offset : s.offset + s.fsize])
-                if arch in ("x86-64", "x86"):
+                if x86:
                     _x86_thunks(image, s.va, data, by_slot, out)
                 elif arch in _ELF_PLT:
                     _ELF_PLT[arch](image, s.va, data, by_slot, out)
@@ -198,7 +201,8 @@ def mips_stubs(image: Image, codemap: CodeMap) -> dict[int, str]:
         word = image.read(imp.stub, 4)
         if word is None or len(word) < 4:
             continue
-        w = int.from_bytes(word, image.identity.endian)  # type: ignore[arg-type]
+        order: Literal["little", "big"] = "big" if image.identity.endian == "big" else "little"
+        w = int.from_bytes(word, order)
         if w in (0x8F998010, 0xDF998010) or w >> 16 == 0x3C0F:
             out.setdefault(imp.stub, imp.name)
     return out

@@ -8,9 +8,11 @@ from array import array
 from collections.abc import Iterable
 from itertools import chain
 
+from binlens.analysis.arch.profiles import profile
 from binlens.analysis.codemap import CodeMap
-from binlens.analysis.discovery.explorer import Body, Explorer
-from binlens.analysis.model import XREF_KINDS, FoundString, Refs, pairs
+from binlens.analysis.decode.backend import Backend
+from binlens.analysis.discovery.explorer import Explorer
+from binlens.analysis.model import XREF_KINDS, Body, FoundString, Refs, edge_triples, pairs
 from binlens.analysis.native.kernels import native
 from binlens.analysis.refs.strings import is_data_section, readable_size
 from binlens.loader.image import Image
@@ -30,7 +32,7 @@ _WORDS = 1 << 14  # data words unpacked at a time by `pointers_in_data`
 def collect_refs(
     image: Image,
     codemap: CodeMap,
-    backend: object,
+    backend: Backend,
     explorer: Explorer,
     bodies: dict[int, Body],
     strings: list[FoundString] | set[int],
@@ -49,7 +51,7 @@ def collect_refs(
     add_src, add_dst, add_kind = src.append, dst.append, kind.append
     b = backend
     bisect_right = bisect.bisect_right
-    for s, d, k in zip(b.x_src, b.x_dst, b.x_kind, strict=False):  # type: ignore[attr-defined]
+    for s, d, k in zip(b.x_src, b.x_dst, b.x_kind, strict=False):
         i = bisect_right(reached, s) - 1
         if i >= 0 and s < chunks[reached[i]][0]:
             add_src(s)
@@ -64,8 +66,7 @@ def collect_refs(
             add_src(site)
             add_dst(callee)
             add_kind(_TAIL_CALL)
-        it = iter(body.edges)
-        for s, d, edge in zip(it, it, it, strict=True):
+        for s, d, edge in edge_triples(body.edges or []):
             if edge == "jump" or edge == "conditional_taken":
                 add_src(chunks[s][3])
                 add_dst(d)
@@ -83,7 +84,7 @@ def collect_refs(
     del reached
     str_starts = strings if isinstance(strings, set) else {s.address for s in strings}
     if data:
-        thumb_bit = 1 if image.identity.arch == "arm" else 0
+        thumb_bit = profile(image.identity.arch).thumb_bit
         for at, d in _code_and_string_pointers(image, codemap, str_starts):
             if d & thumb_bit and codemap.contains(d):
                 d &= ~1  # a pointer to Thumb code names the instruction (the function's start) at the even address
@@ -138,9 +139,17 @@ def _order(refs: Refs, str_starts: set[int]) -> None:
 def data_pointer_words(image: Image, codemap: CodeMap) -> array:
     """`pointers_in_data(image, codemap, set())` as the flat words it is kept in: (data address,
     code address) pairs, by address."""
-    if codemap.data_pointers is None:
-        pointers_in_data(image, codemap, set())
-    return codemap.data_pointers  # type: ignore[return-value]
+    words = codemap.data_pointers
+    if words is None:  # (computed once: the same words each time)
+        found = _pointers(image, codemap, set(), True)
+        # kept flat and packed, made without a list of pairs (gcc's cc1: 246k pointers, 29 MiB as a
+        # list of pairs, 3.8 MiB as words)
+        words = array("Q")
+        for at in sorted(found):
+            words.append(at)
+            words.append(found[at])
+        codemap.data_pointers = words
+    return words
 
 
 def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int], code: bool = True) -> Iterable[tuple[int, int]]:
@@ -152,21 +161,9 @@ def pointers_in_data(image: Image, codemap: CodeMap, targets: set[int], code: bo
     where a relocation puts one: there the other words are numbers (`1000000` is not a pointer to
     0xf4240), and only the words at relocations count.
     """
-    if not code:
-        return sorted(_pointers(image, codemap, targets, code).items())
-    if not targets and codemap.data_pointers is not None:
-        return pairs(codemap.data_pointers)  # (computed once: the same words each time)
-    found = _pointers(image, codemap, targets, code)
-    if targets:
-        return sorted(found.items())
-    # kept flat and packed, made without a list of pairs (gcc's cc1: 246k pointers, 29 MiB as a list
-    # of pairs, 3.8 MiB as words)
-    words = array("Q")
-    for at in sorted(found):
-        words.append(at)
-        words.append(found[at])
-    codemap.data_pointers = words
-    return pairs(words)
+    if code and not targets:
+        return pairs(data_pointer_words(image, codemap))
+    return sorted(_pointers(image, codemap, targets, code).items())
 
 
 def _pointers(image: Image, codemap: CodeMap, targets: set[int], code: bool) -> dict[int, int]:

@@ -23,17 +23,25 @@ the jump unresolved.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import capstone as cs
 from capstone import arm64 as a64
 
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.switches import common as jt
 
+if TYPE_CHECKING:
+    from capstone.arm64 import Arm64Op
+
+    from binlens.analysis.decode.capstone_backend import CapstoneBackend
+
 _MAX_MASK = 256  # `and` with a mask of at most this many values bounds a table
 _MAX_CHUNKS = 8  # earlier chunks evaluated before the jump's own slice
 _MASK = (1 << 64) - 1
 _ZR = "zr"
 _SP, _FP = 31, 29
+RegKey = int | str  # a register as `_State.key` names it: its number, or its name (the zero register, others)
 _CLOBBERED_BY_CALL = (*range(19), 30)
 _COMPARES = ("cmp", "cmn", "tst", "ccmp", "ccmn", "fcmp", "fcmpe", "fccmp", "fccmpe")
 _EXT_BITS = {
@@ -63,7 +71,7 @@ Value = tuple
 
 
 def a64_jump_table_targets(
-    backend: object, codemap: CodeMap, slice_start: int, jump_va: int, earlier: jt.Chunks = ()
+    backend: CapstoneBackend, codemap: CodeMap, slice_start: int, jump_va: int, earlier: jt.Chunks = ()
 ) -> jt.Resolution:
     """Case targets of the AArch64 `br` at `jump_va`, the table address (0 when none), and whether a
     bound check guards it. Only complete, bounded dispatches resolve; otherwise `([], 0, True)`."""
@@ -128,8 +136,8 @@ class _State:
 
     def __init__(self, md: cs.Cs) -> None:
         self.md = md
-        self.regs: dict[object, Value] = {}
-        self.slots: dict[tuple[object, int, int], Value] = {}
+        self.regs: dict[RegKey, Value] = {}
+        self.slots: dict[tuple[RegKey, int, int], Value] = {}
         self.flags: tuple[Value, int] | None = None
         self.bounds: dict[Value, int] = {}
         self._next = 0
@@ -139,7 +147,7 @@ class _State:
         self._next += 1
         return ("v", self._next)
 
-    def key(self, reg: int) -> object:
+    def key(self, reg: int) -> RegKey:
         """Canonical register: w8 and x8 are one register; sp/wsp 31; the zero register apart."""
         name = self.md.reg_name(reg) or ""
         if name in ("xzr", "wzr"):
@@ -230,15 +238,15 @@ class _State:
             count = n + 1 if side == "le" else n
             self.bounds[value] = min(count, self.bounds.get(value, count))
 
-    def _operand_constant(self, op: object) -> int | None:
+    def _operand_constant(self, op: Arm64Op) -> int | None:
         """The value of an immediate (with its `lsl #12`) or of a register holding a constant."""
-        if op.type == a64.ARM64_OP_IMM:  # type: ignore[attr-defined]
-            imm = op.imm  # type: ignore[attr-defined]
-            if op.shift.type == a64.ARM64_SFT_LSL:  # type: ignore[attr-defined]
-                imm <<= op.shift.value  # type: ignore[attr-defined]
+        if op.type == a64.ARM64_OP_IMM:
+            imm = op.imm
+            if op.shift.type == a64.ARM64_SFT_LSL:
+                imm <<= op.shift.value
             return imm if imm >= 0 else None
-        if op.type == a64.ARM64_OP_REG and op.shift.type == 0 and op.ext == 0:  # type: ignore[attr-defined]
-            v = self.read(op.reg)  # type: ignore[attr-defined]
+        if op.type == a64.ARM64_OP_REG and op.shift.type == 0 and op.ext == 0:
+            v = self.read(op.reg)
             return v[1] if v[0] == "c" and v[1] >= 0 else None
         return None
 

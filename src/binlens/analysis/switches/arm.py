@@ -33,12 +33,20 @@ and a compare of that same index bounds it; anything else leaves the jump unreso
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Literal
+
 import capstone as cs
 from capstone import arm
 
 from binlens.analysis.codemap import BODY, CodeMap
 from binlens.analysis.switches import common as jt
 from binlens.analysis.switches.tables import writable
+
+if TYPE_CHECKING:
+    from capstone.arm import ArmOp, ArmOpMem
+
+    from binlens.analysis.decode.capstone_backend import CapstoneBackend
+    from binlens.loader.image import Image
 
 _MAX_CHUNKS = 8  # earlier chunks evaluated before the jump's own slice
 _MAX_MASK = 256  # `and` with a mask of at most this many values bounds a table
@@ -70,13 +78,13 @@ Value = tuple
 
 
 def arm_jump_table_targets(
-    backend: object, codemap: CodeMap, slice_start: int, jump_va: int, earlier: jt.Chunks = ()
+    backend: CapstoneBackend, codemap: CodeMap, slice_start: int, jump_va: int, earlier: jt.Chunks = ()
 ) -> jt.Resolution:
     """Case targets of the ARM/Thumb indirect jump at `jump_va`, the table address (0 when none),
     and whether a bound check guards it. Only complete, bounded dispatches resolve; otherwise
     `([], 0, True)`. Thumb case targets are added to the backend's Thumb set; a table inside code
     (tbb/tbh, the words after `ldr pc`/`add pc`) is marked in the code map, so it is never decoded."""
-    thumb = jump_va in backend.thumb or slice_start in backend.thumb  # type: ignore[attr-defined]
+    thumb = jump_va in backend.thumb or slice_start in backend.thumb
     image, md, own = jt.jump_slice(backend, slice_start, jump_va, thumb)
     if not own or own[-1].address != jump_va:
         return jt.NONE
@@ -117,7 +125,7 @@ def arm_jump_table_targets(
             continue  # only targets in code next to the jump
         read += 1
         if to_thumb:
-            backend.thumb.add(t)  # type: ignore[attr-defined]
+            backend.thumb.add(t)
         targets.append(t)
     if not entries:
         return list(dict.fromkeys(targets)), 0, True  # the slots are code, nothing is read
@@ -125,7 +133,7 @@ def arm_jump_table_targets(
     return list(dict.fromkeys(targets)), table, True
 
 
-def _evaluate(image: object, thumb: bool, insns: list[cs.CsInsn]) -> tuple[tuple, bool] | None:
+def _evaluate(image: Image, thumb: bool, insns: list[cs.CsInsn]) -> tuple[tuple, bool] | None:
     """The table behind the path `insns` (ending at the jump) and whether its targets interwork."""
     state = _State(image, thumb, _known_false(insns))
     for k, ins in enumerate(insns[:-1]):
@@ -270,7 +278,7 @@ def _known_false(insns: list[cs.CsInsn]) -> list[frozenset[int]]:
 class _State:
     """Registers, stack slots and the bounds learnt along one path."""
 
-    def __init__(self, image: object, thumb: bool, known_false: list[frozenset[int]]) -> None:
+    def __init__(self, image: Image, thumb: bool, known_false: list[frozenset[int]]) -> None:
         self.image = image
         self.thumb = thumb
         self.known_false = known_false
@@ -365,12 +373,12 @@ class _State:
             return
         self.bounds[value] = min(count, self.bounds.get(value, count))
 
-    def _constant(self, op: object) -> int | None:
+    def _constant(self, op: ArmOp) -> int | None:
         """The value of an immediate or of a register holding a constant (unshifted)."""
-        if op.type == arm.ARM_OP_IMM:  # type: ignore[attr-defined]
-            return op.imm & _MASK  # type: ignore[attr-defined]
-        if op.type == arm.ARM_OP_REG and op.shift.type == 0:  # type: ignore[attr-defined]
-            v = self.read(op.reg)  # type: ignore[attr-defined]
+        if op.type == arm.ARM_OP_IMM:
+            return op.imm & _MASK
+        if op.type == arm.ARM_OP_REG and op.shift.type == 0:
+            v = self.read(op.reg)
             return v[1] if v[0] == "c" else None
         return None
 
@@ -436,17 +444,17 @@ class _State:
         """The base of `adr` and literal loads: Align(pc, 4)."""
         return (self._at + (4 if self.thumb else 8)) & ~3
 
-    def _sum(self, add: bool, a: Value, op: object) -> Value:
-        if op.type == arm.ARM_OP_IMM:  # type: ignore[attr-defined]
+    def _sum(self, add: bool, a: Value, op: ArmOp) -> Value:
+        if op.type == arm.ARM_OP_IMM:
             if a[0] != "c":
                 return self.fresh()
-            imm = op.imm  # type: ignore[attr-defined]
+            imm = op.imm
             return ("c", (a[1] + imm if add else a[1] - imm) & _MASK)
-        if op.type != arm.ARM_OP_REG or not add:  # type: ignore[attr-defined]
+        if op.type != arm.ARM_OP_REG or not add:
             return self.fresh()
-        b = self.read(op.reg)  # type: ignore[attr-defined]
-        shift = op.shift.value if op.shift.type == arm.ARM_SFT_LSL else 0  # type: ignore[attr-defined]
-        if op.shift.type not in (0, arm.ARM_SFT_LSL) or shift > 4:  # type: ignore[attr-defined]
+        b = self.read(op.reg)
+        shift = op.shift.value if op.shift.type == arm.ARM_SFT_LSL else 0
+        if op.shift.type not in (0, arm.ARM_SFT_LSL) or shift > 4:
             return self.fresh()
         if a[0] == "c" and b[0] == "c":
             return ("c", (a[1] + (b[1] << shift)) & _MASK)
@@ -469,30 +477,31 @@ class _State:
         size, signed = _LOADS[ins.id]
         self.write(dst, self._loaded(ops[1], mem, size, signed))
 
-    def _loaded(self, op: object, mem: object, size: int, signed: bool) -> Value | None:
+    def _loaded(self, op: ArmOp, mem: ArmOpMem, size: int, signed: bool) -> Value | None:
         """The value a load from `mem` gives (None: unknown)."""
         log2 = {1: 0, 2: 1, 4: 2}[size]
-        if mem.index:  # type: ignore[attr-defined]
-            table, index = self.read(mem.base), self.read(mem.index)  # type: ignore[attr-defined]
-            scale = op.shift.value if op.shift.type == arm.ARM_SFT_LSL else 0  # type: ignore[attr-defined]
-            if mem.disp or op.subtracted or op.shift.type not in (0, arm.ARM_SFT_LSL):  # type: ignore[attr-defined]
+        if mem.index:
+            table, index = self.read(mem.base), self.read(mem.index)
+            scale = op.shift.value if op.shift.type == arm.ARM_SFT_LSL else 0
+            if mem.disp or op.subtracted or op.shift.type not in (0, arm.ARM_SFT_LSL):
                 return None
             if scale == 0 and index[0] == "c" and table[0] == "x":
                 table, index = index, table  # `ldr rE, [rI << s, rT]`
             if scale == 0 and index[0] == "x":
                 index, scale = index[1], index[2]
             return ("e", table[1], size, signed, index) if table[0] == "c" and scale == log2 else None
-        base = self.read(mem.base)  # type: ignore[attr-defined]
-        if base[0] == "t" and base[2][0] == "v" and base[3] == log2 and not mem.disp:  # type: ignore[attr-defined]
+        base = self.read(mem.base)
+        if base[0] == "t" and base[2][0] == "v" and base[3] == log2 and not mem.disp:
             return ("e", base[1], size, signed, base[2])  # `add rA, rT, rI, lsl #s; ldr rE, [rA]`
-        if mem.base == _PC and size == 4:  # type: ignore[attr-defined]
-            va = self._aligned_pc() + mem.disp  # type: ignore[attr-defined]
-            raw = self.image.read(va, 4)  # type: ignore[attr-defined]
+        if mem.base == _PC and size == 4:
+            va = self._aligned_pc() + mem.disp
+            raw = self.image.read(va, 4)
             if raw is None or len(raw) < 4 or writable(self.image, va):
                 return None
-            return ("c", int.from_bytes(raw, self.image.identity.endian))  # type: ignore[attr-defined]
-        if mem.base in _FRAMES and size == 4:  # type: ignore[attr-defined]
-            key = (mem.base, mem.disp, 4)  # type: ignore[attr-defined]
+            order: Literal["little", "big"] = "big" if self.image.identity.endian == "big" else "little"
+            return ("c", int.from_bytes(raw, order))
+        if mem.base in _FRAMES and size == 4:
+            key = (mem.base, mem.disp, 4)
             value = self.slots.get(key)
             if value is None:
                 value = self.slots[key] = self.fresh()

@@ -12,10 +12,13 @@ the table as the case targets of the function's unresolved indirect jumps (`Expl
 from __future__ import annotations
 
 import bisect
+from collections.abc import Mapping, Set
 
+from binlens.analysis.arch.profiles import profile
 from binlens.analysis.codemap import CodeMap
-from binlens.analysis.discovery.explorer import Body, Explorer
-from binlens.analysis.model import XREF_KINDS
+from binlens.analysis.decode.backend import Backend, is_capstone
+from binlens.analysis.discovery.explorer import Explorer
+from binlens.analysis.model import XREF_KINDS, Body
 from binlens.analysis.refs.xrefs import data_pointer_words, pointers_in_data
 from binlens.loader.image import Image
 
@@ -29,9 +32,9 @@ def goto_tables(
     image: Image,
     codemap: CodeMap,
     explorer: Explorer,
-    backend: object,
+    backend: Backend,
     bodies: dict[int, Body],
-    starts: dict[int, set[str]],
+    starts: Mapping[int, Set[str]],
 ) -> tuple[set[int], list[tuple[int, int, list[int]]]]:
     """(labels to drop as starts, [(function, end of its range, label addresses)]) of the computed-goto
     tables: a run of at least `MIN_ENTRIES` consecutive code pointers in data whose first word's
@@ -44,7 +47,7 @@ def goto_tables(
     if not guessed or not explorer.unresolved:
         return set(), []
     ptr = 8 if image.identity.bits == 64 else 4
-    thumb_bit = 1 if image.identity.arch == "arm" else 0
+    thumb_bit = profile(image.identity.arch).thumb_bit
     # A table begins at a word whose address something takes: code (directly, or by loading it from
     # a data word holding it), or at least such a word (a GOT slot: the PowerPC PIC load `lwz r9,
     # off(r30)` chunks after r30 was set is followed by no pair evaluation); it runs on over the
@@ -66,7 +69,7 @@ def goto_tables(
     takers: dict[int, list[int]] = {t: [] for t in holder.values()}
     holder = {src: dst for src, dst in holder.items() if not is_word(src)}  # (a word holds itself)
     through = {XREF_KINDS.index("call"), XREF_KINDS.index("jump")}  # a call through a GOT slot takes no table
-    xs = zip(backend.x_src, backend.x_dst, backend.x_kind, strict=True)  # type: ignore[attr-defined]
+    xs = zip(backend.x_src, backend.x_dst, backend.x_kind, strict=True)
     for src, dst, kind in xs:
         table = dst if dst in firsts else holder.get(dst)
         if table is not None and kind not in through:
@@ -92,7 +95,13 @@ def goto_tables(
         if i < 0 or trusted[i] == targets[0]:
             continue
         f = trusted[i]
-        end = trusted[i + 1] if i + 1 < len(trusted) else codemap.region(f).end  # type: ignore[union-attr]
+        if i + 1 < len(trusted):
+            end = trusted[i + 1]
+        else:
+            region = codemap.region(f)
+            if region is None:
+                continue  # (a start outside code: no range to hold labels)
+            end = region.end
         if targets[-1] >= end or not all(f <= s < end for s in srcs):
             continue  # labels past the function, or code elsewhere takes the table (function pointers)
         k = bisect.bisect_left(jumps, f)
@@ -101,8 +110,8 @@ def goto_tables(
         labels = guessed.intersection(targets)
         if not labels or sum(bodies[t].has_ret for t in labels if t in bodies) * 4 > len(labels):
             continue  # (handlers a tail-called table dispatches to return; a label's code jumps on)
-        if thumb_bit:  # ARM32: labels already decoded in another state than their function's stay so
-            state = backend.decoded_thumb  # type: ignore[attr-defined]
+        if thumb_bit and is_capstone(backend):  # ARM32: labels decoded in another state than their function's stay so
+            state = backend.decoded_thumb
             if any(state.get(t, state.get(f)) != state.get(f) for t in targets):
                 continue  # (gcc stores Thumb labels without bit 0: a data pointer names the ARM state)
         drop.update(labels)

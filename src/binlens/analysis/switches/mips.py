@@ -31,6 +31,7 @@ Anything else leaves the jump unresolved.
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING
 
 import capstone as cs
 from capstone import mips as mp
@@ -38,6 +39,10 @@ from capstone import mips as mp
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.switches import common as jt
 from binlens.analysis.switches.tables import writable
+
+if TYPE_CHECKING:
+    from binlens.analysis.decode.capstone_backend import CapstoneBackend
+    from binlens.loader.image import Image
 
 _MAX_CHUNKS = 8  # earlier chunks evaluated before the jump's own slice
 _GP_BIAS = 0x7FF0  # _gp lies this far past the start of the GOT
@@ -71,7 +76,7 @@ Value = tuple
 
 
 def mips_jump_table_targets(
-    backend: object, codemap: CodeMap, slice_start: int, jump_va: int, earlier: jt.Chunks = ()
+    backend: CapstoneBackend, codemap: CodeMap, slice_start: int, jump_va: int, earlier: jt.Chunks = ()
 ) -> jt.Resolution:
     """Case targets of the MIPS `jr` at `jump_va`, the table address (0 when none), and whether a
     bound check guards it. Only complete, bounded dispatches resolve; otherwise `([], 0, True)`."""
@@ -111,26 +116,35 @@ def mips_jump_table_targets(
     return targets, table, True
 
 
-def gp_value(backend: object, image: object) -> int | None:
-    """The image's `_gp` (cached on the backend): `PT_MIPS_REGINFO`'s ri_gp_value, else the `_gp`
-    symbol, else the `.got` section's address + 0x7ff0; None when none is known."""
-    cached = getattr(backend, "_mips_gp", 0)
-    if cached != 0:
-        return cached
+def gp_value(backend: CapstoneBackend, image: Image) -> int | None:
+    """The `_gp` of `image` (the backend's; worked out once per backend): `PT_MIPS_REGINFO`'s
+    ri_gp_value, else the `_gp` symbol, else the `.got` section's address + 0x7ff0; None when none
+    is known."""
+    return _GP.get(backend)
+
+
+def _image_gp(image: Image) -> int | None:
+    """`gp_value` of `image`."""
     gp = _reginfo_gp(image)
     if gp is None:
-        gp = next((s.address for s in image.symbols if s.name == "_gp"), None)  # type: ignore[attr-defined]
+        gp = next((s.address for s in image.symbols if s.name == "_gp"), None)
     if gp is None:
-        got = next((s for s in image.sections if s.name == ".got"), None)  # type: ignore[attr-defined]
+        got = next((s for s in image.sections if s.name == ".got"), None)
         gp = got.va + _GP_BIAS if got is not None else None
-    backend._mips_gp = gp  # type: ignore[attr-defined]
     return gp
 
 
-def _reginfo_gp(image: object) -> int | None:
+def _backend_gp(backend: CapstoneBackend) -> int | None:
+    return _image_gp(backend.image)
+
+
+_GP = jt.PerBackend(_backend_gp)
+
+
+def _reginfo_gp(image: Image) -> int | None:
     """ri_gp_value of the ELF's `PT_MIPS_REGINFO` segment (o32/n32 objects carry one)."""
-    data = image.data  # type: ignore[attr-defined]
-    if image.identity.format != "ELF" or len(data) < 52 or data[:4] != b"\x7fELF":  # type: ignore[attr-defined]
+    data = image.data
+    if image.identity.format != "ELF" or len(data) < 52 or data[:4] != b"\x7fELF":
         return None
     e = "<" if data[5] == 1 else ">"
     if data[4] == 1:
@@ -157,10 +171,28 @@ def _reginfo_gp(image: object) -> int | None:
 _REG_NAMES: dict[int, str] = {}  # capstone MIPS register id -> name (the same in every MIPS mode)
 
 
+def reg_name(md: cs.Cs, reg: int) -> str:
+    """The name of MIPS register `reg` (capstone's id) as `md` prints it."""
+    k = _REG_NAMES.get(reg)
+    if k is None:  # (a ctypes call each time otherwise: 400k of them on sqlite3 -O0's address pairs)
+        k = _REG_NAMES[reg] = md.reg_name(reg) or str(reg)
+    return k
+
+
+def word(v: int, wide: bool, bits: int) -> int:
+    """`v` as a register of `bits` holds the result of an operation: 32-bit operations (not `wide`)
+    sign-extend on MIPS64."""
+    mask = (1 << bits) - 1
+    if wide or bits == 32:
+        return v & mask
+    v &= 0xFFFFFFFF
+    return (v - (1 << 32) if v >> 31 else v) & mask
+
+
 class MipsState:
     """Registers, stack slots, the pending branch and the bounds learnt along one path."""
 
-    def __init__(self, md: cs.Cs, image: object, gp: int | None, bits: int) -> None:
+    def __init__(self, md: cs.Cs, image: Image, gp: int | None, bits: int) -> None:
         self.md = md
         self.image = image
         self.gp = gp
@@ -185,10 +217,9 @@ class MipsState:
         return ("v", self._next)
 
     def name(self, reg: int) -> str:
-        k = _REG_NAMES.get(reg)
-        if k is None:  # (a ctypes call each time otherwise: 400k of them on sqlite3 -O0's address pairs)
-            k = _REG_NAMES[reg] = self.md.reg_name(reg) or str(reg)
-        return k
+        """The name of register `reg` (capstone's id)."""
+        k = _REG_NAMES.get(reg)  # (`reg_name`'s cache, read here first: this runs for every operand)
+        return k if k is not None else reg_name(self.md, reg)
 
     def read(self, reg: int) -> Value:
         k = self.name(reg)
@@ -214,7 +245,8 @@ class MipsState:
             self.slots = {s: v for s, v in self.slots.items() if s[0] != k}
 
     def _word(self, v: int, wide: bool) -> int:
-        """A result as the register holds it: 32-bit operations sign-extend on MIPS64."""
+        """A result as the register holds it: 32-bit operations sign-extend on MIPS64 (`word`,
+        written out here: it runs for most instructions evaluated)."""
         if wide or self.bits == 32:
             return v & self.mask
         v &= 0xFFFFFFFF
@@ -426,12 +458,12 @@ class MipsState:
     def _constant_word(self, addr: int, size: int) -> int | None:
         """A pointer read from the GOT (around _gp) or from read-only memory; None otherwise."""
         in_got = self.gp is not None and self.gp - _GP_BIAS <= addr < self.gp + 0x8000
-        if not in_got and (not self.image.is_mapped(addr) or writable(self.image, addr)):  # type: ignore[attr-defined]
+        if not in_got and (not self.image.is_mapped(addr) or writable(self.image, addr)):
             return None
-        raw = self.image.read(addr, size)  # type: ignore[attr-defined]
+        raw = self.image.read(addr, size)
         if raw is None or len(raw) < size:
             return None
-        e = "<" if self.image.identity.endian == "little" else ">"  # type: ignore[attr-defined]
+        e = "<" if self.image.identity.endian == "little" else ">"
         return struct.unpack(e + ("I" if size == 4 else "Q"), raw)[0]
 
     def _store(self, m: str, ops: list) -> None:

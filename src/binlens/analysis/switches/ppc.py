@@ -19,13 +19,20 @@ from __future__ import annotations
 
 import bisect
 import struct
+from typing import TYPE_CHECKING
 
 import capstone as cs
 
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.metadata.ehframe import parse_eh_frame
-from binlens.analysis.switches.common import Chunks, Resolution
-from binlens.analysis.switches.symbolic import NEGATE, State, Value, resolve
+from binlens.analysis.switches.common import Chunks, PerBackend, Resolution
+from binlens.analysis.switches.symbolic import NEGATE, RelocMap, State, Value, resolve
+
+if TYPE_CHECKING:
+    from capstone.ppc import PpcOp
+
+    from binlens.analysis.decode.capstone_backend import CapstoneBackend
+    from binlens.loader.image import Image
 
 _PROLOGUE = 128  # bytes of a function's start searched for the PIC register's setup
 
@@ -33,16 +40,16 @@ _PROLOGUE = 128  # bytes of a function's start searched for the PIC register's s
 _GEP_SCAN = 1 << 16  # bytes before a PPC64 jump searched for its function's global entry
 
 
-def toc_before(image: object, va: int, lowest: int) -> int | None:
+def toc_before(image: Image, va: int, lowest: int) -> int | None:
     """The PPC64 ELFv2 TOC pointer set by the nearest global entry point before `va`:
     `addis r2, r12, hi` (0x3c4c....) or, in executables, `lis r2, hi` (0x3c40....), followed by
     `addi r2, r2, lo` (0x3842....). Searched back to `lowest` (the code region's start)."""
     start = max(va - _GEP_SCAN, lowest)
     start += (va - start) & 3
-    data = image.read(start, va - start)  # type: ignore[attr-defined]
+    data = image.read(start, va - start)
     if not data:
         return None
-    endian = "<" if image.identity.endian == "little" else ">"  # type: ignore[attr-defined]
+    endian = "<" if image.identity.endian == "little" else ">"
     words = struct.unpack(f"{endian}{len(data) // 4}I", data[: len(data) // 4 * 4])
     for k in range(len(words) - 2, -1, -1):
         if words[k] >> 16 in (0x3C4C, 0x3C40) and words[k + 1] >> 16 == 0x3842:
@@ -54,15 +61,29 @@ def toc_before(image: object, va: int, lowest: int) -> int | None:
     return None
 
 
-def _function_start(backend: object, va: int) -> int | None:
-    """Start of the innermost FDE or FUNC symbol extent holding `va` (computed once per backend)."""
-    extents = getattr(backend, "_jt_extents", None)
-    if extents is None:
-        image = backend.image  # type: ignore[attr-defined]
-        spans = {(f.start, f.start + f.size) for f in parse_eh_frame(image) if f.entry and f.size}
-        spans |= {(s.address, s.address + s.size) for s in image.symbols if s.kind == "function" and s.size}
-        extents = sorted(spans)
-        backend._jt_extents = extents  # type: ignore[attr-defined]
+def _function_extents(image: Image) -> list[tuple[int, int]]:
+    """The (start, end) of every FDE and FUNC symbol extent, in order."""
+    spans = {(f.start, f.start + f.size) for f in parse_eh_frame(image) if f.entry and f.size}
+    spans |= {(s.address, s.address + s.size) for s in image.symbols if s.kind == "function" and s.size}
+    return sorted(spans)
+
+
+def _backend_extents(backend: CapstoneBackend) -> list[tuple[int, int]]:
+    return _function_extents(backend.image)
+
+
+def _no_pic_registers(_backend: CapstoneBackend) -> dict[int, Value | None]:
+    return {}
+
+
+# per backend: the function extents; the PIC register r30 by function start (None: not a constant)
+_EXTENTS = PerBackend(_backend_extents)
+_PIC = PerBackend(_no_pic_registers)
+
+
+def _function_start(backend: CapstoneBackend, va: int) -> int | None:
+    """Start of the innermost FDE or FUNC symbol extent holding `va`."""
+    extents = _EXTENTS.get(backend)
     k = bisect.bisect_right(extents, (va, 1 << 64))
     best = None
     for lo, hi in reversed(extents[max(0, k - 8) : k]):
@@ -75,16 +96,16 @@ _PIC_SCAN = 1 << 14  # bytes before a PowerPC 32 jump searched for its function'
 _PIC_CALLS = (0x429F0005, 0x48000005)  # `bcl 20,31,.+4` (gcc), `bl .+4` (clang)
 
 
-def _pic_base_before(backend: object, va: int) -> int | None:
+def _pic_base_before(backend: CapstoneBackend, va: int) -> int | None:
     """The address of the nearest PIC base idiom (`bcl 20,31,1f` / `bl 1f` to the next instruction,
     then `mflr`) before `va`, within `_PIC_SCAN` bytes and the same code region: where the function
     of a jump whose extent is unknown (no FDE, no symbol) sets r30. PowerPC code is big-endian."""
-    region = backend.codemap.region(va)  # type: ignore[attr-defined]
+    region = backend.codemap.region(va)
     if region is None:
         return None
     start = max(va - _PIC_SCAN, region.va)
     start += (va - start) & 3
-    image = backend.image  # type: ignore[attr-defined]
+    image = backend.image
     data = image.read(start, va - start)
     if not data:
         return None
@@ -123,8 +144,8 @@ def ppc_base(m: str) -> tuple[str, bool, bool]:
 class PpcState(State):
     FRAME = ("r1", "r31")
 
-    def __init__(self, image: object) -> None:
-        super().__init__(image)
+    def __init__(self, image: Image, relocs: RelocMap | None = None) -> None:
+        super().__init__(image, relocs)
         self.cr: dict[str, tuple[Value, int, bool] | None] = {}
 
     @staticmethod
@@ -144,7 +165,7 @@ class PpcState(State):
         base, _update, indexed = ppc_base(m)
         return indexed and m.startswith("l") and base in _PPC_LOADS
 
-    def seed(self, backend: object, jump_va: int) -> None:
+    def seed(self, backend: CapstoneBackend, jump_va: int) -> None:
         """Registers set once at the start of the function holding the jump that hold throughout it,
         so the walked path need not reach the prologue:
 
@@ -156,7 +177,7 @@ class PpcState(State):
           .TOC.-gep@ha; addi r2, r2, .TOC.-gep@l`, r12 = the entry): kept fixed for the whole walk
           (the TOC is the module's, restored after calls)."""
         if self.ptr_size == 8:
-            region = backend.codemap.region(jump_va)  # type: ignore[attr-defined]
+            region = backend.codemap.region(jump_va)
             toc = toc_before(self.image, jump_va, region.va if region is not None else jump_va)
             if toc is not None:
                 self.regs["r2"] = self.const(toc)
@@ -168,17 +189,18 @@ class PpcState(State):
             if start is None:
                 return
             self.strict = True  # r30 from a scan: every entry must land on code near the jump
-        cache = backend.__dict__.setdefault("_jt_pic", {})
+        cache = _PIC.get(backend)
         if start not in cache:
             cache[start] = self._pic_register(backend, start, jump_va)
-        if cache[start] is not None:
-            self.regs["r30"] = cache[start]
+        r30 = cache[start]
+        if r30 is not None:
+            self.regs["r30"] = r30
 
-    def _pic_register(self, backend: object, start: int, jump_va: int) -> Value | None:
+    def _pic_register(self, backend: CapstoneBackend, start: int, jump_va: int) -> Value | None:
         """r30 after the straight-line start of the function at `start` when it is a constant there."""
         image = self.image
-        md = backend.md(False)  # type: ignore[attr-defined]
-        data = image.read(start, min(_PROLOGUE, jump_va - start))  # type: ignore[attr-defined]
+        md = backend.md(False)
+        data = image.read(start, min(_PROLOGUE, jump_va - start))
         if not data:
             return None
         prologue = PpcState(image)
@@ -197,8 +219,8 @@ class PpcState(State):
         """`bctr` jumps to the count register."""
         return self.read("ctr")
 
-    def _reg(self, ins: cs.CsInsn, op: object) -> str:
-        return ins.reg_name(op.reg)  # type: ignore[attr-defined]
+    def _reg(self, ins: cs.CsInsn, op: PpcOp) -> str:
+        return ins.reg_name(op.reg)
 
     def step(self, ins: cs.CsInsn, next_va: int) -> None:
         """Evaluate `ins`; `next_va` is the address executed after it on this path."""
@@ -428,7 +450,7 @@ class PpcState(State):
 
 
 def ppc_jump_table_targets(
-    backend: object, codemap: CodeMap, slice_start: int, jump_va: int, earlier: Chunks = ()
+    backend: CapstoneBackend, codemap: CodeMap, slice_start: int, jump_va: int, earlier: Chunks = ()
 ) -> Resolution:
     """Case targets of the PowerPC `bctr` at `jump_va`, the table address (0 when none), and whether
     a bound check guards it. Only complete, bounded dispatches resolve; otherwise `([], 0, True)`."""

@@ -3,8 +3,10 @@
 A resolver reads the table behind one indirect jump: given the backend, the code map, the
 start of the slice (the jump's chunk and the chunks that guard it) and the (chunk start, chunk
 end) pairs walked before it, it returns the case targets, the table's address (0 when none was
-read) and whether a bound check guards the jump. State a resolver keeps between calls (a MIPS
-`_gp`, a PowerPC TOC per function) lives in its module, keyed by the backend.
+read) and whether a bound check guards the jump. Each resolver takes the backend of its ISA
+(`CapstoneBackend`, `X86Backend`: the row's architecture decides which). State a resolver keeps
+between calls (the MIPS `_gp`, the PowerPC function extents and PIC registers) lives in its module,
+in a `common.PerBackend` keyed weakly by the backend.
 """
 
 from __future__ import annotations

@@ -17,11 +17,18 @@ The forward evaluation is `jumptable_eval.py`'s.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import capstone as cs
 
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.switches.common import Chunks, Resolution
 from binlens.analysis.switches.symbolic import NEGATE, State, Value, resolve
+
+if TYPE_CHECKING:
+    from capstone.riscv import RISCVOp
+
+    from binlens.analysis.decode.capstone_backend import CapstoneBackend
 
 RV_LOADS = {
     "lb": (1, True),
@@ -45,6 +52,23 @@ def _rv_is_jump(ins: cs.CsInsn) -> bool:
     return m == "jr" or (m == "jalr" and ins.op_str.startswith(("zero", "x0")))
 
 
+def reg_name(ins: cs.CsInsn, op: RISCVOp) -> str:
+    """The name of register operand `op` of `ins`, an alias (`fp`, `x8`, ...) by its ABI name."""
+    name = ins.reg_name(op.reg) or ""
+    return RV_ALIASES.get(name, name)
+
+
+def mem_operand(ins: cs.CsInsn, ops: list[RISCVOp]) -> tuple[str, int] | None:
+    """(base register, displacement) of `lw rd, d(rs)` or of capstone's compressed `c.lw rd, d, rs`."""
+    if len(ops) == 2 and ops[1].type == cs.CS_OP_MEM:
+        mem = ops[1].mem
+        name = ins.reg_name(mem.base) or ""
+        return RV_ALIASES.get(name, name), mem.disp
+    if len(ops) == 3 and ops[1].type == cs.CS_OP_IMM and ops[2].type == cs.CS_OP_REG:
+        return reg_name(ins, ops[2]), ops[1].imm
+    return None
+
+
 class RvState(State):
     FRAME = ("sp", "s0")
 
@@ -57,10 +81,6 @@ class RvState(State):
     def indexes(ins: cs.CsInsn) -> bool:
         """`add` (RISC-V has no indexed loads)."""
         return ins.mnemonic.removeprefix("c.") == "add"
-
-    def _reg(self, ins: cs.CsInsn, op: object) -> str:
-        name = ins.reg_name(op.reg) or ""  # type: ignore[attr-defined]
-        return RV_ALIASES.get(name, name)
 
     def read(self, reg: str) -> Value:
         """The register's value; `zero` reads 0."""
@@ -84,14 +104,14 @@ class RvState(State):
             return self.read(RV_ALIASES.get(ins.reg_name(mems[0].mem.base), ins.reg_name(mems[0].mem.base)))
         if not regs or any(imms):
             return self.fresh()
-        return self.read(self._reg(ins, regs[-1]))
+        return self.read(reg_name(ins, regs[-1]))
 
     def step(self, ins: cs.CsInsn, next_va: int) -> None:
         """Evaluate `ins`; `next_va` is the address executed after it on this path."""
         m = ins.mnemonic.removeprefix("c.")
         ops = ins.operands
         if m in ("jal", "jalr", "call"):
-            regs = [self._reg(ins, op) for op in ops if op.type == cs.CS_OP_REG]
+            regs = [reg_name(ins, op) for op in ops if op.type == cs.CS_OP_REG]
             if m == "jal" and regs[:1] == ["zero"] or m == "jalr" and regs[:1] == ["zero"]:
                 return
             self.memo = {}
@@ -114,7 +134,7 @@ class RvState(State):
             self.memo = {}
             self.slots = {}
         if not self._arith(ins, m, ops) and ops and ops[0].type == cs.CS_OP_REG:
-            self.write(self._reg(ins, ops[0]))
+            self.write(reg_name(ins, ops[0]))
 
     def _branch(self, ins: cs.CsInsn, m: str, ops: list, next_va: int) -> None:
         regs = [op for op in ops if op.type == cs.CS_OP_REG]
@@ -131,32 +151,22 @@ class RvState(State):
             holds = NEGATE[_RV_BRANCH[m]]
         else:
             return
-        a, b = self.read(self._reg(ins, regs[0])), self.read(self._reg(ins, regs[1]))
+        a, b = self.read(reg_name(ins, regs[0])), self.read(reg_name(ins, regs[1]))
         if b[0] == "c" and a[0] != "c":
             self.bound(a, holds, b[1], False)
         elif a[0] == "c" and b[0] != "c":
             self.bound(b, holds, a[1], True)
 
-    def _mem(self, ins: cs.CsInsn, ops: list) -> tuple[str, int] | None:
-        """(base register, displacement) of `lw rd, d(rs)` or of capstone's compressed `c.lw rd, d, rs`."""
-        if len(ops) == 2 and ops[1].type == cs.CS_OP_MEM:
-            mem = ops[1].mem
-            name = ins.reg_name(mem.base) or ""
-            return RV_ALIASES.get(name, name), mem.disp
-        if len(ops) == 3 and ops[1].type == cs.CS_OP_IMM and ops[2].type == cs.CS_OP_REG:
-            return self._reg(ins, ops[2]), ops[1].imm
-        return None
-
     def _load(self, ins: cs.CsInsn, m: str, ops: list) -> None:
         size, signed = RV_LOADS[m]
-        where = self._mem(ins, ops)
+        where = mem_operand(ins, ops)
         if where is None or not ops or ops[0].type != cs.CS_OP_REG:
             self.slots = {}
             for op in ops[:1]:
                 if op.type == cs.CS_OP_REG:
-                    self.write(self._reg(ins, op))
+                    self.write(reg_name(ins, op))
             return
-        dst = self._reg(ins, ops[0])
+        dst = reg_name(ins, ops[0])
         base, disp = where
         if self.frame_base(base):
             self.write(dst, self.slot_load(base, disp, size))
@@ -166,7 +176,7 @@ class RvState(State):
         self.write(dst, self.pointer_load(addr, size, signed))
 
     def _store(self, ins: cs.CsInsn, m: str, ops: list) -> None:
-        where = self._mem(ins, ops)
+        where = mem_operand(ins, ops)
         if where is None or not ops or ops[0].type != cs.CS_OP_REG:
             self.memo = {}  # a store may change what any pointer reads
             self.slots = {}
@@ -174,7 +184,7 @@ class RvState(State):
         base, disp = where
         if base != "sp":  # (the callee's own frame, below the caller's pointers: a spill changes none)
             self.memo = {}
-        src = self._reg(ins, ops[0])
+        src = reg_name(ins, ops[0])
         value = self.read(src) if not m.startswith("f") else None
         self.slot_store(base, disp, RV_STORES[m], value)
 
@@ -182,7 +192,7 @@ class RvState(State):
         """li/lui/auipc/addi/add/mv/slli/sext.w/zext.w (and compressed forms): False when not modelled."""
         if not ops or ops[0].type != cs.CS_OP_REG:
             return False
-        dst = self._reg(ins, ops[0])
+        dst = reg_name(ins, ops[0])
         n = len(ops)
         imm = ops[-1].imm if ops[-1].type == cs.CS_OP_IMM else None
         if m == "li" and n == 2 and imm is not None:
@@ -197,10 +207,10 @@ class RvState(State):
             self.write(dst, self.const(ins.address + (k - (1 << 32) if k >> 31 else k)))
             return True
         if m in ("zext.b", "zext.h") and n == 2 and ops[1].type == cs.CS_OP_REG:
-            self.write(dst, self.mask_low(self.read(self._reg(ins, ops[1])), 8 if m == "zext.b" else 16))
+            self.write(dst, self.mask_low(self.read(reg_name(ins, ops[1])), 8 if m == "zext.b" else 16))
             return True
         if m in ("mv", "sext.w", "zext.w") and n == 2 and ops[1].type == cs.CS_OP_REG:
-            v = self.read(self._reg(ins, ops[1]))
+            v = self.read(reg_name(ins, ops[1]))
             if m == "sext.w" and v[0] == "c":
                 k = v[1] & 0xFFFFFFFF
                 v = self.const(k - (1 << 32) if k >> 31 else k)
@@ -209,7 +219,8 @@ class RvState(State):
             elif m == "sext.w" and v[0] == "e" and v[2] == 4:
                 v = ("e", v[1], 4, True, v[4])
             elif m != "mv" and v[0] not in ("v", "d"):
-                v = None
+                self.write(dst)  # not an index: a new unknown
+                return True
             self.write(dst, v)
             return True
         # two-operand compressed forms: `c.addi rd, imm`, `c.add rd, rs`, `c.slli rd, imm`
@@ -219,7 +230,7 @@ class RvState(State):
                 self.write(dst, self.add(a, self.const(imm)))
                 return True
             if m == "add" and ops[1].type == cs.CS_OP_REG:
-                self.write(dst, self.add(a, self.read(self._reg(ins, ops[1]))))
+                self.write(dst, self.add(a, self.read(reg_name(ins, ops[1]))))
                 return True
             if m == "slli" and imm is not None:
                 self.write(dst, self.shift_left(a, imm))
@@ -230,7 +241,7 @@ class RvState(State):
             return False
         if n != 3 or ops[1].type != cs.CS_OP_REG:
             return False
-        a = self.read(self._reg(ins, ops[1]))
+        a = self.read(reg_name(ins, ops[1]))
         if m == "addiw" and imm is not None:  # a 32-bit add: a rebased 32-bit index has its own identity
             if a[0] == "c":
                 k = (a[1] + imm) & 0xFFFFFFFF
@@ -248,7 +259,7 @@ class RvState(State):
             self.write(dst, self.add(a, self.const(imm)))
             return True
         if m == "add" and ops[2].type == cs.CS_OP_REG:
-            self.write(dst, self.add(a, self.read(self._reg(ins, ops[2]))))
+            self.write(dst, self.add(a, self.read(reg_name(ins, ops[2]))))
             return True
         if m == "slli" and imm is not None:
             self.write(dst, self.shift_left(a, imm))
@@ -257,7 +268,7 @@ class RvState(State):
 
 
 def riscv_jump_table_targets(
-    backend: object, codemap: CodeMap, slice_start: int, jump_va: int, earlier: Chunks = ()
+    backend: CapstoneBackend, codemap: CodeMap, slice_start: int, jump_va: int, earlier: Chunks = ()
 ) -> Resolution:
     """Case targets of the RISC-V `jr` at `jump_va`, the table address (0 when none), and whether a
     bound check guards it. Only complete, bounded dispatches resolve; otherwise `([], 0, True)`."""

@@ -12,10 +12,17 @@ path bounds it. Anything else leaves the jump unresolved.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal
+
 import capstone as cs
 
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.switches import common as jt
+
+if TYPE_CHECKING:
+    from binlens.analysis.decode.capstone_backend import CapstoneBackend
+    from binlens.loader.image import Image
 
 _MAX_CHUNKS = 32  # earlier chunks evaluated before the jump's own slice (the PPC GOT register is set once, at entry)
 
@@ -26,6 +33,8 @@ _MAX_CHUNKS = 32  # earlier chunks evaluated before the jump's own slice (the PP
 # shift) the address of table[index] for entries of 1 << shift bytes; ("e", table, size, signed, index) the entry
 # loaded from there; ("t", base, entry) the target base + entry.
 Value = tuple
+# address -> addend of each relative relocation (None for any other relocation there)
+RelocMap = dict[int, int | None]
 
 # the bound an unsigned `index <cond> N` gives: "le" index <= N, "lt" index < N
 NEGATE = {"gt": "le", "ge": "lt", "le": "gt", "lt": "ge"}
@@ -34,15 +43,17 @@ _SWAP = {"gt": "lt", "ge": "le", "lt": "gt", "le": "ge"}
 
 # --------------------------------------------------------------------------- shared driver
 def resolve(
-    backend: object,
+    backend: CapstoneBackend,
     codemap: CodeMap,
     slice_start: int,
     jump_va: int,
     earlier: jt.Chunks,
     state_cls: type[State],
-    is_jump: object,
+    is_jump: Callable[[cs.CsInsn], bool],
     align: int,
 ) -> jt.Resolution:
+    """The table behind the indirect jump at `jump_va`, by the forward evaluation of `state_cls`
+    over the recorded path to it (`is_jump` tells the jump; case targets are `align`-aligned)."""
     image, md, own = jt.jump_slice(backend, slice_start, jump_va, short_end=True)
     if not own or own[-1].address != jump_va or not is_jump(own[-1]) or not any(map(state_cls.indexes, own)):
         return jt.NONE  # no indexing next to the jump: a PLT stub, a tail call or a call through a pointer
@@ -83,9 +94,9 @@ class State:
 
     FRAME: tuple[str, ...] = ()  # registers whose [reg + disp] words are tracked as stack slots
 
-    def __init__(self, image: object) -> None:
+    def __init__(self, image: Image, relocs: RelocMap | None = None) -> None:
         self.image = image
-        bits = image.identity.bits  # type: ignore[attr-defined]
+        bits = image.identity.bits
         self.ptr_size = 8 if bits == 64 else 4
         self.mask = (1 << bits) - 1
         self.regs: dict[str, Value] = {}
@@ -96,7 +107,7 @@ class State:
         self.strict = False  # a register was guessed (seeded from a scan): accept only a table of code targets
         self.memo: dict[tuple, Value] = {}  # (address, size, signed) -> value loaded, until a store or call
         self._next = 0
-        self._relocs: dict[int, int | None] | None = None
+        self.relocs = relocs  # the image's `reloc_map`, built on first need when the caller has none
 
     @staticmethod
     def is_load(ins: cs.CsInsn) -> bool:  # pragma: no cover - overridden
@@ -116,7 +127,7 @@ class State:
         """The value the indirect jump `ins` goes to."""
         raise NotImplementedError
 
-    def seed(self, backend: object, jump_va: int) -> None:
+    def seed(self, backend: CapstoneBackend, jump_va: int) -> None:
         """Set what holds throughout the function of `jump_va` before the path is walked (nothing here)."""
 
     # ------------------------------------------------------------------ values
@@ -239,19 +250,17 @@ class State:
         if va in relocs:
             addend = relocs[va]
             return self.const(addend) if addend is not None and size == self.ptr_size else self.fresh()
-        raw = image.read(va, size) if image.is_mapped(va) else None  # type: ignore[attr-defined]
+        raw = image.read(va, size) if image.is_mapped(va) else None
         if raw is None or len(raw) < size:
             return self.fresh()
-        endian = "little" if image.identity.endian == "little" else "big"  # type: ignore[attr-defined]
+        endian: Literal["little", "big"] = "little" if image.identity.endian == "little" else "big"
         return self.const(int.from_bytes(raw, endian, signed=signed))
 
-    def _reloc_map(self) -> dict[int, int | None]:
-        """Address -> addend of each relative relocation (None for any other relocation there)."""
-        if self._relocs is None:
-            self._relocs = {}
-            for r in self.image.relocations:  # type: ignore[attr-defined]
-                self._relocs[r.address] = r.addend if r.symbol is None and "RELATIVE" in r.type.upper() else None
-        return self._relocs
+    def _reloc_map(self) -> RelocMap:
+        """The image's `reloc_map` (built once per state unless the caller gave it)."""
+        if self.relocs is None:
+            self.relocs = reloc_map(self.image)
+        return self.relocs
 
     def relocated(self, va: int, raw: int) -> int:
         """The pointer-sized word at `va` once loaded: a relative relocation's addend (RELA files
@@ -298,3 +307,11 @@ class State:
         self.slots = {s: v for s, v in self.slots.items() if s[0] != base or not (s[1] < hi and lo < s[1] + s[2])}
         if value is not None and size in (4, 8):
             self.slots[(base, disp, size)] = value
+
+
+def reloc_map(image: Image) -> RelocMap:
+    """Address -> addend of each relative relocation of `image` (None for any other relocation there)."""
+    relocs: RelocMap = {}
+    for r in image.relocations:
+        relocs[r.address] = r.addend if r.symbol is None and "RELATIVE" in r.type.upper() else None
+    return relocs

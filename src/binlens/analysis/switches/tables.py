@@ -6,10 +6,15 @@ iced-x86, does not load capstone.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def writable(image: object, va: int) -> bool:
+if TYPE_CHECKING:
+    from binlens.loader.image import Image
+
+
+def writable(image: Image, va: int) -> bool:
     """Whether `va` lies in a section written at run time (a table there may change: not a jump table)."""
-    sec = image.section_at(va)  # type: ignore[attr-defined]
+    sec = image.section_at(va)
     if sec is None or sec.name.startswith(".data.rel.ro"):  # read-only once relocated (RELRO)
         return False
     return sec.perms[1] == "w" and sec.kind != "code"

@@ -11,10 +11,16 @@ does not land on code next to the jump.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from binlens.analysis.codemap import BODY, CodeMap
+from binlens.analysis.codemap import BODY, CodeMap, CodeRegion
 from binlens.analysis.decode import iced as ix
 from binlens.analysis.switches.tables import writable
+
+if TYPE_CHECKING:
+    from binlens.analysis.decode.x86 import X86Backend
+    from binlens.loader.image import Image
 
 OK = ix.OpKind
 MN = ix.Mnemonic
@@ -29,16 +35,16 @@ _MOVES = {MN.MOV, MN.MOVZX, MN.MOVSXD, MN.MOVSX, MN.LEA, MN.SHL, MN.ADD, MN.CDQE
 
 
 def jump_table_targets(
-    backend: object,
+    backend: X86Backend,
     codemap: CodeMap,
     slice_start: int,
     jump_va: int,
-    earlier: list[tuple[int, int]] = (),  # type: ignore[assignment]
+    earlier: Sequence[tuple[int, int]] = (),
 ) -> tuple[list[int], int, bool]:
     """Case targets of the indirect jump at `jump_va`, the table address (0 when none), and
     whether a bound check guards it (unguarded: a computed goto or an array of function pointers)."""
     b = backend
-    insns = [i for i in b.raw_instructions(slice_start, jump_va + 16) if i.ip <= jump_va]  # type: ignore[attr-defined]
+    insns = [i for i in b.raw_instructions(slice_start, jump_va + 16) if i.ip <= jump_va]
     if not insns or insns[-1].ip != jump_va:
         return [], 0, True
     jmp = insns[-1]
@@ -46,10 +52,10 @@ def jump_table_targets(
         # gcc merges a function's computed gotos into one `jmp reg` that every handler jumps to
         # (clang -O0: `mov reg, [rbp - x]; jmp reg`): the table load is in the chunk that jumped there
         start, end = earlier[0]
-        insns = b.raw_instructions(start, end) + insns  # type: ignore[attr-defined]
+        insns = b.raw_instructions(start, end) + insns
         earlier = earlier[1:]
-    image = b.image  # type: ignore[attr-defined]
-    ptr = b.ptr_size  # type: ignore[attr-defined]
+    image = b.image
+    ptr = b.ptr_size
     base = image.identity.image_base
     bases: list[int] = []
     gotrel: set[int] = set()
@@ -99,7 +105,8 @@ def jump_table_targets(
             continue
         seen.add(t)
         for fmt in ["gotrel32"] if t in gotrel else _formats(ptr, scale, base is not None):
-            targets = _read(image, region, t, fmt, count or limit, jump_va, got if fmt == "gotrel32" else base)
+            rel = (got if fmt == "gotrel32" else base) or 0  # (the base of entries relative to one: never None there)
+            targets = _read(image, region, t, fmt, count or limit, jump_va, rel)
             if len(targets) > len(best):
                 best, best_base = targets, t
         if best and count is not None and len(best) >= count:
@@ -117,11 +124,11 @@ def _table_register(insns: list[ix.Instruction]) -> int | None:
     return None
 
 
-def _register_constant(backend: object, earlier: list[tuple[int, int]], reg: int) -> int | None:
+def _register_constant(backend: X86Backend, earlier: Sequence[tuple[int, int]], reg: int) -> int | None:
     """Walk earlier chunks (most recent first) for `lea reg, [rip+X]` before anything else writes reg."""
     full = ix.RegisterExt.full_register
     for start, end in earlier:
-        for ins in reversed(backend.raw_instructions(start, end)):  # type: ignore[attr-defined]
+        for ins in reversed(backend.raw_instructions(start, end)):
             if ins.op_count and ins.op0_kind == OK.REGISTER and full(ins.op0_register) == reg:
                 if ins.mnemonic == MN.LEA and ins.is_ip_rel_memory_operand:
                     return ins.ip_rel_memory_address
@@ -132,12 +139,10 @@ def _register_constant(backend: object, earlier: list[tuple[int, int]], reg: int
     return None
 
 
-def _got_base(image: object) -> int | None:
+def _got_base(image: Image) -> int | None:
     """i386 PIC code addresses data from _GLOBAL_OFFSET_TABLE_: .got.plt, else .got."""
-    secs = {s.name: s.va for s in image.sections}  # type: ignore[attr-defined]
+    secs = {s.name: s.va for s in image.sections}
     return secs.get(".got.plt", secs.get(".got"))
-
-
 
 
 def _formats(ptr: int, scale: int, has_base: bool) -> list[str]:
@@ -291,19 +296,23 @@ def _byte_source(ins: ix.Instruction) -> bool:
     return ins.op1_kind == OK.MEMORY and ins.memory_size == ix.MemorySize.UINT8
 
 
-def _read(image: object, region: object, table: int, fmt: str, count: int | None, jump_va: int, base: int) -> list[int]:
+def _read(
+    image: Image, region: CodeRegion, table: int, fmt: str, count: int | None, jump_va: int, base: int
+) -> list[int]:
+    """The case targets of the table at `table` read as `fmt` entries (`rva32`, `gotrel32`: relative
+    to `base`): up to `count`, up to the first that leaves the jump's region or window."""
     size = 8 if fmt == "abs64" else 4
     limit = count if count is not None else _MAX_ENTRIES
-    raw = image.read(table, size * limit)  # type: ignore[attr-defined]
+    raw = image.read(table, size * limit)
     if raw is None:
         # the table may end near the end of its section: read what is mapped
         raw = b""
         while len(raw) < size * limit:
-            chunk = image.read(table + len(raw), size)  # type: ignore[attr-defined]
+            chunk = image.read(table + len(raw), size)
             if chunk is None:
                 break
             raw += chunk
-    endian = "<" if image.identity.endian == "little" else ">"  # type: ignore[attr-defined]
+    endian = "<" if image.identity.endian == "little" else ">"
     code = {"rel32": "i", "abs64": "Q", "rva32": "I", "abs32": "I", "gotrel32": "i"}[fmt]
     out: list[int] = []
     r = region
@@ -315,9 +324,9 @@ def _read(image: object, region: object, table: int, fmt: str, count: int | None
             t = (base + v) & 0xFFFFFFFFFFFFFFFF
         else:
             t = v
-        if not (r.va <= t < r.end) or abs(t - jump_va) > _WINDOW:  # type: ignore[attr-defined]
+        if not (r.va <= t < r.end) or abs(t - jump_va) > _WINDOW:
             break
-        if r.state[t - r.va] == BODY:  # type: ignore[attr-defined]
+        if r.state[t - r.va] == BODY:
             break
         out.append(t)
     return out
