@@ -45,6 +45,7 @@ DOMAINS: tuple[str, ...] = (
     "bookmark",
     "comment",
     "data_type",
+    "debug",
     "disassembly",
     "function",
     "function_call",
@@ -65,7 +66,7 @@ DOMAINS: tuple[str, ...] = (
 )
 
 # "module:attribute" of each provider object (`binlens.providers.base.Provider`)
-PROVIDERS: tuple[str, ...] = ("binlens.providers.objdump:PROVIDER",)
+PROVIDERS: tuple[str, ...] = ("binlens.providers.objdump:PROVIDER", "binlens.providers.gdb:PROVIDER")
 
 
 def load(ref: str) -> Any:

@@ -8,7 +8,7 @@ import os
 import sys
 
 from binlens.cli.main import command, make_workspace
-from binlens.cli.server_args import add_mcp_options, confinement
+from binlens.cli.server_args import add_mcp_options, confinement, permissions
 
 log = logging.getLogger("binlens.mcp")
 
@@ -40,6 +40,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     ws = make_workspace(
         args,
         read_only=args.read_only,
+        permissions=permissions(args),
         **confinement(args.files, args.root),
         limits=Limits(max_concurrent=args.max_concurrent),
     )

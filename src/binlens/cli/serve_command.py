@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from binlens.cli.main import command, make_workspace
-from binlens.cli.server_args import add_mcp_options, confinement, positive, seconds
+from binlens.cli.server_args import add_mcp_options, confinement, permissions, positive, seconds
 
 if TYPE_CHECKING:
     from binlens.server.connections import ConnectionLimits
@@ -125,6 +125,8 @@ def mcp_config(args: argparse.Namespace, base: str, files: list[Path]) -> dict[s
     stdio: dict[str, Any] = {"command": binlens, "args": ["mcp", *map(str, files)]}
     if args.read_only:
         stdio["args"].append("--read-only")
+    if args.allow_debug:
+        stdio["args"].append("--allow-debug")
     http: dict[str, Any] = {"type": "http", "url": f"{base}/mcp"}
     if args.token:
         http["headers"] = {"Authorization": f"Bearer ${{{TOKEN_ENV}}}"}  # never the token itself
@@ -184,6 +186,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     ws = make_workspace(
         args,
         read_only=args.read_only,
+        permissions=permissions(args),
         **confinement(args.files, args.root),
         limits=Limits(max_concurrent=args.max_concurrent),
     )

@@ -62,6 +62,11 @@ def confinement(files: list[str], roots: list[Path]) -> dict[str, Any]:
     return {"roots": [Path.cwd().resolve()]}
 
 
+def permissions(args: argparse.Namespace) -> frozenset[str]:
+    """The permissions the command line grants (`--allow-debug`: `debug`)."""
+    return frozenset({"debug"} if getattr(args, "allow_debug", False) else ())
+
+
 def add_mcp_options(p: argparse.ArgumentParser, *, root_help: str, frame_help: str) -> None:
     """FILEs, tool naming, read-only, roots, concurrency and frame limit."""
     p.add_argument("files", nargs="*", metavar="FILE", help="programs to open at start")
@@ -74,6 +79,11 @@ def add_mcp_options(p: argparse.ArgumentParser, *, root_help: str, frame_help: s
         f"accept only [A-Za-z0-9_-] such as Claude Desktop; ${SEPARATOR_ENV} sets the default)",
     )
     p.add_argument("--read-only", action="store_true", help="hide and refuse every mutation")
+    p.add_argument(
+        "--allow-debug",
+        action="store_true",
+        help="allow the debug methods to start and attach to processes (docs/DEBUGGING.md)",
+    )
     p.add_argument("--root", metavar="DIR", action="append", type=Path, default=[], help=root_help)
     p.add_argument(
         "--max-concurrent", metavar="N", type=positive, default=4, help="calls running at once; more get busy"
