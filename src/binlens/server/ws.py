@@ -85,6 +85,7 @@ class WsHub:
         from binlens.api.debug import listeners as debug_listeners  # (the domain loads with the catalog)
 
         event_method = f"{opts.tool_prefix}.debug.event"
+
         def push(event: dict[str, Any]) -> None:
             self.post(event_method, event)
 
