@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import connect
 
+from mcp_support import SseReader
 from serve_support import ServerProcess, env_for
 from test_mcp_stdio import INIT, StdioClient, msg
 
@@ -32,7 +33,7 @@ def work_address(compile_c: Any) -> tuple[Path, int]:
     return compile_c("debuggee.c", opt="-O1", strip=True), work
 
 
-def test_stop_events_are_pushed_over_websocket(tmp_path: Path, compile_c: Any) -> None:
+def test_stop_events_are_pushed_over_websocket_and_legacy_sse(tmp_path: Path, compile_c: Any) -> None:
     path, work = work_address(compile_c)
     home = tmp_path / "home"
 
@@ -66,7 +67,14 @@ def test_stop_events_are_pushed_over_websocket(tmp_path: Path, compile_c: Any) -
             return pushed
 
     with ServerProcess(home, str(path), "--allow-debug", env=env_for(home)) as srv:
-        pushed = asyncio.run(go(srv.ws_url))
+        sse = SseReader(srv.base + "/sse")
+        try:
+            sse.wait(lambda: sse.events)  # the endpoint event: the session (and its listener) exists
+            pushed = asyncio.run(go(srv.ws_url))
+            on_sse = sse.wait(lambda: [json.loads(d) for n, d in sse.events[1:] if '"exited"' in d])
+        finally:
+            sse.close()
+    assert on_sse[0]["method"] == "binlens.debug.event" and on_sse[0]["params"]["exit_code"] == 12
     events = [f["params"] for f in pushed if f.get("method") == "binlens.debug.event"]
     hit = next(e for e in events if e["kind"] == "breakpoint")
     assert hit["static_address"] == hex(work) and hit["debug_id"] == "dbg-1"
