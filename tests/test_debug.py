@@ -166,6 +166,8 @@ def test_read_only_refuses_register_and_memory_writes(home: Path, debuggee: Any)
     err = fails("read_only", ws, "register.set", debug_id=d, name="rax", value="0x1")
     assert err.details["requirement"] == "writable"
     fails("read_only", ws, "debug_memory.write", debug_id=d, address="0x1000", bytes="90")
+    err = fails("read_only", ws, "breakpoint.create", debug_id=d, address="0x1000", condition="$rax = 1")
+    assert err.target == "/params/condition"  # a condition that assigns is a write too
     pid = call(ws, "debug.get", debug_id=d)["pid"]
     assert call(ws, "debug.kill", debug_id=d)["state"] == "exited"
     assert _gone(pid)
@@ -243,3 +245,13 @@ def test_closing_the_program_kills_gdb_and_the_started_target(home: Path, debugg
     assert _gone(info["pid"]) and _gone(gdb_pid)
     with pytest.raises(ProcessLookupError):
         os.killpg(gdb_pid, 0)
+
+
+def test_allow_debug_on_the_server_commands_grants_the_permission() -> None:
+    from binlens.cli.main import build_parser
+    from binlens.cli.server_args import permissions
+
+    parser = build_parser()
+    for command in ("mcp", "serve"):
+        assert permissions(parser.parse_args([command, "f", "--allow-debug"])) == frozenset({"debug"})
+        assert permissions(parser.parse_args([command, "f"])) == frozenset()

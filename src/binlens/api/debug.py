@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -324,7 +325,7 @@ class DebugStartParams(Params):
     env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")], Line] = Field(
         default_factory=dict, max_length=256, description="Environment variables added to gdb's minimal environment."
     )
-    cwd: str | None = Field(None, max_length=4096, description="The target's working directory.")
+    cwd: Line | None = Field(None, description="The target's working directory.")
     stdin: str | None = Field(None, max_length=1 << 20, description="Text the target reads on stdin (else /dev/null).")
     timeout_ms: TimeoutMs = 30000
 
@@ -664,6 +665,20 @@ class Breakpoint(Result):
     hits: int | None = None
 
 
+_ASSIGNS = re.compile(r"(?<![=!<>])=(?!=)|\+\+|--")
+
+
+def _check_condition(ws: Any, condition: str | None) -> None:
+    """A read-only server refuses conditions that assign (a write the write methods would refuse)."""
+    if condition and ws.read_only and _ASSIGNS.search(condition):
+        raise BinlensError(
+            "read_only",
+            "the condition assigns, and the server is read-only",
+            target="/params/condition",
+            details={"requirement": "writable", "reason": "the server is read-only"},
+        )
+
+
 def _hits(entry: DebugEntry) -> dict[int, int]:
     try:
         table = entry.session.command("-break-list", timeout=10).get("BreakpointTable") or {}
@@ -681,6 +696,7 @@ def breakpoint_create(ws: Any, p: BreakpointCreateParams) -> Breakpoint:
     """Set a software, hardware or conditional breakpoint by selector (static, through the slide) or runtime address."""
     entry = _entry(ws, p.debug_id)
     entry.session.check_alive()
+    _check_condition(ws, p.condition)
     runtime = _runtime(ws, entry, p.address, p.selector, "selector")
     flags = " -h" if p.hardware else ""
     if p.condition:
@@ -784,6 +800,7 @@ def watchpoint_create(ws: Any, p: WatchpointCreateParams) -> Breakpoint:
     """Stop when the target writes (or reads, or accesses) 1-8 bytes at a place."""
     entry = _entry(ws, p.debug_id)
     entry.session.require_stopped()
+    _check_condition(ws, p.condition)
     runtime = _runtime(ws, entry, p.address, p.selector, "selector")
     flag = {"write": "", "read": " -r", "access": " -a"}[p.access]
     got = entry.session.command(f"-break-watch{flag} *({_C_TYPES[p.size]}*){hex(runtime)}", timeout=10, check=True)

@@ -243,7 +243,7 @@ Listener = Callable[[dict[str, Any]], None]
 
 def mi_quote(text: str) -> str:
     """`text` as an MI C string."""
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r") + '"'
 
 
 class GdbSession:
