@@ -54,6 +54,7 @@ DOMAINS: tuple[str, ...] = (
     "instruction",
     "interface",
     "journal",
+    "live",
     "memory",
     "patch",
     "program",

@@ -31,7 +31,7 @@ from binlens.api.registry import LIFECYCLE, MUTATION, READ_ONLY, CallContext, me
 from binlens.errors import BinlensError
 from binlens.jobs.state import analysis_of, function_name
 from binlens.providers import registry as providers
-from binlens.providers.gdb import KILL_COMMAND, GdbSession, Mapping, mi_quote, read_maps
+from binlens.providers.gdb import KILL_COMMAND, GdbSession, Mapping, TargetIdentity, mi_quote, read_maps
 
 SESSIONS_KEY = "debug.sessions"  # Workspace.extensions key of the `DebugSessions`
 LISTENERS_KEY = "debug.listeners"  # Workspace.extensions key of the event listeners (the servers')
@@ -53,18 +53,34 @@ Line = Annotated[str, Field(max_length=4096, pattern=r"^[^\n\r\x00]*$")]
 # --- the sessions of a workspace -----------------------------------------------------------------
 
 
-@dataclass
-class DebugEntry:
-    """One debug session and what the domain knows of it."""
+@dataclass(kw_only=True)
+class Located:
+    """A live process running a program: where the program is loaded in it (found once)."""
 
-    debug_id: str
     prog: Any
-    session: GdbSession
     base: int | None = None  # the program's runtime base
     end: int | None = None
     slide: int | None = None
+
+    @property
+    def identity(self) -> TargetIdentity | None:
+        """The pinned process (None before it is pinned)."""
+        raise NotImplementedError
+
+
+@dataclass(kw_only=True)
+class DebugEntry(Located):
+    """One debug session and what the domain knows of it."""
+
+    debug_id: str
+    session: GdbSession
     breakpoints: dict[int, dict[str, Any]] = field(default_factory=dict)
     register_names: list[str] | None = None
+
+    @property
+    def identity(self) -> TargetIdentity | None:
+        """The session's pinned target."""
+        return self.session.identity
 
 
 class DebugSessions:
@@ -125,9 +141,9 @@ def _module_of(maps: list[Mapping], device: int, inode: int) -> tuple[int, int] 
     return min(m.start - m.offset for m in mine), max(m.end for m in mine)
 
 
-def _locate(entry: DebugEntry) -> None:
+def _locate(entry: Located) -> None:
     """Find the program's runtime base and slide in the target's maps (once)."""
-    ident = entry.session.identity
+    ident = entry.identity
     if entry.slide is not None or ident is None:
         return
     found = _module_of(read_maps(ident.pid), ident.exe_device, ident.exe_inode)
@@ -138,7 +154,7 @@ def _locate(entry: DebugEntry) -> None:
     entry.slide = entry.base - static_base
 
 
-def _static(entry: DebugEntry, runtime: int | None) -> int | None:
+def _static(entry: Located, runtime: int | None) -> int | None:
     if runtime is None or entry.slide is None or entry.base is None or entry.end is None:
         return None
     return runtime - entry.slide if entry.base <= runtime < entry.end else None
@@ -170,7 +186,7 @@ class FunctionRef(Result):
     offset: int = Field(description="Bytes from the function's start.")
 
 
-def _function(entry: DebugEntry, static: int | None, wait: float = ANALYSIS_WAIT_S) -> FunctionRef | None:
+def _function(entry: Located, static: int | None, wait: float = ANALYSIS_WAIT_S) -> FunctionRef | None:
     """The program's function around a static address: from the analysis (waited for at most
     `wait` seconds; it starts with the session), else a name at the address or the nearest symbol."""
     if static is None:
@@ -302,7 +318,7 @@ def _new_session(ws: Any, prog: Any) -> tuple[DebugEntry, GdbSession]:
         debug_id = f"dbg-{next(table.ids)}"
     session = provider.open_session(prog.image)
     assert isinstance(session, GdbSession)
-    entry = DebugEntry(debug_id, prog, session)
+    entry = DebugEntry(debug_id=debug_id, prog=prog, session=session)
 
     def push(raw: dict[str, Any]) -> None:
         if not listeners(ws):
@@ -367,8 +383,6 @@ def debug_attach(ws: Any, p: DebugAttachParams) -> DebugSessionInfo:
     prog = ws.program(p.program)
     if p.pid == os.getpid():
         raise BinlensError("invalid_argument", "the server cannot debug itself", target="/params/pid")
-    from binlens.providers.gdb import TargetIdentity
-
     ident = TargetIdentity.pin(p.pid)
     if ident.sha256 != prog.image.identity.sha256:
         raise BinlensError(
@@ -1164,8 +1178,8 @@ def _link_base(path: str, cache: dict[str, int | None]) -> int | None:
     return base
 
 
-def _map_items(entry: DebugEntry) -> list[MapItem]:
-    ident = entry.session.identity
+def _map_items(entry: Located) -> list[MapItem]:
+    ident = entry.identity
     assert ident is not None
     maps = read_maps(ident.pid)
     _locate(entry)

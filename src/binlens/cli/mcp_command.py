@@ -8,7 +8,7 @@ import os
 import sys
 
 from binlens.cli.main import command, make_workspace
-from binlens.cli.server_args import add_mcp_options, confinement, permissions
+from binlens.cli.server_args import add_mcp_options, confinement, permissions, pin_live_pid
 
 log = logging.getLogger("binlens.mcp")
 
@@ -44,12 +44,18 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         **confinement(args.files, args.root),
         limits=Limits(max_concurrent=args.max_concurrent),
     )
+    opened = []
     for f in args.files:
         try:
-            ws.open(f, check_roots=False)
+            opened.append(ws.open(f, check_roots=False))
         except BinlensError as err:
             sys.stderr.write(f"binlens: error: {f}: {err.message}\n")
             return 1
+    if args.allow_live_pid is not None and not opened:
+        sys.stderr.write("binlens mcp: error: --allow-live-pid needs the program's FILE\n")
+        return 2
+    if opened and not pin_live_pid(args, ws, opened[0], "mcp"):
+        return 1
     core = McpCore(ws, args.tool_prefix, max_concurrent=args.max_concurrent, separator=args.tool_separator)
     server = StdioServer(core, max_frame_bytes=args.max_frame_bytes, out=proto_out)
     import asyncio  # imported here: every other command starts faster without it

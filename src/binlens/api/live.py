@@ -1,0 +1,290 @@
+"""live.*: xref's inspection of one verified live process, kept with xref's names and bounds.
+
+`binlens mcp FILE --allow-live-pid PID` (or `serve`) verifies, before serving anything, that PID
+runs FILE (`pin_live`: the executable's device/inode is FILE's, or its bytes have FILE's sha256)
+and pins the process's identity (pid, start time, exe device/inode, sha256), re-checked on every
+call (`process_exited`, `process_changed`). The methods read /proc only (no debugger, the process
+is never stopped): `live.maps`, `live.resolve`, `live.memscan`. At most one live call runs at a
+time (`busy` otherwise), a scan lasts at most 5 s, and a response holds at most 64 KiB.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from pydantic import Field, model_validator
+
+from binlens.api.cursor import decode_cursor, encode_cursor, query_key
+from binlens.api.debug import (
+    Located,
+    MapItem,
+    MapList,
+    Resolved,
+    _function,
+    _hex,
+    _locate,
+    _map_items,
+    _static,
+)
+from binlens.api.models import HexAddress, Page, Params, Result
+from binlens.api.registry import READ_ONLY, CallContext, method, response_size, response_too_large
+from binlens.errors import BinlensError
+from binlens.providers.gdb import TargetIdentity, read_maps
+
+LIVE_KEY = "live.target"  # Workspace.extensions key of the pinned `LiveTarget`
+MAX_RESPONSE = 64 * 1024
+MAX_SCAN_MS = 5000
+CHUNK = 1 << 20
+REQUIRES = ("permission:live",)
+
+RuntimeAddress = Annotated[str, Field(pattern=r"^0[xX][0-9a-fA-F]{1,16}$", description="A runtime address in hex.")]
+
+
+@dataclass(kw_only=True)
+class LiveTarget(Located):
+    """The process the server was started on, pinned, and the one-call-at-a-time lock."""
+
+    pinned: TargetIdentity
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def identity(self) -> TargetIdentity | None:
+        """The pinned process."""
+        return self.pinned
+
+
+def pin_live(ws: Any, prog: Any, pid: int) -> LiveTarget:
+    """Verify that `pid` runs `prog`'s file (its executable is the file, or has its bytes) and pin
+    it for the live methods; BinlensError (`process_exited`, `conflict`) when it does not."""
+    ident = TargetIdentity.pin(pid)
+    try:
+        st = os.stat(prog.path)
+        same_file = (st.st_dev, st.st_ino) == (ident.exe_device, ident.exe_inode)
+    except OSError:
+        same_file = False
+    if not same_file and ident.sha256 != prog.image.identity.sha256:
+        raise BinlensError(
+            "conflict",
+            f"process {pid} runs {ident.exe}, which is not {prog.path.name}",
+            target="/params/pid",
+            details={"reason": "exe_mismatch", "sha256": ident.sha256, "program_sha256": prog.image.identity.sha256},
+        )
+    target = LiveTarget(prog=prog, pinned=ident)
+    ws.extensions[LIVE_KEY] = target
+    return target
+
+
+class _Call:
+    """One live call: the target checked, the lock held (`busy` when another live call runs)."""
+
+    def __init__(self, ws: Any) -> None:
+        target = ws.extensions.get(LIVE_KEY)
+        if not isinstance(target, LiveTarget):
+            raise BinlensError(
+                "unavailable",
+                "no live process is pinned",
+                details={"reason": "no live process", "remediation": "start the server with --allow-live-pid PID"},
+            )
+        self.target = target
+
+    def __enter__(self) -> LiveTarget:
+        if not self.target.lock.acquire(blocking=False):
+            raise BinlensError("busy", "another live call is running; one runs at a time")
+        try:
+            self.target.pinned.check()
+        except BaseException:
+            self.target.lock.release()
+            raise
+        return self.target
+
+    def __exit__(self, *exc: object) -> None:
+        self.target.lock.release()
+
+
+def _bounded(result: Result) -> Result:
+    size = response_size(result.model_dump(mode="json"))
+    if size > MAX_RESPONSE:
+        raise response_too_large(size, MAX_RESPONSE)
+    return result
+
+
+class LiveMapsParams(Params):
+    """The pinned process's mappings."""
+
+    page: Page = Field(default_factory=Page)
+
+
+@method("live.maps", effect=READ_ONLY, requires=REQUIRES)
+def live_maps(ws: Any, p: LiveMapsParams) -> MapList:
+    """The pinned process's memory mappings (/proc/PID/maps) with each module's base and slide."""
+    with _Call(ws) as target:
+        items = _map_items(target)
+    qkey = query_key(p, exclude=("page", "program"))
+    start = int(decode_cursor(p.page.cursor, target.prog, qkey)) if p.page.cursor else 0
+    more = start + p.page.limit < len(items)
+    nxt = encode_cursor(target.prog, qkey, start + p.page.limit) if more else None
+    result = MapList(items=items[start : start + p.page.limit], next_cursor=nxt)
+    _bounded(result)
+    return result
+
+
+class LiveResolveParams(Params):
+    """Runtime addresses of the pinned process to resolve."""
+
+    addresses: list[RuntimeAddress] = Field(min_length=1, max_length=256)
+
+
+class LiveResolved(Result):
+    """Each address's module, slide, static address and function."""
+
+    items: list[Resolved]
+
+
+def _resolve(items: list[MapItem], target: LiveTarget, runtime: int) -> Resolved:
+    for item in items:
+        if int(item.start, 16) <= runtime < int(item.end, 16):
+            static = _static(target, runtime) if item.program else None
+            return Resolved(
+                address=hex(runtime),
+                module=item.path or None,
+                module_base=item.module_base,
+                slide=item.slide,
+                program=item.program,
+                static_address=_hex(static),
+                function=_function(target, static, 0),
+                perms=item.perms,
+            )
+    return Resolved(address=hex(runtime), program=False)
+
+
+@method("live.resolve", effect=READ_ONLY, requires=REQUIRES)
+def live_resolve(ws: Any, p: LiveResolveParams) -> LiveResolved:
+    """Runtime addresses of the pinned process → module, slide, static address and function."""
+    with _Call(ws) as target:
+        items = _map_items(target)
+        result = LiveResolved(items=[_resolve(items, target, int(a, 16)) for a in p.addresses])
+    _bounded(result)
+    return result
+
+
+class ScanValue(Params):
+    """One value to look for: an integer of `size` bytes (little-endian), hex bytes, or UTF-8 text."""
+
+    integer: Annotated[int, Field(ge=-(1 << 63), lt=1 << 64)] | None = None
+    size: Annotated[int, Field(ge=1, le=8, description="Bytes of 'integer'.")] = 4
+    hex: Annotated[str, Field(min_length=2, max_length=512, pattern=r"^([0-9a-fA-F]{2})+$")] | None = None
+    text: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> ScanValue:
+        if sum(x is not None for x in (self.integer, self.hex, self.text)) != 1:
+            raise ValueError("give exactly one of 'integer', 'hex' or 'text'")
+        return self
+
+    def pattern(self) -> bytes:
+        """The bytes to find."""
+        if self.hex is not None:
+            return bytes.fromhex(self.hex)
+        if self.text is not None:
+            return self.text.encode()
+        assert self.integer is not None
+        value = self.integer % (1 << (8 * self.size))
+        return value.to_bytes(self.size, "little")
+
+
+class LiveMemscanParams(Params):
+    """Find values in the pinned process's writable memory."""
+
+    values: list[ScanValue] = Field(min_length=1, max_length=16)
+    max_hits: int = Field(100, ge=1, le=1000)
+    timeout_ms: int = Field(1000, ge=10, le=MAX_SCAN_MS)
+    writable_only: bool = Field(True, description="Scan only writable mappings (data, heap, stack).")
+
+
+class ScanHit(Result):
+    """One place a value was found."""
+
+    address: HexAddress
+    value: int = Field(description="The index of the value in 'values'.")
+    module: str | None = None
+    static_address: HexAddress | None = None
+
+
+class LiveMemscan(Result):
+    """Where the values are, as far as the scan got."""
+
+    items: list[ScanHit]
+    complete: bool
+    stop_reason: str = Field(description="'range_end', 'limit' (max_hits) or 'timeout'.")
+    scanned_bytes: int
+
+
+@method("live.memscan", effect=READ_ONLY, long_running=True, requires=REQUIRES)
+def live_memscan(ws: Any, p: LiveMemscanParams, ctx: CallContext) -> LiveMemscan:
+    """Scan the pinned process's memory for values (/proc/PID/mem; it keeps running), bounded in time and hits."""
+    patterns = [v.pattern() for v in p.values]
+    overlap = max(len(x) for x in patterns) - 1
+    deadline = time.monotonic() + p.timeout_ms / 1000
+    hits: list[ScanHit] = []
+    scanned = 0
+    reason = "range_end"
+    with _Call(ws) as target:
+        pid = target.pinned.pid
+        _locate(target)
+        maps = [
+            m
+            for m in read_maps(pid)
+            if m.perms.startswith("r") and (not p.writable_only or m.perms[1] == "w") and m.path != "[vvar]"
+        ]
+        try:
+            mem = open(f"/proc/{pid}/mem", "rb", buffering=0)  # noqa: SIM115 - closed below
+        except OSError:
+            raise BinlensError(
+                "unavailable", "the server cannot read the process's memory", details={"reason": "permission_denied"}
+            ) from None
+        try:
+            for m in maps:
+                pos = m.start
+                while pos < m.end and reason == "range_end":
+                    if time.monotonic() > deadline:
+                        reason = "timeout"
+                        break
+                    ctx.check_cancelled()
+                    n = min(CHUNK, m.end - pos)
+                    try:
+                        mem.seek(pos)
+                        data = mem.read(n + overlap if pos + n < m.end else n) or b""
+                    except OSError:
+                        break  # (a mapping that went away or cannot be read)
+                    scanned += n
+                    for index, pat in enumerate(patterns):
+                        at = data.find(pat)
+                        while at != -1 and at < n:
+                            runtime = pos + at
+                            hits.append(
+                                ScanHit(
+                                    address=hex(runtime),
+                                    value=index,
+                                    module=m.path or None,
+                                    static_address=_hex(_static(target, runtime)),
+                                )
+                            )
+                            if len(hits) >= p.max_hits:
+                                reason = "limit"
+                                break
+                            at = data.find(pat, at + 1)
+                        if reason != "range_end":
+                            break
+                    pos += n
+                if reason != "range_end":
+                    break
+        finally:
+            mem.close()
+    hits.sort(key=lambda h: int(h.address, 16))
+    result = LiveMemscan(items=hits, complete=reason == "range_end", stop_reason=reason, scanned_bytes=scanned)
+    _bounded(result)
+    return result
