@@ -6,6 +6,7 @@ read-only refusals. Timeouts here are hang bounds only."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -255,3 +256,17 @@ def test_allow_debug_on_the_server_commands_grants_the_permission() -> None:
     for command in ("mcp", "serve"):
         assert permissions(parser.parse_args([command, "f", "--allow-debug"])) == frozenset({"debug"})
         assert permissions(parser.parse_args([command, "f"])) == frozenset()
+
+
+def test_the_debug_command_reads_commands_from_stdin(debuggee: Any, tmp_path: Path) -> None:
+    from conftest import run_cli
+
+    path, syms = debuggee
+    work = f"sub_{syms['work']:x}"
+    script = f"b {work} if $rdi == 2\nr\nregs rdi\nbt\nx {work} 4\nfinish\ndelete 1\nc\nbogus\ninfo\n"
+    done = run_cli("debug", str(path), "--", "3", home=tmp_path, stdin=script, timeout=120)
+    out = done.stdout
+    assert done.returncode == 0, done.stderr
+    assert re.search(rf"\[breakpoint 1\] 0x[0-9a-f]+ \(static {hex(syms['work'])}, {work}\)", out), out
+    assert "rdi 0x2" in out and re.search(rf"#0 +0x[0-9a-f]+ \(static {hex(syms['work'])}, {work}\)", out)
+    assert "[exited with code 30]" in out and "unknown command 'bogus'" in out and "total 30" in out

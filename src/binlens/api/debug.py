@@ -626,7 +626,7 @@ class WaitResult(Result):
     state: str
 
 
-@method("debug.wait", effect=READ_ONLY, long_running=True, requires=REQUIRES)
+@method("debug.wait", effect=READ_ONLY, requires=REQUIRES)
 def debug_wait(ws: Any, p: WaitParams, ctx: CallContext) -> WaitResult:
     """Wait (at most `timeout_ms`) for a stop event: how stateless clients follow a running target."""
     entry = _entry(ws, p.debug_id)
