@@ -76,6 +76,7 @@ class DebugEntry(Located):
     session: GdbSession
     breakpoints: dict[int, dict[str, Any]] = field(default_factory=dict)
     register_names: list[str] | None = None
+    general_registers: list[int] | None = None  # gdb's `general` register group, by number
 
     @property
     def identity(self) -> TargetIdentity | None:
@@ -858,7 +859,7 @@ class RegisterGetParams(Params):
 
     debug_id: DebugId
     names: list[RegisterName] | None = Field(
-        None, max_length=128, description="Registers to read (default: every integer register)."
+        None, max_length=128, description="Registers to read (default: gdb's general registers, as 'info registers')."
     )
     thread: int | None = Field(None, ge=1)
     frame: int = Field(0, ge=0, le=10000)
@@ -884,6 +885,21 @@ def _register_names(entry: DebugEntry) -> list[str]:
     return entry.register_names
 
 
+def _general_registers(entry: DebugEntry) -> list[int]:
+    """The numbers of gdb's `general` registers (what `info registers` shows), found once."""
+    if entry.general_registers is None:
+        text = entry.session.console("maint print register-groups", timeout=10)
+        numbers = []
+        for line in text.splitlines()[1:]:
+            parts = line.split()
+            # (registers without a name, shown as '' or not at all, are skipped)
+            named = len(parts) >= 7 and parts[0] not in ("''", "") and not parts[0].isdigit() and parts[1].isdigit()
+            if named and "general" in parts[-1].split(","):
+                numbers.append(int(parts[1]))
+        entry.general_registers = numbers
+    return entry.general_registers
+
+
 def _where(entry: DebugEntry, thread: int | None, frame: int) -> str:
     """MI's thread and frame options (gdb takes --frame only with --thread: the current one by default)."""
     if thread is None and frame == 0:
@@ -899,7 +915,7 @@ def register_get(ws: Any, p: RegisterGetParams) -> Registers:
     entry = _entry(ws, p.debug_id)
     entry.session.require_stopped()
     names = _register_names(entry)
-    numbers: list[int] = []
+    numbers: list[int] = [] if p.names is not None else _general_registers(entry)
     if p.names is not None:
         for i, name in enumerate(p.names):
             if name not in names:

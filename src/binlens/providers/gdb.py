@@ -270,6 +270,7 @@ class GdbSession:
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._targets: list[tuple[int, int]] = []  # (pid, start time) of targets gdb started
         self._final_output: str | None = None  # the output's tail kept when the session closes
+        self._console: list[str] | None = None  # the console stream of the running `console` call
         self._resumed_by = ""  # the last -exec- command (gdb gives a finish without symbols no stop reason)
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -382,6 +383,15 @@ class GdbSession:
             self._cond.notify_all()
 
     # --- commands -------------------------------------------------------------------------
+    def console(self, text: str, *, timeout: float) -> str:
+        """Run a gdb CLI command and return what it printed (its console stream)."""
+        self._console = []
+        try:
+            self.command(f"-interpreter-exec console {mi_quote(text)}", timeout=timeout)
+            return "".join(self._console)
+        finally:
+            self._console = None
+
     def command(self, text: str, *, timeout: float, check: bool = False) -> dict[str, Any]:
         """Send one MI command and return its result's payload. `check`: the target's identity is
         checked first. An MI error answers `invalid_argument` with gdb's message."""
@@ -478,6 +488,8 @@ class GdbSession:
                     self.state = "running"
                 elif kind == "notify" and message == "stopped":
                     self._stopped(record.get("payload") or {})
+                elif kind == "console" and self._console is not None and len(self._console) < 100000:
+                    self._console.append(str(record.get("payload") or ""))
                 self._cond.notify_all()
         with self._cond:
             if self.state in ("stopped", "running", "idle"):
