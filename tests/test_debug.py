@@ -167,6 +167,14 @@ def test_read_only_refuses_register_and_memory_writes(home: Path, debuggee: Any)
     err = fails("read_only", ws, "register.set", debug_id=d, name="rax", value="0x1")
     assert err.details["requirement"] == "writable"
     fails("read_only", ws, "debug_memory.write", debug_id=d, address="0x1000", bytes="90")
+    # breakpoints stay allowed (a hardware one here), and register reads
+    work = debuggee[1]["work"]
+    bp = call(ws, "breakpoint.create", debug_id=d, selector={"address": hex(work)}, hardware=True)
+    assert bp["kind"] == "hardware"
+    hit = call(ws, "debug.continue", debug_id=d, wait_ms=30000)["event"]
+    assert hit["kind"] == "breakpoint" and hit["static_address"] == hex(work)
+    listed = call(ws, "breakpoint.list", debug_id=d)["items"]
+    assert [(b["id"], b["kind"], b["hits"]) for b in listed] == [(bp["id"], "hardware", 1)]
     err = fails("read_only", ws, "breakpoint.create", debug_id=d, address="0x1000", condition="$rax = 1")
     assert err.target == "/params/condition"  # a condition that assigns is a write too
     pid = call(ws, "debug.get", debug_id=d)["pid"]
