@@ -86,6 +86,16 @@ def test_live_maps_resolve_memscan_and_identity(running: Any, tmp_path: Path) ->
     limited = invoke(ws, "live.memscan", {"values": [{"integer": 0, "size": 1}], "max_hits": 3})
     assert len(limited["items"]) == 3 and limited["stop_reason"] == "limit" and not limited["complete"]
 
+    # the loop adds to `counter` every 20 ms: a watch sees it change, by the program's static address
+    counter = hex(syms["counter"])
+    watched = invoke(ws, "live.watch", {"targets": [{"selector": {"address": counter}}], "duration_ms": 300})
+    assert watched["places"][0]["static_address"] == counter and watched["stop_reason"] == "duration"
+    changes = watched["items"]
+    assert changes and all(
+        int.from_bytes(bytes.fromhex(c["new"]), "little") > int.from_bytes(bytes.fromhex(c["old"]), "little")
+        for c in changes
+    )
+
     target = ws.extensions[LIVE_KEY]
     with target.lock:  # another live call is running
         fails("busy", ws, "live.maps", {})

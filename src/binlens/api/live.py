@@ -4,8 +4,8 @@
 runs FILE (`pin_live`: the executable's device/inode is FILE's, or its bytes have FILE's sha256)
 and pins the process's identity (pid, start time, exe device/inode, sha256), re-checked on every
 call (`process_exited`, `process_changed`). The methods read /proc only (no debugger, the process
-is never stopped): `live.maps`, `live.resolve`, `live.memscan`. At most one live call runs at a
-time (`busy` otherwise), a scan lasts at most 5 s, and a response holds at most 64 KiB.
+is never stopped): `live.maps`, `live.resolve`, `live.memscan`, `live.watch`. At most one live call runs at a
+time (`busy` otherwise), a scan or a watch lasts at most 5 s, and a response holds at most 64 KiB.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
+from binlens.api.analysis import select_address
 from binlens.api.cursor import decode_cursor, encode_cursor, query_key
 from binlens.api.debug import (
     Located,
@@ -30,7 +31,7 @@ from binlens.api.debug import (
     _map_items,
     _static,
 )
-from binlens.api.models import HexAddress, Page, Params, Result
+from binlens.api.models import HexAddress, Page, Params, Result, Selector
 from binlens.api.registry import READ_ONLY, CallContext, method, response_size, response_too_large
 from binlens.errors import BinlensError
 from binlens.providers.gdb import TargetIdentity, read_maps
@@ -286,5 +287,131 @@ def live_memscan(ws: Any, p: LiveMemscanParams, ctx: CallContext) -> LiveMemscan
             mem.close()
     hits.sort(key=lambda h: int(h.address, 16))
     result = LiveMemscan(items=hits, complete=reason == "range_end", stop_reason=reason, scanned_bytes=scanned)
+    _bounded(result)
+    return result
+
+
+class WatchTarget(Params):
+    """A place to watch: a runtime address or a static selector of the program (through the slide)."""
+
+    address: RuntimeAddress | None = None
+    selector: Selector | None = None
+    size: int = Field(8, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _one_place(self) -> WatchTarget:
+        if (self.selector is None) == (self.address is None):
+            raise ValueError("give exactly one of 'address' or 'selector'")
+        return self
+
+
+class LiveWatchParams(Params):
+    """Sample places of the pinned process's memory for a while and report each change."""
+
+    targets: list[WatchTarget] = Field(min_length=1, max_length=16)
+    duration_ms: int = Field(1000, ge=1, le=MAX_SCAN_MS)
+    interval_ms: int = Field(10, ge=1, le=1000, description="Time between two samples.")
+    max_changes: int = Field(200, ge=1, le=1000)
+
+
+class WatchChange(Result):
+    """One observed change of a place."""
+
+    t_ms: float = Field(description="Milliseconds after the watch started.")
+    target: int = Field(description="The index of the place in 'targets'.")
+    old: str = Field(description="Hex bytes before.")
+    new: str = Field(description="Hex bytes after.")
+
+
+class WatchedPlace(Result):
+    """A watched place and its first and last values."""
+
+    address: HexAddress
+    static_address: HexAddress | None = None
+    initial: str | None = Field(description="Hex bytes at the start (null: unreadable).")
+    final: str | None
+
+
+class LiveWatch(Result):
+    """What changed, sampled every interval_ms (a change and its undo between two samples go unseen)."""
+
+    places: list[WatchedPlace]
+    items: list[WatchChange]
+    samples: int
+    complete: bool
+    stop_reason: str = Field(description="'duration' or 'limit' (max_changes).")
+
+
+def _read(mem: Any, address: int, size: int) -> bytes | None:
+    try:
+        mem.seek(address)
+        data = mem.read(size)
+    except OSError:
+        return None
+    return data if data is not None and len(data) == size else None
+
+
+@method("live.watch", effect=READ_ONLY, long_running=True, requires=REQUIRES)
+def live_watch(ws: Any, p: LiveWatchParams, ctx: CallContext) -> LiveWatch:
+    """Sample places of the pinned process's memory for up to 5 s and report each change (it keeps running)."""
+    with _Call(ws) as target:
+        _locate(target)
+        places: list[int] = []
+        for i, t in enumerate(p.targets):
+            if t.address is not None:
+                places.append(int(t.address, 16))
+                continue
+            assert t.selector is not None
+            static, _ = select_address(target.prog, t.selector)
+            if target.slide is None:
+                raise BinlensError(
+                    "unavailable", "the program is not mapped in the process", target=f"/params/targets/{i}"
+                )
+            places.append(static + target.slide)
+        try:
+            mem = open(f"/proc/{target.pinned.pid}/mem", "rb", buffering=0)  # noqa: SIM115 - closed below
+        except OSError:
+            raise BinlensError(
+                "unavailable", "the server cannot read the process's memory", details={"reason": "permission_denied"}
+            ) from None
+        changes: list[WatchChange] = []
+        reason = "duration"
+        samples = 0
+        try:
+            start = time.monotonic()
+            initial = [_read(mem, a, t.size) for a, t in zip(places, p.targets, strict=True)]
+            last = list(initial)
+            while time.monotonic() - start < p.duration_ms / 1000 and reason == "duration":
+                time.sleep(p.interval_ms / 1000)
+                ctx.check_cancelled()
+                samples += 1
+                for i, (a, t) in enumerate(zip(places, p.targets, strict=True)):
+                    now = _read(mem, a, t.size)
+                    if now != last[i] and now is not None and last[i] is not None:
+                        old = last[i]
+                        assert old is not None
+                        t_ms = round((time.monotonic() - start) * 1000, 3)
+                        changes.append(WatchChange(t_ms=t_ms, target=i, old=old.hex(), new=now.hex()))
+                        if len(changes) >= p.max_changes:
+                            reason = "limit"
+                            break
+                    last[i] = now
+        finally:
+            mem.close()
+    result = LiveWatch(
+        places=[
+            WatchedPlace(
+                address=hex(a),
+                static_address=_hex(_static(target, a)),
+                initial=v.hex() if v is not None else None,
+                final=f.hex() if f is not None else None,
+            )
+            for a, v, f in zip(places, initial, last, strict=True)
+        ],
+        items=changes,
+        samples=samples,
+        complete=reason == "duration",
+        stop_reason=reason,
+    )
     _bounded(result)
     return result
