@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,20 @@ def test_live_maps_resolve_memscan_and_identity(running: Any, tmp_path: Path) ->
         int.from_bytes(bytes.fromhex(c["new"]), "little") > int.from_bytes(bytes.fromhex(c["old"]), "little")
         for c in changes
     )
+
+    # a probe on `work` (gdb attached for the duration, then detached): hits with rdi counting up
+    # and the caller in the program; the process runs on
+    probe = invoke(
+        ws,
+        "live.probe",
+        {"addresses": [{"selector": {"address": hex(work)}}], "regs": ["rdi"], "duration_ms": 300, "max_hits": 5},
+    )
+    assert probe["counts"][0] == len(probe["items"]) >= 1, probe
+    values = [int(h["regs"]["rdi"], 16) for h in probe["items"]]
+    assert values == sorted(values) and len(set(values)) == len(values)
+    assert all(h["caller_static"] and h["caller_function"].startswith("sub_") for h in probe["items"])
+    time.sleep(0.1)
+    assert proc.poll() is None and "TracerPid:\t0" in Path(f"/proc/{proc.pid}/status").read_text()
 
     target = ws.extensions[LIVE_KEY]
     with target.lock:  # another live call is running

@@ -4,23 +4,26 @@
 runs FILE (`pin_live`: the executable's device/inode is FILE's, or its bytes have FILE's sha256)
 and pins the process's identity (pid, start time, exe device/inode, sha256), re-checked on every
 call (`process_exited`, `process_changed`). The methods read /proc only (no debugger, the process
-is never stopped): `live.maps`, `live.resolve`, `live.memscan`, `live.watch`. At most one live call runs at a
-time (`busy` otherwise), a scan or a watch lasts at most 5 s, and a response holds at most 64 KiB.
+is never stopped): `live.maps`, `live.resolve`, `live.memscan`, `live.watch`; `live.probe`
+attaches gdb for its duration (breakpoints, then a detach). At most one live call runs at a
+time (`busy` otherwise), a scan, a watch or a probe lasts at most 5 s, and a response holds at most 64 KiB.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import Field, model_validator
 
 from binlens.api.analysis import select_address
 from binlens.api.cursor import decode_cursor, encode_cursor, query_key
 from binlens.api.debug import (
+    ANALYSIS_WAIT_S,
     Located,
     MapItem,
     MapList,
@@ -34,6 +37,7 @@ from binlens.api.debug import (
 from binlens.api.models import HexAddress, Page, Params, Result, Selector
 from binlens.api.registry import READ_ONLY, CallContext, method, response_size, response_too_large
 from binlens.errors import BinlensError
+from binlens.jobs.state import analysis_of
 from binlens.providers.gdb import TargetIdentity, read_maps
 
 LIVE_KEY = "live.target"  # Workspace.extensions key of the pinned `LiveTarget`
@@ -76,6 +80,7 @@ def pin_live(ws: Any, prog: Any, pid: int) -> LiveTarget:
         )
     target = LiveTarget(prog=prog, pinned=ident)
     ws.extensions[LIVE_KEY] = target
+    analysis_of(prog).start()  # function names for resolve, watch and probe results
     return target
 
 
@@ -106,7 +111,11 @@ class _Call:
         self.target.lock.release()
 
 
-def _bounded(result: Result) -> Result:
+R = TypeVar("R", bound=Result)
+
+
+def _bounded(result: R) -> R:
+    """`result`, unless its JSON is over 64 KiB (`response_too_large`)."""
     size = response_size(result.model_dump(mode="json"))
     if size > MAX_RESPONSE:
         raise response_too_large(size, MAX_RESPONSE)
@@ -415,3 +424,139 @@ def live_watch(ws: Any, p: LiveWatchParams, ctx: CallContext) -> LiveWatch:
     )
     _bounded(result)
     return result
+
+
+class LiveProbeParams(Params):
+    """Count hits of places in the pinned process for a while, with callers and registers."""
+
+    addresses: list[WatchTarget] = Field(
+        min_length=1, max_length=16, description="Places (a runtime address or a static selector; 'size' is ignored)."
+    )
+    callers: bool = Field(True, description="Report each hit's caller (the return address, resolved).")
+    regs: list[Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_]{0,31}$")]] = Field(
+        default_factory=list, max_length=16
+    )
+    duration_ms: int = Field(1000, ge=1, le=MAX_SCAN_MS)
+    max_hits: int = Field(200, ge=1, le=1000)
+
+
+class ProbeHit(Result):
+    """One hit of a probed place."""
+
+    t_ms: float
+    probe: int = Field(description="The index of the place in 'addresses'.")
+    thread: int | None = None
+    caller: HexAddress | None = None
+    caller_static: HexAddress | None = None
+    caller_function: str | None = None
+    regs: dict[str, str] = Field(default_factory=dict)
+
+
+class LiveProbe(Result):
+    """The hits, per place and one by one."""
+
+    places: list[HexAddress]
+    counts: list[int]
+    items: list[ProbeHit]
+    complete: bool
+    stop_reason: str = Field(description="'duration', 'limit' (max_hits) or 'exited'.")
+
+
+@method("live.probe", effect=READ_ONLY, long_running=True, requires=(*REQUIRES, "provider-kind:debugger"))
+def live_probe(ws: Any, p: LiveProbeParams, ctx: CallContext) -> LiveProbe:
+    """Break on places of the pinned process for up to 5 s (gdb attached, then detached): hits, callers, registers.
+
+    Each hit stops the process for a moment (a few gdb round trips) before it runs on; once the
+    duration is over the breakpoints are removed and gdb detaches, the process keeps running.
+    """
+    from binlens.providers import registry as providers
+    from binlens.providers.gdb import GdbSession
+
+    provider, _ = providers.choose("auto", "debugger")
+    with _Call(ws) as target:
+        _locate(target)
+        places = []
+        for i, t in enumerate(p.addresses):
+            if t.address is not None:
+                places.append(int(t.address, 16))
+            else:
+                assert t.selector is not None
+                static, _ = select_address(target.prog, t.selector)
+                if target.slide is None:
+                    raise BinlensError("unavailable", "the program is not mapped", target=f"/params/addresses/{i}")
+                places.append(static + target.slide)
+        if p.callers:  # names for the callers, before the process is stopped at all
+            with contextlib.suppress(BinlensError):
+                analysis_of(target.prog).require(ctx, wait=True, timeout_s=ANALYSIS_WAIT_S)
+        session = provider.open_session(target.prog.image)
+        assert isinstance(session, GdbSession)
+        try:
+            return _bounded(_probe(session, target, places, p, ctx))
+        finally:
+            session.close()  # (an attached process is detached, never killed)
+
+
+def _probe(session: Any, target: LiveTarget, places: list[int], p: LiveProbeParams, ctx: CallContext) -> LiveProbe:
+    session.attach(target.pinned.pid, 10)
+    names: list[str] = [
+        str(n) for n in session.command("-data-list-register-names", timeout=10).get("register-names") or []
+    ]
+    numbers = []
+    for i, reg in enumerate(p.regs):
+        if reg not in names:
+            raise BinlensError("not_found", f"no register {reg!r}", target=f"/params/regs/{i}")
+        numbers.append(names.index(reg))
+    index = {}
+    for i, address in enumerate(places):
+        got = session.command(f"-break-insert *{hex(address)}", timeout=10)
+        index[int((got.get("bkpt") or {}).get("number", 0))] = i
+    counts = [0] * len(places)
+    hits: list[ProbeHit] = []
+    reason = "duration"
+    start = time.monotonic()
+    deadline = start + p.duration_ms / 1000
+    seq = session.seq
+    session.command("-exec-continue", timeout=10)
+    while True:
+        ctx.check_cancelled()
+        event = session.wait_event(seq, max(0.0, deadline - time.monotonic()))
+        if event is None:
+            break
+        seq = event["seq"]
+        if event["kind"] == "exited":
+            reason = "exited"
+            break
+        if event["kind"] == "breakpoint" and event.get("breakpoint") in index:
+            probe = index[event["breakpoint"]]
+            counts[probe] += 1
+            hit = ProbeHit(t_ms=round((time.monotonic() - start) * 1000, 3), probe=probe, thread=event.get("thread"))
+            if numbers:
+                got = session.command(f"-data-list-register-values x {' '.join(map(str, numbers))}", timeout=10)
+                hit.regs = {names[int(r["number"])]: str(r["value"]) for r in got.get("register-values") or []}
+            if p.callers:
+                frames = session.command("-stack-list-frames 1 1", timeout=10).get("stack") or []
+                row = frames[0].get("frame", frames[0]) if frames and isinstance(frames[0], dict) else {}
+                if row.get("addr"):
+                    caller = int(str(row["addr"]), 16)
+                    static = _static(target, caller)
+                    fn = _function(target, static, 0)
+                    hit.caller, hit.caller_static = hex(caller), _hex(static)
+                    hit.caller_function = fn.name if fn else (row.get("func") if row.get("func") != "??" else None)
+            hits.append(hit)
+            if len(hits) >= p.max_hits:
+                reason = "limit"
+                break
+        if time.monotonic() >= deadline:
+            break
+        session.command("-exec-continue", timeout=10)
+    if session.state == "running":
+        session.command("-exec-interrupt", timeout=10)
+        session.wait_stop(5)
+    if session.state == "stopped":
+        for number in index:
+            session.command(f"-break-delete {number}", timeout=10)
+        session.command("-target-detach", timeout=10)
+        session.state = "detached"
+    return LiveProbe(
+        places=[hex(a) for a in places], counts=counts, items=hits, complete=reason == "duration", stop_reason=reason
+    )
