@@ -111,6 +111,14 @@ def test_live_maps_resolve_memscan_and_identity(running: Any, tmp_path: Path) ->
     time.sleep(0.1)
     assert proc.poll() is None and "TracerPid:\t0" in Path(f"/proc/{proc.pid}/status").read_text()
 
+    # a profile: the loop sleeps most of the time, in the C library; every sample is accounted for
+    prof = invoke(ws, "live.profile", {"duration_ms": 300, "interval_ms": 5})
+    assert prof["samples"] >= 1 and prof["stop_reason"] == "duration"
+    assert sum(e["samples"] for e in prof["items"]) == prof["samples"]
+    assert any("libc" in (e["module"] or "") for e in prof["items"]), prof
+    time.sleep(0.1)
+    assert proc.poll() is None and "TracerPid:\t0" in Path(f"/proc/{proc.pid}/status").read_text()
+
     target = ws.extensions[LIVE_KEY]
     with target.lock:  # another live call is running
         fails("busy", ws, "live.maps", {})

@@ -3,10 +3,10 @@
 `binlens mcp FILE --allow-live-pid PID` (or `serve`) verifies, before serving anything, that PID
 runs FILE (`pin_live`: the executable's device/inode is FILE's, or its bytes have FILE's sha256)
 and pins the process's identity (pid, start time, exe device/inode, sha256), re-checked on every
-call (`process_exited`, `process_changed`). The methods read /proc only (no debugger, the process
-is never stopped): `live.maps`, `live.resolve`, `live.memscan`, `live.watch`; `live.probe`
-attaches gdb for its duration (breakpoints, then a detach). At most one live call runs at a
-time (`busy` otherwise), a scan, a watch or a probe lasts at most 5 s, and a response holds at most 64 KiB.
+call (`process_exited`, `process_changed`). `live.maps`, `live.resolve`, `live.memscan` and
+`live.watch` read /proc only (the process is never stopped); `live.probe` and `live.profile`
+attach gdb for their duration and detach. At most one live call runs at a time (`busy`
+otherwise), none lasts more than 5 s, and a response holds at most 64 KiB.
 """
 
 from __future__ import annotations
@@ -560,3 +560,111 @@ def _probe(session: Any, target: LiveTarget, places: list[int], p: LiveProbePara
     return LiveProbe(
         places=[hex(a) for a in places], counts=counts, items=hits, complete=reason == "duration", stop_reason=reason
     )
+
+
+class LiveProfileParams(Params):
+    """Sample where the pinned process's threads are for a while."""
+
+    duration_ms: int = Field(1000, ge=1, le=MAX_SCAN_MS)
+    interval_ms: int = Field(10, ge=1, le=1000, description="Time the process runs between two samples.")
+    top: int = Field(50, ge=1, le=500, description="Places reported, most sampled first.")
+
+
+class ProfileEntry(Result):
+    """Samples in one function of the program (or one module outside it)."""
+
+    samples: int
+    share: float = Field(description="samples / all samples.")
+    function: str | None = None
+    static_address: HexAddress | None = Field(None, description="The function's start in the program.")
+    module: str | None = None
+
+
+class LiveProfile(Result):
+    """Where the threads were, most sampled first."""
+
+    samples: int
+    items: list[ProfileEntry]
+    stop_reason: str = Field(description="'duration' or 'exited'.")
+
+
+@method("live.profile", effect=READ_ONLY, long_running=True, requires=(*REQUIRES, "provider-kind:debugger"))
+def live_profile(ws: Any, p: LiveProfileParams, ctx: CallContext) -> LiveProfile:
+    """Sample every thread's place in the pinned process for up to 5 s (gdb attached, then detached).
+
+    The process runs `interval_ms` between two samples, stopped for a moment at each (an
+    interrupt, the threads' places, a continue); samples are grouped by the program's function,
+    else by module.
+    """
+    from binlens.providers import registry as providers
+    from binlens.providers.gdb import GdbSession
+
+    provider, _ = providers.choose("auto", "debugger")
+    with _Call(ws) as target:
+        _locate(target)
+        with contextlib.suppress(BinlensError):
+            analysis_of(target.prog).require(ctx, wait=True, timeout_s=ANALYSIS_WAIT_S)
+        session = provider.open_session(target.prog.image)
+        assert isinstance(session, GdbSession)
+        try:
+            counts, total, reason = _profile(session, target, p, ctx)
+        finally:
+            session.close()  # (an attached process is detached, never killed)
+    items = []
+    for (name, start, module), n in sorted(counts.items(), key=lambda kv: -kv[1])[: p.top]:
+        items.append(
+            ProfileEntry(
+                samples=n,
+                share=round(n / total, 4) if total else 0.0,
+                function=name,
+                static_address=_hex(start),
+                module=module,
+            )
+        )
+    return _bounded(LiveProfile(samples=total, items=items, stop_reason=reason))
+
+
+def _profile(
+    session: Any, target: LiveTarget, p: LiveProfileParams, ctx: CallContext
+) -> tuple[dict[tuple[str | None, int | None, str | None], int], int, str]:
+    session.attach(target.pinned.pid, 10)
+    maps = read_maps(target.pinned.pid)
+    counts: dict[tuple[str | None, int | None, str | None], int] = {}
+    total = 0
+    reason = "duration"
+    deadline = time.monotonic() + p.duration_ms / 1000
+    while time.monotonic() < deadline:
+        ctx.check_cancelled()
+        for t in session.command("-thread-info", timeout=10).get("threads") or []:
+            frame = t.get("frame") if isinstance(t, dict) else None
+            if not isinstance(frame, dict) or not frame.get("addr"):
+                continue
+            pc = int(str(frame["addr"]), 16)
+            static = _static(target, pc)
+            fn = _function(target, static, 0)
+            if fn is not None:
+                key: tuple[str | None, int | None, str | None] = (fn.name, int(fn.address, 16), target.prog.path.name)
+            else:
+                module = next((m.path for m in maps if m.start <= pc < m.end), None)
+                key = (frame.get("func") if frame.get("func") != "??" else None, None, module)
+            counts[key] = counts.get(key, 0) + 1
+            total += 1
+        seq = session.seq
+        session.command("-exec-continue", timeout=10)
+        if session.wait_event(seq, p.interval_ms / 1000) is not None:  # (a stop of its own: it exited, a signal)
+            if session.state == "exited":
+                reason = "exited"
+                break
+            continue
+        seq = session.seq
+        session.command("-exec-interrupt", timeout=10)
+        if session.wait_event(seq, 5) is None or session.state == "exited":
+            reason = "exited" if session.state == "exited" else reason
+            break
+    if session.state == "running":
+        session.command("-exec-interrupt", timeout=10)
+        session.wait_stop(5)
+    if session.state == "stopped":
+        session.command("-target-detach", timeout=10)
+        session.state = "detached"
+    return counts, total, reason
