@@ -278,3 +278,29 @@ def test_the_debug_command_reads_commands_from_stdin(debuggee: Any, tmp_path: Pa
     assert re.search(rf"\[breakpoint 1\] 0x[0-9a-f]+ \(static {hex(syms['work'])}, {work}\)", out), out
     assert "rdi 0x2" in out and re.search(rf"#0 +0x[0-9a-f]+ \(static {hex(syms['work'])}, {work}\)", out)
     assert "[exited with code 30]" in out and "unknown command 'bogus'" in out and "total 30" in out
+
+
+def test_an_i386_static_pie_is_debugged_with_its_own_registers(tmp_path: Path) -> None:
+    """gdb debugs i386 targets on x86-64: a stripped static PIE built by the i686 cross compiler."""
+    cc = shutil.which("i686-linux-gnu-gcc")
+    if cc is None:
+        pytest.skip("no i686 cross compiler (apt-get install gcc-i686-linux-gnu libc6-dev-i386-cross)")
+    full, stripped = tmp_path / "d32", tmp_path / "d32-stripped"
+    src = Path(__file__).parent / "fixtures" / "src" / "debuggee.c"
+    subprocess.run([cc, "-O1", "-static-pie", "-fPIE", "-o", str(full), str(src)], check=True, capture_output=True)
+    subprocess.run(["i686-linux-gnu-strip", "-s", "-o", str(stripped), str(full)], check=True, capture_output=True)
+    if subprocess.run([str(full), "1"], capture_output=True).returncode != 3:
+        pytest.skip("this kernel does not run i386 programs")
+    work = symbols(full)["work"]
+    ws = make_ws(tmp_path / "home")
+    ws.open(stripped)
+    d = call(ws, "debug.start", args=["3"], timeout_ms=60000)["debug_id"]
+    call(ws, "breakpoint.create", debug_id=d, selector={"name": f"sub_{work:x}"})
+    event = call(ws, "debug.continue", debug_id=d, wait_ms=30000)["event"]
+    assert event["kind"] == "breakpoint" and event["static_address"] == hex(work)
+    regs = {r["name"]: r["value"] for r in call(ws, "register.get", debug_id=d)["registers"]}
+    assert int(regs["eip"], 16) == int(event["address"], 16) and "rax" not in regs
+    frames = call(ws, "backtrace.get", debug_id=d)["frames"]
+    assert frames[1]["function"]["name"].startswith("sub_")
+    assert call(ws, "debug.kill", debug_id=d)["state"] == "exited"
+    close_all(ws)
