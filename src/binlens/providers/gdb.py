@@ -270,6 +270,8 @@ class GdbSession:
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._targets: list[tuple[int, int]] = []  # (pid, start time) of targets gdb started
         self._final_output: str | None = None  # the output's tail kept when the session closes
+        self._tail = b""  # the last bytes of the target's output
+        self._drain: threading.Thread | None = None
         self._console: list[str] | None = None  # the console stream of the running `console` call
         self._resumed_by = ""  # the last -exec- command (gdb gives a finish without symbols no stop reason)
 
@@ -304,6 +306,9 @@ class GdbSession:
                 f.write(stdin)
         self.command(f"-file-exec-and-symbols {mi_quote(path)}", timeout=timeout)
         line = " ".join(shlex.quote(a) for a in args)
+        os.mkfifo(self._output, 0o600)  # read by a thread keeping its end: no output can fill a disk
+        self._drain = threading.Thread(target=self._drain_output, daemon=True, name="gdb-target-output")
+        self._drain.start()
         line += f" < {shlex.quote(stdin_path)} > {shlex.quote(self._output)} 2>&1"
         self.command(f"-exec-arguments {line}", timeout=timeout)
         for name, value in env.items():
@@ -365,6 +370,11 @@ class GdbSession:
         if self.state not in ("exited", "detached", "failed"):
             self.state = "closed"
         self._kill()
+        if self.started:  # a reader still waiting for a writer (a target that never ran) is let go
+            with contextlib.suppress(OSError):
+                os.close(os.open(self._output, os.O_WRONLY | os.O_NONBLOCK))
+        if self._drain is not None:
+            self._drain.join(CLOSE_WAIT_S)  # (the target is gone: its last output is on the way)
         if self._final_output is None:
             self._final_output = self.output_tail()
         self._tmp.cleanup()
@@ -591,18 +601,22 @@ class GdbSession:
                 self._cond.wait(min(left, 0.1))
             return self.last_stop
 
+    def _drain_output(self) -> None:
+        """Read the target's stdout and stderr (a FIFO) to its end, keeping the last 4 KiB."""
+        try:
+            with open(self._output, "rb", buffering=0) as f:
+                while chunk := f.read(65536):
+                    with self._cond:
+                        self._tail = (self._tail + chunk)[-MAX_OUTPUT_TAIL:]
+        except OSError:
+            return
+
     def output_tail(self) -> str:
-        """The end of what the target wrote to stdout and stderr (targets gdb started)."""
+        """The end (4 KiB) of what the target wrote to stdout and stderr (targets gdb started)."""
         if self._final_output is not None:
             return self._final_output
-        try:
-            with open(self._output, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(0, size - MAX_OUTPUT_TAIL))
-                return f.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
+        with self._cond:
+            return self._tail.decode("utf-8", "replace")
 
     def mark_exited(self, reason: str) -> None:
         """Record an exit gdb does not report as a stop (a kill): the state and an `exited` event."""
