@@ -193,6 +193,7 @@ def test_attach_maps_threads_detach_and_identity_checks(home: Path, debuggee: An
         # a process running other bytes than the program is refused
         err = fails("conflict", ws, "debug.attach", program=other.handle, pid=proc.pid)
         assert err.target == "/params/pid" and err.details["reason"] == "exe_mismatch"
+        assert fails("process_exited", ws, "debug.attach", program=mine, pid=(1 << 22) - 1).target == "/params/pid"
 
         info = call(ws, "debug.attach", program=mine, pid=proc.pid, timeout_ms=60000)
         d = info["debug_id"]
@@ -303,4 +304,28 @@ def test_an_i386_static_pie_is_debugged_with_its_own_registers(tmp_path: Path) -
     frames = call(ws, "backtrace.get", debug_id=d)["frames"]
     assert frames[1]["function"]["name"].startswith("sub_")
     assert call(ws, "debug.kill", debug_id=d)["state"] == "exited"
+    close_all(ws)
+
+
+FAKE_GDB = """#!/bin/sh
+if [ "$1" = "--version" ]; then echo "GNU gdb (fake) 13.1"; exit 0; fi
+echo $$ > "$(dirname "$0")/gdb.pid"
+exec sleep 600
+"""
+
+
+def test_a_gdb_that_does_not_answer_times_out_and_is_killed(
+    home: Path, debuggee: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "bin" / "gdb"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_GDB)
+    fake.chmod(0o755)
+    monkeypatch.setenv("BINLENS_GDB", str(fake))
+    ws = make_ws(home)
+    ws.open(debuggee[0])
+    err = fails("timeout", ws, "debug.start", timeout_ms=500)
+    assert err.details["reason"] == "timeout"
+    assert _gone(int((fake.parent / "gdb.pid").read_text()))  # its process group was killed
+    assert call(ws, "debug.list")["items"] == []
     close_all(ws)

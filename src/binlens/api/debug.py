@@ -384,7 +384,11 @@ def debug_attach(ws: Any, p: DebugAttachParams) -> DebugSessionInfo:
     prog = ws.program(p.program)
     if p.pid == os.getpid():
         raise BinlensError("invalid_argument", "the server cannot debug itself", target="/params/pid")
-    ident = TargetIdentity.pin(p.pid)
+    try:
+        ident = TargetIdentity.pin(p.pid)
+    except BinlensError as err:
+        err.target = err.target or "/params/pid"
+        raise
     if ident.sha256 != prog.image.identity.sha256:
         raise BinlensError(
             "conflict",

@@ -276,7 +276,7 @@ class GdbSession:
         self._resumed_by = ""  # the last -exec- command (gdb gives a finish without symbols no stop reason)
 
     # --- lifecycle ------------------------------------------------------------------------
-    def _spawn(self) -> None:
+    def _spawn(self, timeout: float) -> None:
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TERM")}
         env.setdefault("PATH", "/usr/bin:/bin")
         self._proc = subprocess.Popen(
@@ -291,14 +291,14 @@ class GdbSession:
         self._finalizer = weakref.finalize(self, _kill_all, self._proc, self._targets)
         threading.Thread(target=self._read_loop, args=(self._proc,), daemon=True, name="gdb-mi").start()
         for command in ("-gdb-set mi-async on", "-gdb-set pagination off", "-gdb-set confirm off"):
-            self.command(command, timeout=30)
+            self.command(command, timeout=timeout)
 
     def start(
         self, path: str, args: list[str], env: dict[str, str], cwd: str | None, stdin: bytes | None, timeout: float
     ) -> None:
         """Start gdb and the target `path` with `args` (its stdout and stderr go to a file of the
         session, its stdin reads `stdin` or /dev/null), stopped at its first instruction."""
-        self._spawn()
+        self._spawn(timeout)
         stdin_path = "/dev/null"
         if stdin is not None:
             stdin_path = os.path.join(self._tmp.name, "stdin")
@@ -328,7 +328,7 @@ class GdbSession:
 
     def attach(self, pid: int, timeout: float) -> None:
         """Start gdb and attach it to `pid` (stopped once attached)."""
-        self._spawn()
+        self._spawn(timeout)
         self.command(f"-target-attach {pid}", timeout=timeout)
         if self.wait_stop(timeout) is None:
             self.close()
