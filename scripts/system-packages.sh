@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Debian packages binlens's own commands need, installed when missing.
-#   scripts/system-packages.sh run    what `make run` needs (a C compiler, python3-venv)
+#   scripts/system-packages.sh run    what `make run` needs (a C compiler, python3-venv, gdb)
 #   scripts/system-packages.sh test   what `make test` needs (cross toolchains, clang, graphviz...)
 #   scripts/system-packages.sh ci     the test set plus the MCP conformance suite's (npm, curl)
 # As root it runs apt-get; otherwise it prints the exact command and goes on, and the tests whose
@@ -17,6 +17,7 @@ want() {  # want CHECK PACKAGE: CHECK is a command name or an absolute path that
 
 want cc gcc
 want make make
+want gdb gdb                                           # the debugger provider (binlens serve --allow-debug)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 
 if [[ "$purpose" == test || "$purpose" == ci ]]; then

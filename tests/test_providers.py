@@ -271,7 +271,9 @@ def test_provider_list_reports_objdump(ws: Workspace, monkeypatch: pytest.Monkey
     with the reason and the remedy, found again at run time once it exists."""
     needs_objdump()
     monkeypatch.delenv("BINLENS_OBJDUMP", raising=False)
-    (item,) = invoke(ws, "provider.list", {})["items"]
+    items = invoke(ws, "provider.list", {})["items"]
+    assert [i["id"] for i in items] == ["objdump", "gdb"]
+    item = items[0]
     assert item["id"] == "objdump" and item["kind"] == "disassembler" and item["available"] is True
     assert item["version"] and item["reason"] is None and item["remediation"] is None
     monkeypatch.setenv("BINLENS_OBJDUMP", "/nonexistent/objdump")
@@ -461,7 +463,7 @@ def test_over_websocket_unavailable_then_a_hung_provider_times_out(tmp_path: Pat
         assert error["code"] == -32000 and error["data"]["code"] == "unavailable"
         assert error["data"]["details"]["reason"] == f"{fake} does not exist"
         assert error["data"]["details"]["remediation"].startswith("apt-get install binutils")
-        listed = ws_call(srv.ws_url, "provider.list", {})["result"]["items"]
+        listed = ws_call(srv.ws_url, "provider.list", {"kind": "disassembler"})["result"]["items"]
         assert [(p["id"], p["available"]) for p in listed] == [("objdump", False)]
 
         fake.write_text(FAKE_OBJDUMP)
@@ -474,7 +476,7 @@ def test_over_websocket_unavailable_then_a_hung_provider_times_out(tmp_path: Pat
         assert reply["error"]["data"]["code"] == "timeout", reply
         assert reply["error"]["data"]["details"]["provider"] == "objdump"
         assert wait_gone(int((fake.parent / "hung.pid").read_text()))
-        listed = ws_call(srv.ws_url, "provider.list", {})["result"]["items"]
+        listed = ws_call(srv.ws_url, "provider.list", {"kind": "disassembler"})["result"]["items"]
         assert listed[0]["available"] is True and listed[0]["version"] == "2.99"
         assert srv.proc.poll() is None
 

@@ -45,6 +45,7 @@ DOMAINS: tuple[str, ...] = (
     "bookmark",
     "comment",
     "data_type",
+    "debug",
     "disassembly",
     "function",
     "function_call",
@@ -53,6 +54,7 @@ DOMAINS: tuple[str, ...] = (
     "instruction",
     "interface",
     "journal",
+    "live",
     "memory",
     "patch",
     "program",
@@ -65,7 +67,7 @@ DOMAINS: tuple[str, ...] = (
 )
 
 # "module:attribute" of each provider object (`binlens.providers.base.Provider`)
-PROVIDERS: tuple[str, ...] = ("binlens.providers.objdump:PROVIDER",)
+PROVIDERS: tuple[str, ...] = ("binlens.providers.objdump:PROVIDER", "binlens.providers.gdb:PROVIDER")
 
 
 def load(ref: str) -> Any:

@@ -17,6 +17,8 @@ STATUS: dict[str, int] = {
     "unavailable": 503,
     "busy": 429,
     "timeout": 504,
+    "process_exited": 410,  # the debugged process is gone
+    "process_changed": 412,  # the debugged pid names another process or executable than the one pinned
 }
 
 

@@ -12,6 +12,7 @@ from binlens.errors import BinlensError
 # What starts a server with each permission a method may require.
 PERMISSIONS: dict[str, str] = {
     "debug": "start the server with --allow-debug",
+    "live": "start the server on the program's file with --allow-live-pid PID (binlens mcp FILE --allow-live-pid PID)",
 }
 FORMS = "'provider:<id>', 'provider-kind:<kind>', 'permission:<name>' or 'writable'"
 

@@ -8,7 +8,7 @@ import os
 import sys
 
 from binlens.cli.main import command, make_workspace
-from binlens.cli.server_args import add_mcp_options, confinement
+from binlens.cli.server_args import add_mcp_options, confinement, permissions, pin_live_pid
 
 log = logging.getLogger("binlens.mcp")
 
@@ -40,15 +40,22 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     ws = make_workspace(
         args,
         read_only=args.read_only,
+        permissions=permissions(args),
         **confinement(args.files, args.root),
         limits=Limits(max_concurrent=args.max_concurrent),
     )
+    opened = []
     for f in args.files:
         try:
-            ws.open(f, check_roots=False)
+            opened.append(ws.open(f, check_roots=False))
         except BinlensError as err:
             sys.stderr.write(f"binlens: error: {f}: {err.message}\n")
             return 1
+    if args.allow_live_pid is not None and not opened:
+        sys.stderr.write("binlens mcp: error: --allow-live-pid needs the program's FILE\n")
+        return 2
+    if opened and not pin_live_pid(args, ws, opened[0], "mcp"):
+        return 1
     try:
         core = McpCore(ws, args.tool_prefix, max_concurrent=args.max_concurrent, separator=args.tool_separator)
     except ValueError as err:  # a prefix that makes some tool name longer than 64 characters

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from binlens.cli.main import command, make_workspace
-from binlens.cli.server_args import add_mcp_options, confinement, positive, seconds
+from binlens.cli.server_args import add_mcp_options, confinement, permissions, pin_live_pid, positive, seconds
 
 if TYPE_CHECKING:
     from binlens.server.connections import ConnectionLimits
@@ -130,6 +130,8 @@ def mcp_config(args: argparse.Namespace, base: str, files: list[Path]) -> dict[s
         stdio["args"] += ["--tool-prefix", args.tool_prefix]
     if args.tool_separator != "_":
         stdio["args"] += ["--tool-separator", args.tool_separator]
+    if args.allow_debug:
+        stdio["args"].append("--allow-debug")
     http: dict[str, Any] = {"type": "http", "url": f"{base}/mcp"}
     if args.token:
         http["headers"] = {"Authorization": f"Bearer ${{{TOKEN_ENV}}}"}  # never the token itself
@@ -189,10 +191,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     ws = make_workspace(
         args,
         read_only=args.read_only,
+        permissions=permissions(args),
         **confinement(args.files, args.root),
         limits=Limits(max_concurrent=args.max_concurrent),
     )
     opened: list[Path] = []
+    programs: list[Any] = []
     for f in args.files:
         try:
             prog = ws.open(f, check_roots=False)
@@ -200,6 +204,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             sys.stderr.write(f"binlens serve: error: {f}: {err.message}\n")
             return 1
         opened.append(prog.path)
+        programs.append(prog)
+    if args.allow_live_pid is not None and not programs:
+        sys.stderr.write("binlens serve: error: --allow-live-pid needs the program's FILE\n")
+        return 2
+    if programs and not pin_live_pid(args, ws, programs[0], "serve"):
+        return 1
     return _run_server(ws, opts, args, opened)
 
 

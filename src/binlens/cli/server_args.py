@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,33 @@ def confinement(files: list[str], roots: list[Path]) -> dict[str, Any]:
     return {"roots": [Path.cwd().resolve()]}
 
 
+def permissions(args: argparse.Namespace) -> frozenset[str]:
+    """The permissions the command line grants (`--allow-debug`: `debug`; `--allow-live-pid`: `live`)."""
+    granted = set()
+    if getattr(args, "allow_debug", False):
+        granted.add("debug")
+    if getattr(args, "allow_live_pid", None) is not None:
+        granted.add("live")
+    return frozenset(granted)
+
+
+def pin_live_pid(args: argparse.Namespace, ws: Any, prog: Any, command: str) -> bool:
+    """With `--allow-live-pid PID`: verify PID runs `prog`'s file and pin it (False, with the
+    reason on stderr, when it does not: the server must not start)."""
+    pid = getattr(args, "allow_live_pid", None)
+    if pid is None:
+        return True
+    from binlens.api.live import pin_live
+    from binlens.errors import BinlensError
+
+    try:
+        pin_live(ws, prog, pid)
+    except BinlensError as err:
+        sys.stderr.write(f"binlens {command}: error: --allow-live-pid {pid}: {err.message}\n")
+        return False
+    return True
+
+
 def add_mcp_options(p: argparse.ArgumentParser, *, root_help: str, frame_help: str) -> None:
     """FILEs, tool naming, read-only, roots, concurrency and frame limit."""
     p.add_argument("files", nargs="*", metavar="FILE", help="programs to open at start")
@@ -74,6 +102,18 @@ def add_mcp_options(p: argparse.ArgumentParser, *, root_help: str, frame_help: s
         f"'.' for Ghidra Bridge's binlens.help; ${SEPARATOR_ENV} sets the default)",
     )
     p.add_argument("--read-only", action="store_true", help="hide and refuse every mutation")
+    p.add_argument(
+        "--allow-debug",
+        action="store_true",
+        help="allow the debug methods to start and attach to processes (docs/DEBUGGING.md)",
+    )
+    p.add_argument(
+        "--allow-live-pid",
+        metavar="PID",
+        type=positive,
+        default=None,
+        help="serve the live.* methods over process PID, verified to run the first FILE before serving",
+    )
     p.add_argument("--root", metavar="DIR", action="append", type=Path, default=[], help=root_help)
     p.add_argument(
         "--max-concurrent", metavar="N", type=positive, default=4, help="calls running at once; more get busy"

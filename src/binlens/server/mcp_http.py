@@ -474,12 +474,27 @@ class LegacySse:
             while (await receive())["type"] != "http.disconnect":
                 pass
 
+        # debugger stop events (from gdb's reader threads) as `{prefix}.debug.event` messages
+        from binlens.api.debug import listeners as debug_listeners  # (the domain loads with the catalog)
+
+        loop = asyncio.get_running_loop()
+        event_method = f"{self.core.tools.prefix}.debug.event"
+
+        def push(event: dict[str, Any]) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(
+                    self._deliver, sess, {"jsonrpc": "2.0", "method": event_method, "params": event}
+                )
+
+        pushers = debug_listeners(self.core.ws)
+        pushers.append(push)
         watchers = [asyncio.ensure_future(c) for c in (pump(), until_gone(), sess.dropped.wait())]
         try:
             await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for watcher in watchers:
                 watcher.cancel()
+            pushers.remove(push)
             self.sessions.pop(sess.id, None)
             sess.session.cancel_all()
             log.info("SSE session %s closed", sess.id)

@@ -118,8 +118,22 @@ class StdioServer:
             daemon=True,
         )
         thread.start()
-        while await self._items(await queue.get()):
-            pass
+        # debugger stop events (from gdb's reader threads) as `{prefix}.debug.event` notifications
+        from binlens.api.debug import listeners as debug_listeners  # (the domain loads with the catalog)
+
+        event_method = f"{self.core.tools.prefix}.debug.event"
+
+        def push(event: dict[str, Any]) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._write, {"jsonrpc": "2.0", "method": event_method, "params": event})
+
+        pushers = debug_listeners(self.core.ws)
+        pushers.append(push)
+        try:
+            while await self._items(await queue.get()):
+                pass
+        finally:
+            pushers.remove(push)
         self.session.cancel_all()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -82,6 +82,15 @@ class WsHub:
         self.pool = concurrent.futures.ThreadPoolExecutor(self.max_concurrent, thread_name_prefix="binlens-ws")
         self.stopping = False
         self.loop: asyncio.AbstractEventLoop | None = None
+        # debugger stop events, from gdb's reader threads, to every connected client
+        from binlens.api.debug import listeners as debug_listeners  # (the domain loads with the catalog)
+
+        event_method = f"{opts.tool_prefix}.debug.event"
+
+        def push(event: dict[str, Any]) -> None:
+            self.post(event_method, event)
+
+        debug_listeners(ws).append(push)
 
     # --- work slots -----------------------------------------------------------------------
     def try_start(self) -> bool:
