@@ -100,10 +100,10 @@ def test_stop_events_are_pushed_over_stdio_mcp(tmp_path: Path, compile_c: Any) -
     try:
         client.send(msg({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": INIT}))
         client.answer(0)
-        d = call("dbg.debug", "start", {"args": ["1"], "timeout_ms": 60000})["debug_id"]
-        call("dbg.breakpoint", "create", {"debug_id": d, "selector": {"name": f"sub_{work:x}"}})
-        call("dbg.debug", "continue", {"debug_id": d, "wait_ms": 30000})
-        call("dbg.debug", "kill", {"debug_id": d})
+        d = call("dbg_debug", "start", {"args": ["1"], "timeout_ms": 60000})["debug_id"]
+        call("dbg_breakpoint", "create", {"debug_id": d, "selector": {"name": f"sub_{work:x}"}})
+        call("dbg_debug", "continue", {"debug_id": d, "wait_ms": 30000})
+        call("dbg_debug", "kill", {"debug_id": d})
         pushed = [f["params"] for f in client.seen if f.get("method") == "dbg.debug.event"]
         assert [e["kind"] for e in pushed][-2:] == ["breakpoint", "exited"]
         assert pushed[-2]["static_address"] == hex(work)
