@@ -17,7 +17,7 @@ chunk start) once and caches them; everything after that is graph work over the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container, Iterable
 
 from binlens.analysis.codemap import CHUNK, INSN, CodeMap
 from binlens.analysis.discovery.leaves import leaves
@@ -311,6 +311,37 @@ class Explorer:
                     b.edges = again.edges
         self.record_edges = True
 
+    def defer_edges(self) -> None:
+        """Walk bodies without their edges until `restore_edges` (discovery re-walks bodies many
+        times; their edges are needed once it ends, and for the non-returning test on demand)."""
+        self.record_edges = False
+
+    def on_progress(self, progress: Progress | None) -> None:
+        """Report the walk's progress to `progress(code bytes reached, None, None)` (None: not at all)."""
+        self.progress = progress
+
+    def add_gotos(self, gotos: list[tuple[int, int, list[int]]]) -> None:
+        """Computed-goto tables found in data ((function, end of its range, label addresses)): an
+        indirect jump of such a function that no table resolves gets its labels as cases."""
+        self.gotos.extend(gotos)
+
+    def mark_unproven(self, va: int) -> None:
+        """A gap trial at `va` was not proven an entry: a data pointer may still name it one."""
+        self.unproven.add(va)
+
+    def note_trial_path(self, src: int, dst: int) -> None:
+        """A heuristic trial walked from chunk `src` into `dst`: keep it as `dst`'s predecessor
+        unless one is known (the path a switch's bound check is found on)."""
+        self.pred.setdefault(dst, src)
+
+    def forget_chunks(self, addresses: Iterable[int], keep: Container[int]) -> None:
+        """Drop the cached chunks at `addresses`, except those in `keep` (functions already built, or
+        built by another process: their memory serves what is built next)."""
+        chunks = self.chunks
+        for a in addresses:
+            if a not in keep and a in chunks:
+                del chunks[a]  # (`pop` would build the chunk's tuple only to drop it)
+
     def finish(self) -> None:
         """Discovery is over: drop what only its passes need (the body cache, the reached set,
         recorded predecessors), so building functions and references runs with less memory."""
@@ -337,24 +368,45 @@ class Explorer:
     ) -> tuple[set[int], set[int]]:
         """Reach chunks from `starts`; returns (reached chunk starts, direct call targets). `fresh`
         collects the chunks this call reached for the first time (while `noret` is unchanged)."""
-        # Reachability only grows while the set of non-returning functions stays the same:
-        # then walk from the new starts only.
+        stack, reached, calls = self._walk_from(starts, noret)
+        if _c_traverse is not None:  # the same walk in C (`_descent.c`)
+            _c_traverse(stack, reached, calls, noret, self.chunks, self.pred, self.jpred, self.cpred, self.fast,
+                        self._new_chunk, self.case_targets, fresh, self.progress)  # fmt: skip
+        else:
+            self._walk(stack, reached, calls, noret, fresh)
+        return reached, calls
+
+    def _walk_from(self, starts: list[int], noret: set[int] | frozenset[int]) -> tuple[list[int], set[int], set[int]]:
+        """(the addresses to walk from, the reached set and the call set the walk grows). Reachability
+        only grows while the set of non-returning functions stays the same: then the last walk's
+        sets grow from the new starts only; else a full walk starts, the last one's sets let go first."""
         if self._trav_noret is not None and self._trav_noret == noret:
             reached, calls = self._reached, self._calls
             stack = [s for s in starts if s not in reached]
-        else:  # a full walk: let the last one's sets go first
+        else:
             self._reached = self._calls = set()
             reached, calls = self.codemap.address_set(), set()
             stack = list(starts)
         self._trav_noret = set(noret)
         self._reached, self._calls = reached, calls
+        return stack, reached, calls
+
+    def _walk(
+        self,
+        stack: list[int],
+        reached: set[int],
+        calls: set[int],
+        noret: set[int] | frozenset[int],
+        fresh: list[int] | None,
+    ) -> None:
+        """`traverse`'s walk in Python (the twin of `_descent.c`'s): pop, decode, push successors."""
         pred = self.pred
         jpred = self.jpred
         cpred = self.cpred
         get = self.chunks.get
         chunk = self.chunk
         push = stack.append
-        see = reached.add
+        see: Callable[[int], None] = reached.add
         if fresh is not None:
             add, note = reached.add, fresh.append
 
@@ -363,10 +415,6 @@ class Explorer:
                 note(a)
 
         progress = self.progress
-        if _c_traverse is not None:  # the same walk in C (`_descent.c`)
-            _c_traverse(stack, reached, calls, noret, self.chunks, pred, jpred, cpred, self.fast, self._new_chunk,
-                        self.case_targets, fresh, progress)  # fmt: skip
-            return reached, calls
         tick = 0
         covered = 0
         while stack:
@@ -417,7 +465,6 @@ class Explorer:
                 tick += 1
                 if not tick & 4095:
                     progress(covered, None, None)
-        return reached, calls
 
     def partition(
         self,
@@ -434,7 +481,7 @@ class Explorer:
         self._dirty = set()
         return out
 
-    def _body(
+    def walk_body(
         self,
         f: int,
         nxt: int,
@@ -442,17 +489,33 @@ class Explorer:
         starts: set[int],
         fragments: Callable[[int], bool],
         noret: set[int],
+        edges: bool | None = None,
     ) -> tuple[Body, set[int], set[int], set[int]]:
-        """Walk one function: (body, chunks seen, other starts it ran into, new tail-call starts)."""
+        """Walk one function: (body, chunks seen, other starts it ran into, new tail-call starts).
+        `edges`: keep the body's edges (None: as `record_edges` says)."""
+        b = Body() if (self.record_edges if edges is None else edges) else Body(edges=None)
         if _c_body is not None:  # the same walk in C (`_descent.c`)
-            b = Body() if self.record_edges else Body(edges=None)
             seen, hits, new = _c_body(self.chunks, f, nxt, ext, starts, fragments, noret, b, self._indirect, leaves)
-            b.calls = pack_calls(b.calls)
-            return b, seen, hits, new
+        else:
+            seen, hits, new = self._walk_body(b, f, nxt, ext, starts, fragments, noret)
+        b.calls = pack_calls(b.calls)
+        return b, seen, hits, new
+
+    def _walk_body(
+        self,
+        b: Body,
+        f: int,
+        nxt: int,
+        ext: int | None,
+        starts: set[int],
+        fragments: Callable[[int], bool],
+        noret: set[int],
+    ) -> tuple[set[int], set[int], set[int]]:
+        """`walk_body`'s walk in Python (the twin of `_descent.c`'s), filling `b`: (chunks seen, other
+        starts it ran into, new tail-call starts)."""
         get = self.chunks.get
         new: set[int] = set()
         hits: set[int] = set()
-        b = Body() if self.record_edges else Body(edges=None)
         add_chunk = b.chunks.append
         add_edge = b.edges.extend if b.edges is not None else _no_edge
         add_tail = b.tails.append
@@ -546,8 +609,7 @@ class Explorer:
                 if s not in seen:
                     seen.add(s)
                     stack.append(s)
-        b.calls = pack_calls(b.calls)
-        return b, seen, hits, new
+        return seen, hits, new
 
     def _indirect(
         self,
@@ -563,7 +625,7 @@ class Explorer:
         hits: set[int],
         case_hi: int,
     ) -> tuple[tuple[tuple[int, str], ...], int]:
-        """`_body` at an indirect jump (`last`, targets `t`): the successors to follow and the highest
+        """`walk_body` at an indirect jump (`last`, targets `t`): the successors to follow and the highest
         case label so far; tail calls and starts it meets go into `b`, `new` and `hits`."""
         cases = self.jt.get(last)
         # a conditional indirect jump (ARM `addls pc, ...`) also falls through
@@ -595,4 +657,4 @@ class Explorer:
 
 
 def _no_edge(_edge: tuple) -> None:
-    """`_body`'s edge recorder while edges are not kept."""
+    """`walk_body`'s edge recorder while edges are not kept."""

@@ -49,7 +49,6 @@ def iter_functions(
     literals: set[int] = getattr(explorer.backend, "literals", set())  # (ARM32 literal pool words)
     in_thumb = _thumb_test(explorer.backend)
     order = sorted(bodies)
-    chunks = explorer.chunks
     shared: set[int] = set()
     if consume:  # the chunks several bodies hold, in bits (a Counter of cc1's 1.3M would be 39 MiB)
         shared = _held_twice(codemap, bodies)
@@ -58,9 +57,7 @@ def iter_functions(
         body = bodies.pop(f) if consume else bodies[f]
         blocks, edges = _blocks(codemap, explorer, f, body)
         if consume:
-            for a in body.chunks:
-                if a not in shared:
-                    del chunks[a]
+            explorer.forget_chunks(body.chunks, shared)
         ext = extents.get(f)  # (an unwind range or symbol size; one over the next start, such as the
         # linker's FDE over all of PowerPC's call stubs, ends there)
         size = min(ext, nxt - f) if ext else _extent(f, blocks, nxt, codemap, literals)
