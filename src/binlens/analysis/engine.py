@@ -283,9 +283,9 @@ def _read_metadata(
     fragments = []
     for fde in fdes:
         if fde.entry:
-            va = seeds.add(fde.start, "eh_frame")
-            if va is not None and fde.size:
-                extents[va] = fde.size
+            start = seeds.add(fde.start, "eh_frame")
+            if start is not None and fde.size:
+                extents[start] = fde.size
         else:
             fragments.append((fde.start, fde.size))
     return seeds, thunks, extents, IntervalSet(fragments)

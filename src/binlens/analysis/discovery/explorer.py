@@ -18,12 +18,16 @@ chunk start) once and caches them; everything after that is graph work over the 
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Iterable
+from typing import TYPE_CHECKING, Literal, cast
 
 from binlens.analysis.codemap import CHUNK, INSN, CodeMap
 from binlens.analysis.discovery.leaves import leaves
 from binlens.analysis.discovery.partition import Partitioner
 from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET, Body, pack_calls
 from binlens.analysis.native.kernels import native
+
+if TYPE_CHECKING:
+    from binlens.analysis.decode.backend import Backend, Chunk
 
 # the walk of `Explorer.traverse` in C (`_descent.c`); without it the Python loop below runs
 _descent = native("_descent", T_FALL, T_JUMP, T_COND, T_CALL, T_ICALL, T_IJUMP, T_RET, T_BAD)
@@ -35,7 +39,7 @@ _PredMap = _descent.PredMap if _descent is not None else None  # in 12-byte slot
 
 def _preds() -> dict[int, int]:
     """A new map of recorded predecessors: a `PredMap`, or a dict without the C extension."""
-    return _PredMap() if _PredMap is not None else {}  # type: ignore[no-any-return]
+    return _PredMap() if _PredMap is not None else {}
 
 
 Progress = Callable[[float, float | None, str | None], None]
@@ -99,7 +103,7 @@ class Explorer:
     def __init__(
         self,
         codemap: CodeMap,
-        backend: object,
+        backend: Backend,
         jump_tables: Callable[[int, int, list[tuple[int, int]]], tuple[list[int], bool]] | None,
         cond_preds: bool = False,
         cond_first: bool = False,
@@ -107,13 +111,11 @@ class Explorer:
     ) -> None:
         self.codemap = codemap
         self.backend = backend
-        self.decode = backend.decode_chunk  # type: ignore[attr-defined]
+        self.decode = backend.decode_chunk
         # x86: a new chunk decoded whole in C (`_x86scan.Scanner`), else False (the path below decides)
-        self.fast: Callable[[int], tuple[int, int, tuple[int, ...], int] | bool | None] | None = getattr(
-            backend, "fast_chunk", None
-        )
+        self.fast: Callable[[int], Chunk | Literal[False] | None] | None = getattr(backend, "fast_chunk", None)
         # {va: (end, terminator, targets, last)}: a `ChunkMap` (flat records, `_chunkmap.h`) or a dict
-        self.chunks: dict[int, tuple[int, int, tuple[int, ...], int]] = _ChunkMap() if _ChunkMap is not None else {}
+        self.chunks: dict[int, Chunk] = _ChunkMap() if _ChunkMap is not None else {}
         self.pred: dict[int, int] = _preds()
         self.jpred: dict[int, int] = _preds()  # first chunk seen jumping to a chunk
         # first chunk seen branching conditionally to a chunk (kept when asked for: the AArch64
@@ -144,21 +146,21 @@ class Explorer:
         self.unproven: set[int] = set()  # gap-trial starts not proven entries: still open to a data pointer
 
     # ------------------------------------------------------------------ chunks
-    def chunk(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
+    def chunk(self, va: int) -> Chunk | None:
         """The chunk starting at `va`, decoding it or splitting the chunk that contains it."""
         c = self.chunks.get(va)
         if c is not None:
             return c
         if self.fast is not None:
-            c = self.fast(va)
-            if c:
-                self.chunks[va] = c  # type: ignore[assignment]
-                return c  # type: ignore[return-value]
-            if c is None:
+            got = self.fast(va)
+            if got:
+                self.chunks[va] = got
+                return got
+            if got is None:
                 return None
         return self._new_chunk(va)
 
-    def _new_chunk(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
+    def _new_chunk(self, va: int) -> Chunk | None:
         """`chunk` for an address with no chunk yet that the fast decoder left to Python."""
         r = self.codemap.region(va)
         if r is None:
@@ -250,17 +252,20 @@ class Explorer:
     def _resolve_table(self, chunk_start: int, last: int) -> tuple[list[int], bool]:
         """Ask the resolver along the recorded path; on AArch64 also along the path that prefers
         jumps (a loop's entry edge rather than its back edge, where a hoisted table address is set)."""
+        resolve = self._jump_tables
+        if resolve is None:  # (the callers ask only when there is a resolver)
+            return [], True
         slice_start = self.pred.get(chunk_start, chunk_start)
         chain = self._pred_chain(chunk_start)
-        t, guarded = self._jump_tables(slice_start, last, chain)  # type: ignore[misc]
+        t, guarded = resolve(slice_start, last, chain)
         if not t and self.cpred is not None:
             other = self._pred_chain(chunk_start, jump_first=True)
             if other != chain:
-                t, guarded = self._jump_tables(slice_start, last, other)  # type: ignore[misc]
+                t, guarded = resolve(slice_start, last, other)
             if not t and self.cond_first:  # a loop entered by a conditional branch (`bnez a5, loop`): its entry
                 third = self._pred_chain(chunk_start, cond_first=True)
                 if third != chain and third != other:
-                    t, guarded = self._jump_tables(slice_start, last, third)  # type: ignore[misc]
+                    t, guarded = resolve(slice_start, last, third)
         if not t and self.gotos:  # a computed goto of a function with a dispatch table (gototables.py)
             t, guarded = next((labels for lo, hi, labels in self.gotos if lo <= last < hi), []), False
         return t, guarded
@@ -296,7 +301,7 @@ class Explorer:
         """The edges of `f`'s body `b` (of the last `partition`): kept in it, or walked again."""
         if b.edges is not None:
             return b.edges
-        return self._parts.walk(self, f).edges  # type: ignore[return-value]
+        return cast("list[int | str]", self._parts.walk(self, f).edges)  # (walked with its edges)
 
     def restore_edges(self, bodies: dict[int, Body]) -> None:
         """Give the bodies of the last `partition` their edges, and record them from here on. The
@@ -519,6 +524,7 @@ class Explorer:
         add_chunk = b.chunks.append
         add_edge = b.edges.extend if b.edges is not None else _no_edge
         add_tail = b.tails.append
+        add_call = b.calls.extend  # (a list while the walk fills it)
         seen = {f}
         stack = [f]
         push = stack.append
@@ -567,7 +573,7 @@ class Explorer:
             if term in (T_CALL, T_ICALL):
                 x = t[0]
                 if term == T_CALL or x >= 0:
-                    b.calls += (last, x)
+                    add_call((last, x))
                 if x in noret:
                     continue
                 s = t[1]
@@ -658,3 +664,6 @@ class Explorer:
 
 def _no_edge(_edge: tuple) -> None:
     """`walk_body`'s edge recorder while edges are not kept."""
+
+
+__all__ = ["NORETURN_NAMES", "Body", "Explorer", "Progress"]

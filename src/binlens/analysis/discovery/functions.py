@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from operator import itemgetter
+from typing import cast
 
 from binlens.analysis.codemap import BODY, CodeMap
-from binlens.analysis.discovery.explorer import Body, Explorer, _descent
-from binlens.analysis.model import SOURCES, TERM_NAMES, BasicBlock, Edge, Function, pack_calls, pairs
+from binlens.analysis.discovery.explorer import Explorer, _descent
+from binlens.analysis.model import SOURCES, TERM_NAMES, BasicBlock, Body, Edge, Function, pack_calls, pairs
 from binlens.loader.image import Image
 
 _ORDER = {s: i for i, s in enumerate(SOURCES)}
@@ -33,7 +34,7 @@ def iter_functions(
     codemap: CodeMap,
     explorer: Explorer,
     bodies: dict[int, Body],
-    starts: dict[int, set[str]],
+    starts: Mapping[int, frozenset[str]],
     extents: dict[int, int],
     thunks: dict[int, str],
     noret: set[int],
@@ -115,8 +116,9 @@ def _blocks(codemap: CodeMap, explorer: Explorer, f: int, body: Body) -> tuple[l
         keys.sort(key=_SRC_DST)
         return _block_objects(codemap, spans), [Edge(s, d, k) for s, d, k in keys]
     chunks = explorer.chunks
-    edges = body.edges
-    srcs, dsts, kinds = edges[0::3], edges[1::3], edges[2::3]  # body edges are flat triples
+    edges = cast("list[int | str]", body.edges)  # (every body has its edges once discovery ends)
+    # body edges are flat (source, target, kind) triples
+    srcs, dsts, kinds = cast("list[int]", edges[0::3]), cast("list[int]", edges[1::3]), cast("list[str]", edges[2::3])
     npred = Counter(dsts)  # counted and mapped at C speed
     succ_n = Counter(srcs)
     via = dict(zip(dsts, srcs, strict=True))  # source and kind of the (last) edge into each chunk

@@ -16,10 +16,10 @@ import bisect
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from binlens.analysis.model import pack_calls
+from binlens.analysis.model import Body, pack_calls
 
 if TYPE_CHECKING:
-    from binlens.analysis.discovery.explorer import Body, Explorer
+    from binlens.analysis.discovery.explorer import Explorer
 
 Index = dict[int, "int | set[int]"]  # key -> the function depending on it (a set when several do)
 

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
-
 from binlens.analysis.heuristics.arm import arm_gap_candidates, arm_leaf_candidates, arm_runs_into
 from binlens.analysis.heuristics.gapmap import cover
 from binlens.analysis.heuristics.round import Round
 from binlens.analysis.heuristics.trials import descend
 
-if TYPE_CHECKING:
-    from binlens.analysis.decode.capstone_backend import CapstoneBackend
-
+_PROLOGUE = frozenset({"prologue"})  # the sources of a start only the gap stages guessed
 # one leaf to look at: (after a push, address, gap end, after a tail call, the sub-gap (entry, end) it lies in)
 Leaf = tuple[bool, int, int, bool, "tuple[int, int] | None"]
 
@@ -23,7 +19,7 @@ def arm_gaps(r: Round) -> None:
     if r.image.code_endian != "little":
         return
     covered = r.gaps.covered(r.bodies)
-    for va, _gap_end in arm_gap_candidates(r.codemap, r.backend, covered, r.gaps.memo):
+    for va, _gap_end in arm_gap_candidates(r.codemap, r.capstone, covered, r.gaps.memo):
         r.accept(va, "prologue", in_range=True)
     if not r.out and r.gaps.after_data:
         _leaves(r, covered)
@@ -35,8 +31,8 @@ def _leaves(r: Round, covered: dict[int, bytearray]) -> None:
     (runs of small leaves laid out one after another took a round each, ~50 rounds on some armv7
     files). Not for pushes: found in the first rounds, in gaps that still hold much unreached code,
     a push guessed before the discovery of the code around it can be a literal pool's words."""
-    image, codemap, backend = r.image, r.codemap, r.backend
-    decoded = cast("CapstoneBackend", backend).decoded_thumb
+    image, codemap, backend = r.image, r.codemap, r.capstone
+    decoded = backend.decoded_thumb
     prior = 2 * sum(decoded.get(f, False) for f in r.starts) >= len(r.starts)  # most functions' state
     first = arm_leaf_candidates(image, codemap, backend, covered, prior)
     work: list[Leaf] = [(False, *leaf, None) for leaf in reversed(first)]
@@ -48,7 +44,7 @@ def _leaves(r: Round, covered: dict[int, bytearray]) -> None:
                 sub = arm_leaf_candidates(image, codemap, backend, covered, prior, within)
                 work.extend((False, *leaf, within) for leaf in reversed(sub))
                 continue
-        elif r.starts.get(gap_end) == {"prologue"} and arm_runs_into(codemap, backend, va, gap_end):
+        elif r.starts.get(gap_end) == _PROLOGUE and arm_runs_into(codemap, backend, va, gap_end):
             # the checks before a frame whose push was found first: the entry is here (the
             # push, which this code now runs into, is dropped after the next discovery)
             r.accept(va, "prologue", in_range=True)

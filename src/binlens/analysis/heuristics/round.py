@@ -16,6 +16,7 @@ from binlens.analysis.model import T_BAD, T_JUMP, T_RET, Body
 from binlens.loader.image import Image
 
 if TYPE_CHECKING:
+    from binlens.analysis.decode.backend import Backend
     from binlens.analysis.decode.capstone_backend import CapstoneBackend
     from binlens.analysis.discovery.explorer import Explorer
 
@@ -40,7 +41,7 @@ class Round:
         self.image = image
         self.explorer = explorer
         self.codemap = explorer.codemap
-        self.backend = explorer.backend
+        self.backend: Backend = explorer.backend
         self.starts = starts
         self.known = known
         self.bodies = bodies
@@ -61,6 +62,11 @@ class Round:
         # a test of code that starts like a function, which lets a code address taken inside a found
         # function's blocks be an entry (the code-offset stage sets it; x86: `starts_like_function`)
         self.taken: Callable[[int], bool] | None = None
+
+    @property
+    def capstone(self) -> CapstoneBackend:
+        """The backend as the ARM32 tests read it (capstone decodes ARM32: literal pools, states)."""
+        return cast("CapstoneBackend", self.backend)
 
     def unexplored(self, va: int, lax: bool = False) -> bool:
         """Is `va` code nothing decoded, outside the known ranges (`lax`: inside them too) unless it
@@ -100,7 +106,7 @@ class Round:
         if source == "pointer" and self._label(va):
             return  # a label inside a function (computed goto, unresolved table), not an entry
         if self.arm:
-            backend = cast("CapstoneBackend", self.backend)
+            backend = self.capstone
             if va in backend.literals:
                 return  # a literal pool word a pc-relative load reads: data
             set_arm_state(backend, va, thumb)
@@ -135,7 +141,7 @@ class Round:
             source == "pointer"
             and (
                 arm_pushes(self.image, self.codemap, va | thumb)
-                or arm_after_end(self.image, self.codemap, self.backend, va, thumb, tail=True)
+                or arm_after_end(self.image, self.codemap, self.capstone, va, thumb, tail=True)
             )
         )
 
