@@ -230,9 +230,7 @@ def explore(
     # that LC_FUNCTION_STARTS covers, any address the linker did not list there
     refused = RefusedStarts(image, excluded)
     data_like = data_like_test(image)
-    noret_slots = {imp.slot for imp in image.imports if imp.name in NORETURN_NAMES}
-    named_noret = {va for va, name in thunks.items() if name in NORETURN_NAMES}
-    named_noret |= {s.address for s in image.symbols if s.name in NORETURN_NAMES and codemap.contains(s.address)}
+    noret_slots, named_noret = _named_noreturn(image, codemap, thunks)
     jt_tables: dict[int, int] = {}
     explorer = make_explorer(image, codemap, backend, jt_tables)
     if _EDGES_LATER is not None:
@@ -289,6 +287,15 @@ def _read_metadata(
         else:
             fragments.append((fde.start, fde.size))
     return seeds, thunks, extents, IntervalSet(fragments)
+
+
+def _named_noreturn(image: Image, codemap: CodeMap, thunks: dict[int, str]) -> tuple[set[int], set[int]]:
+    """(the import slots, the thunks and symbols in code) of the functions whose names say they do
+    not return (`NORETURN_NAMES`)."""
+    noret_slots = {imp.slot for imp in image.imports if imp.name in NORETURN_NAMES}
+    named_noret = {va for va, name in thunks.items() if name in NORETURN_NAMES}
+    named_noret |= {s.address for s in image.symbols if s.name in NORETURN_NAMES and codemap.contains(s.address)}
+    return noret_slots, named_noret
 
 
 def _decoding_progress(report: Progress, codemap: CodeMap) -> Progress:
