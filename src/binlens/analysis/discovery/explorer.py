@@ -186,6 +186,8 @@ class Explorer:
         return c
 
     def case_targets(self, chunk_start: int, last: int) -> list[int]:
+        """The case targets of the indirect jump at `last` (in the chunk at `chunk_start`), asked of
+        the resolver once; one it cannot resolve yet is retried as more paths are recorded."""
         t = self.jt.get(last)
         if t is None:
             guarded = True

@@ -28,8 +28,8 @@ def arm_gaps(r: Round) -> None:
 def _leaves(r: Round, covered: dict[int, bytearray]) -> None:
     """Leaf functions in gaps. A leaf taken covers what descent from it reaches, and the rest of its
     gap is looked at again in the same round, as the next round would: its push first, then its leaf
-    (runs of small leaves laid out one after another took a round each, ~50 rounds on some armv7
-    files). Not for pushes: found in the first rounds, in gaps that still hold much unreached code,
+    (else runs of small leaves laid out one after another take a round each: ~50 rounds on some
+    armv7 files). Not for pushes: found in the first rounds, in gaps that still hold much unreached code,
     a push guessed before the discovery of the code around it can be a literal pool's words."""
     image, codemap, backend = r.image, r.codemap, r.capstone
     decoded = backend.decoded_thumb

@@ -153,8 +153,8 @@ class _GapStage:
     def _sub_gaps(self, va: int, gap_end: int) -> list[tuple[int, int]]:
         """The work a rejected trial at `va` leaves: the candidates of the gaps left in its gap, in
         the order the work list pops them last. MIPS, PowerPC, RISC-V: a sub-gap that starts like a
-        function is taken as one now (the next round's gaps forget this trial's code, so its start
-        would not be a gap's start)."""
+        function is taken as one in this round (the next round's gaps forget this trial's code, so
+        its start would not be a gap's start)."""
         r, kit = self.r, self.kit
         if kit is None:
             return list(reversed(candidates_within(r.codemap, r.arch, self.covered, va, gap_end)))
