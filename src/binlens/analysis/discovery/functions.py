@@ -6,12 +6,15 @@ import bisect
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from operator import itemgetter
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from binlens.analysis.codemap import BODY, CodeMap
 from binlens.analysis.discovery.explorer import Explorer, _descent
 from binlens.analysis.model import SOURCES, TERM_NAMES, BasicBlock, Body, Edge, Function, pack_calls, pairs
 from binlens.loader.image import Image
+
+if TYPE_CHECKING:
+    from binlens.analysis.decode.backend import Backend
 
 _ORDER = {s: i for i, s in enumerate(SOURCES)}
 _SRC_DST = itemgetter(0, 1)
@@ -90,10 +93,10 @@ def _held_twice(codemap: CodeMap, bodies: dict[int, Body]) -> set[int]:
     return twice
 
 
-def _thumb_test(backend: object) -> Callable[[int], bool]:
+def _thumb_test(backend: Backend) -> Callable[[int], bool]:
     """Is the function at an address Thumb code? ARM32: the state its entry was decoded in (an entry
     that split a chunk has that chunk's state: the nearest decoding start at or below it)."""
-    thumb: set[int] = getattr(backend, "thumb", set())
+    thumb: set[int] = getattr(backend, "thumb", set())  # (capstone's backend: ARM32 keeps these)
     decoded: dict[int, bool] = getattr(backend, "decoded_thumb", {})
     if not decoded:
         return thumb.__contains__
