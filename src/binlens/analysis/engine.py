@@ -20,7 +20,8 @@ from binlens.analysis.discovery.noreturn import noret_callers, returning_functio
 from binlens.analysis.discovery.refused import RefusedStarts, data_like_test
 from binlens.analysis.heuristics.arm import arm_labels
 from binlens.analysis.heuristics.gapmap import Gaps
-from binlens.analysis.heuristics.starts import heuristic_starts
+from binlens.analysis.heuristics.round import Round
+from binlens.analysis.heuristics.starts import DATA_STAGES, heuristic_starts, schedule
 from binlens.analysis.intervals import IntervalSet
 from binlens.analysis.metadata.armexidx import seed_exidx_starts
 from binlens.analysis.metadata.ehframe import parse_eh_frame
@@ -50,9 +51,7 @@ _EDGES_LATER: bool | None = True
 
 _K_OFFSET = XREF_KINDS.index("offset")
 _descent = native("_descent")  # `_covered` in C (the same sum), or None
-ROUNDS = 8  # rounds of descent + partition + non-returning fixpoint in one `_discover` at most
-_GAP_ROUNDS = 200  # each round looks at the first address of every remaining gap
-_OFFSET_ROUNDS = 8  # each round looks at the addresses taken by code reached so far
+ROUNDS = 8  # rounds of descent + partition + non-returning fixpoint in one `Discovery.run` at most
 Progress = Callable[[float, float | None, str | None], None]
 _gc_lock = threading.Lock()
 _gc_pauses = 0  # analyses running now (threads)
@@ -103,34 +102,53 @@ def analyze(
 
 
 @dataclasses.dataclass
-class Explored:
-    """The engine after discovery and heuristics: every function's code is found. What remains are
-    two independent parts, the references (with strings) and the functions' blocks; the analysis
-    process runs them in two processes at once (`jobs/fork.py`), `analyze` one after the other."""
+class Workspace:
+    """The image and what the engine made to read its code: the code map, the decoder, the explorer
+    (the chunk cache and the walks) and the jump tables its resolvers found (jump -> table address)."""
 
     image: Image
     codemap: CodeMap
     backend: Backend
     explorer: Explorer
+    jt_tables: dict[int, int]
+
+
+@dataclasses.dataclass
+class Discovered:
+    """What one discovery found: each function's body, the function starts with their sources, and
+    the non-returning functions (and import slots)."""
+
     bodies: dict[int, Body]
     starts: dict[int, frozenset[str]]
-    extents: dict[int, int]
-    thunks: dict[int, str]
     noret: set[int]
-    jt_tables: dict[int, int]
-    covered: int
-    rounds: int
+
+
+@dataclasses.dataclass
+class Explored:
+    """The engine after discovery and heuristics: every function's code is found. What remains are
+    two independent parts, the references (with strings) and the functions' blocks; the analysis
+    process runs them in two processes at once (`jobs/fork.py`), `analyze` one after the other."""
+
+    space: Workspace
+    found: Discovered
+    extents: dict[int, int]  # unwind ranges and sized symbols: start -> bytes
+    thunks: dict[int, str]  # import thunks: start -> the import's name
     report: Progress
-    t0: float
+    t0: float  # `time.perf_counter()` when the analysis began
+    covered: int = 0  # bytes in the chunks of all bodies
+    rounds: int = 0  # heuristic rounds that found starts
     chunk_count: int = 0
     warnings: list[str] = dataclasses.field(default_factory=list)  # what of the image was not analysed, and why
 
     def references(self) -> tuple[list[FoundString], Refs]:
         """(strings, references packed): what `ProgramAnalysis` holds of them (`Refs.xrefs` gives the
         references as objects)."""
-        self.report(0.85, 1.0, f"{len(self.bodies)} functions; references and strings")
-        strings = find_strings(self.image)
-        refs = collect_refs(self.image, self.codemap, self.backend, self.explorer, self.bodies, strings, self.jt_tables)
+        space = self.space
+        self.report(0.85, 1.0, f"{len(self.found.bodies)} functions; references and strings")
+        strings = find_strings(space.image)
+        refs = collect_refs(
+            space.image, space.codemap, space.backend, space.explorer, self.found.bodies, strings, space.jt_tables
+        )
         return strings, refs
 
     def functions(self, part: tuple[int, int] | None = None) -> list[Function]:
@@ -143,15 +161,16 @@ class Explored:
     def iter_functions(self, part: tuple[int, int] | None = None) -> Iterator[Function]:
         """`functions`, each built as it is asked for (the analysis process turns them into rows a
         batch at a time)."""
+        space, found = self.space, self.found
         return iter_functions(
-            self.image,
-            self.codemap,
-            self.explorer,
-            self.bodies,
-            self.starts,
+            space.image,
+            space.codemap,
+            space.explorer,
+            found.bodies,
+            found.starts,
             self.extents,
             self.thunks,
-            self.noret,
+            found.noret,
             consume=True,
             part=part,
         )
@@ -159,18 +178,17 @@ class Explored:
     def drop(self, part: tuple[int, int]) -> None:
         """Forget the bodies at places lo..hi in address order, and the chunks only they hold (another
         process builds those functions: here they would only take memory)."""
-        order = sorted(self.bodies)
+        bodies = self.found.bodies
+        order = sorted(bodies)
         lo, hi = part
-        kept = self.codemap.address_set()  # (a bit per code byte: a set of libc's would be a 2 MiB transient)
+        kept = self.space.codemap.address_set()  # (a bit per code byte: a set of libc's would be a 2 MiB transient)
         keep = kept.add
         for f in (*order[:lo], *order[hi:]):
-            for a in self.bodies[f].chunks:
+            for a in bodies[f].chunks:
                 keep(a)
-        chunks = self.explorer.chunks
+        explorer = self.space.explorer
         for f in order[lo:hi]:
-            for a in self.bodies.pop(f).chunks:
-                if a not in kept and a in chunks:
-                    del chunks[a]  # (`pop` would build the chunk's tuple only to drop it)
+            explorer.forget_chunks(bodies.pop(f).chunks, kept)
 
     def result(self, functions: list[Function], xrefs: list[Xref], strings: list[FoundString]) -> ProgramAnalysis:
         """The finished analysis."""
@@ -182,11 +200,11 @@ class Explored:
         self.report(1.0, 1.0, f"{len(functions)} functions")
         return ProgramAnalysis(
             engine_version=ENGINE_VERSION,
-            arch=self.image.identity.arch,
+            arch=self.space.image.identity.arch,
             functions=functions,
             xrefs=xrefs,
             strings=strings,
-            code_bytes=self.codemap.total_bytes,
+            code_bytes=self.space.codemap.total_bytes,
             covered_bytes=self.covered,
             stats=stats,
             warnings=list(self.warnings),
@@ -207,6 +225,53 @@ def explore(
     codemap = CodeMap(image)
     backend = make_backend(image, codemap)
     report(0, None, "reading metadata")
+    seeds, thunks, extents, frag = _read_metadata(image, codemap, backend, extra_starts)
+    excluded = set(excluded_starts)
+    for va in excluded:
+        seeds.starts.pop(va, None)
+    # what may not become a function start: the user's removed starts, and in an ARM32 Mach-O section
+    # that LC_FUNCTION_STARTS covers, any address the linker did not list there
+    refused = RefusedStarts(image, excluded)
+    data_like = data_like_test(image)
+    noret_slots, named_noret = _named_noreturn(image, codemap, thunks)
+    jt_tables: dict[int, int] = {}
+    explorer = make_explorer(image, codemap, backend, jt_tables)
+    if _EDGES_LATER is not None:
+        explorer.defer_edges()  # (until discovery ends: `restore_edges`)
+    space = Workspace(image, codemap, backend, explorer, jt_tables)
+    known = extents  # where the heuristics look for no new starts: unwind ranges and sized symbols
+    if seeds.arm:  # ARM EHABI unwind index: its starts, each in its state (after what calls decide)
+        ranges = seed_exidx_starts(image, backend, explorer, list(seeds.starts), noret_slots | named_noret, seeds.add)
+        known = {**ranges, **extents}
+        for va in excluded:
+            seeds.starts.pop(va, None)
+    explorer.on_progress(_decoding_progress(report, codemap))
+    discovery = Discovery(explorer, seeds, extents, frag, noret_slots, refused)
+    found = discovery.run(noret_slots | named_noret)
+    found, rounds = _heuristics(space, discovery, found, known, data_like, report)
+    explorer.restore_edges(found.bodies)  # (discovery walked without them)
+    explorer.finish()
+    return Explored(
+        space=space,
+        found=found,
+        extents=extents,
+        thunks=thunks,
+        report=report,
+        t0=t0,
+        covered=_covered(codemap, explorer, found.bodies),  # (each chunk once: its seen set is bits)
+        rounds=rounds,
+        chunk_count=len(explorer.chunks),
+        warnings=codemap.warnings + past_the_top(image),
+    )
+
+
+def _read_metadata(
+    image: Image, codemap: CodeMap, backend: Backend, extra_starts: list[int] | tuple[int, ...]
+) -> tuple[Seeds, dict[int, str], dict[int, int], IntervalSet]:
+    """(the seeds, the import thunks, the extents, the fragments) the file's metadata and the user's
+    starts give: seeds from the entry, symbols, exports, thunks, then the user's starts, then the
+    `.eh_frame` FDEs in the entry state; extents from sized symbols and FDEs; fragments from the
+    FDEs of code that is not an entry (cold parts)."""
     seeds = Seeds(image, codemap, backend)
     thunks = _metadata_seeds(image, seeds)
     for va in extra_starts:
@@ -219,104 +284,93 @@ def explore(
     fragments = []
     for fde in fdes:
         if fde.entry:
-            va = seeds.add(fde.start, "eh_frame")
-            if va is not None and fde.size:
-                extents[va] = fde.size
+            start = seeds.add(fde.start, "eh_frame")
+            if start is not None and fde.size:
+                extents[start] = fde.size
         else:
             fragments.append((fde.start, fde.size))
-    frag = IntervalSet(fragments)
-    excluded = set(excluded_starts)
-    for va in excluded:
-        seeds.starts.pop(va, None)
-    # what may not become a function start: the user's removed starts, and in an ARM32 Mach-O section
-    # that LC_FUNCTION_STARTS covers, any address the linker did not list there
-    refused = RefusedStarts(image, excluded)
-    data_like = data_like_test(image)
+    return seeds, thunks, extents, IntervalSet(fragments)
+
+
+def _named_noreturn(image: Image, codemap: CodeMap, thunks: dict[int, str]) -> tuple[set[int], set[int]]:
+    """(the import slots, the thunks and symbols in code) of the functions whose names say they do
+    not return (`NORETURN_NAMES`)."""
     noret_slots = {imp.slot for imp in image.imports if imp.name in NORETURN_NAMES}
     named_noret = {va for va, name in thunks.items() if name in NORETURN_NAMES}
     named_noret |= {s.address for s in image.symbols if s.name in NORETURN_NAMES and codemap.contains(s.address)}
-    jt_tables: dict[int, int] = {}
-    explorer = make_explorer(image, codemap, backend, jt_tables)
-    explorer.record_edges = _EDGES_LATER is None  # (until discovery ends: `restore_edges`)
-    known = extents  # where the heuristics look for no new starts: unwind ranges and sized symbols
-    if seeds.arm:  # ARM EHABI unwind index: its starts, each in its state (after what calls decide)
-        ranges = seed_exidx_starts(image, backend, explorer, list(seeds.starts), noret_slots | named_noret, seeds.add)
-        known = {**ranges, **extents}
-        for va in excluded:
-            seeds.starts.pop(va, None)
+    return noret_slots, named_noret
+
+
+def _decoding_progress(report: Progress, codemap: CodeMap) -> Progress:
+    """The walk's progress (code bytes reached) as the analysis's: up to 60%."""
     code_total = max(1, codemap.total_bytes)
-    explorer.progress = lambda done, _t, _m: report(
+    return lambda done, _t, _m: report(
         min(0.6, 0.6 * done / code_total), 1.0, f"decoding: {min(100, 100 * done // code_total)}% of code bytes reached"
     )
 
-    bodies, starts, noret = _discover(
-        explorer, seeds.starts, extents, frag, noret_slots | named_noret, noret_slots, refused
-    )
-    # Careful heuristics, most trusted first; each stage re-runs discovery before the next looks.
-    # Data pointers come after the gaps: a switch table of a function nothing has reached yet
-    # would otherwise turn its case labels into functions.
-    # Within data pointers, targets that start like functions go first for the same reason.
-    offsets = ["code_offsets"] * _OFFSET_ROUNDS
-    stages = offsets + ["gaps"] * _GAP_ROUNDS + offsets + ["data_prologues", "data_pointers"]
-    stages += offsets + ["gaps"] * _GAP_ROUNDS + offsets
+
+def _heuristics(
+    space: Workspace,
+    discovery: Discovery,
+    found: Discovered,
+    known: dict[int, int],
+    data_like: Callable[[int], bool],
+    report: Progress,
+) -> tuple[Discovered, int]:
+    """Careful heuristics in `heuristics.starts.SCHEDULE`'s order, most trusted first; each round that
+    finds starts re-runs discovery before the next looks, and makes every stage worth running again
+    (a stage that found nothing is skipped until then). Returns the last discovery and the number
+    of rounds that found starts. `known`: where the heuristics look for no new starts."""
+    seeds = discovery.seeds
     exhausted: set[str] = set()  # repeated stages that found nothing since the last find
-    gaps = Gaps(codemap, explorer)  # the gap stage's held chunks, counted between its rounds
-    rounds = 0  # heuristic rounds that found starts (each runs discovery again)
-    for stage in stages:
+    gaps = Gaps(space.codemap, space.explorer)  # the gap stage's held chunks, counted between its rounds
+    rounds = 0
+    for stage in schedule():
         if stage == "data_pointers":
             gaps.after_data = True
             if seeds.arm:  # ARM32 gaps have leaf guesses that wait for this: look at the gaps again
                 exhausted.discard("gaps")
         if stage in exhausted:
             continue
-        report(0.7, 1.0, f"{len(bodies)} functions; heuristics: {stage}")
-        extra = heuristic_starts(image, codemap, explorer, backend, starts, known, bodies, stage, gaps)
-        extra = {va: src for va, src in extra.items() if va not in refused and not data_like(va)}
+        report(0.7, 1.0, f"{len(found.bodies)} functions; heuristics: {stage}")
+        guess = Round(space.image, space.explorer, found.starts, known, found.bodies, gaps)
+        extra = heuristic_starts(stage, guess)
+        extra = {va: src for va, src in extra.items() if va not in discovery.refused and not data_like(va)}
         if not extra:
             exhausted.add(stage)
-        else:
-            rounds += 1
-            exhausted.clear()  # new code: every stage may find more in it
-            for va, src in extra.items():
-                seeds.starts[va] = with_source(seeds.starts.get(va), src)
-            bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret, noret_slots, refused)
-            labels = arm_labels(explorer, backend, bodies, seeds.starts) if seeds.arm else set()
-            if labels:  # ARM: gap guesses that code found since runs into
-                for va in labels:
-                    del seeds.starts[va]
-                bodies, starts, noret = _discover(explorer, seeds.starts, extents, frag, noret, noret_slots, refused)
-            if stage in ("data_prologues", "data_pointers"):
-                entries = _table_entry_seeds(image, codemap, explorer, backend, jt_tables, seeds.starts)
-                labels, gotos = goto_tables(image, codemap, explorer, backend, bodies, starts)
-                if entries or gotos:
-                    for va in entries | labels:
-                        seeds.starts.pop(va, None)
-                    explorer.gotos += gotos
-                    bodies, starts, noret = _discover(
-                        explorer, seeds.starts, extents, frag, noret, noret_slots, refused
-                    )
-    del gaps  # its coverage map and counts are of no further use
-    explorer.restore_edges(bodies)  # (discovery walked without them)
-    explorer.finish()
-    covered = _covered(codemap, explorer, bodies)  # (each chunk once: its seen set is bits)
-    return Explored(
-        image,
-        codemap,
-        backend,
-        explorer,
-        bodies,
-        starts,
-        extents,
-        thunks,
-        noret,
-        jt_tables,
-        covered,
-        rounds,
-        report,
-        t0,
-        chunk_count=len(explorer.chunks),
-        warnings=codemap.warnings + past_the_top(image),
-    )
+            continue
+        rounds += 1
+        exhausted.clear()  # new code: every stage may find more in it
+        found = _rediscover(space, discovery, found, stage, extra)
+    return found, rounds
+
+
+def _rediscover(
+    space: Workspace, discovery: Discovery, found: Discovered, stage: str, extra: dict[int, str]
+) -> Discovered:
+    """Discovery again with a heuristic round's starts (`extra`); then, ARM32, again without the gap
+    guesses that code found since runs into; after a data stage, again without the data pointers
+    that turn out to be switch-table entries or computed-goto labels."""
+    starts = discovery.seeds.starts
+    for va, src in extra.items():
+        starts[va] = with_source(starts.get(va), src)
+    found = discovery.run(found.noret)
+    labels = arm_labels(space.explorer, space.backend, found.bodies, starts) if discovery.seeds.arm else set()
+    if labels:  # ARM: gap guesses that code found since runs into
+        for va in labels:
+            del starts[va]
+        found = discovery.run(found.noret)
+    if stage in DATA_STAGES:
+        entries = _table_entry_seeds(space, starts)
+        labels, gotos = goto_tables(
+            space.image, space.codemap, space.explorer, space.backend, found.bodies, found.starts
+        )
+        if entries or gotos:
+            for va in entries | labels:
+                starts.pop(va, None)
+            space.explorer.add_gotos(gotos)
+            found = discovery.run(found.noret)
+    return found
 
 
 def _text(value: object) -> str:
@@ -404,24 +458,66 @@ def _jump_table_fn(
     return resolve
 
 
-def _discover(
-    explorer: Explorer,
-    seeds: dict[int, frozenset[str]],
-    extents: dict[int, int],
-    frag: IntervalSet,
-    noret: set[int],
-    noret_slots: set[int],
-    excluded: Container[int],
-) -> tuple[dict[int, Body], dict[int, frozenset[str]], set[int]]:
-    """Descent + partition + non-returning fixpoint, repeated until nothing changes."""
-    noret = set(noret)
-    chunks = explorer.chunks
+class Discovery:
+    """Descent + partition + non-returning fixpoint from the seeds, repeated until nothing changes;
+    `run` again after each change of the seeds."""
 
-    def accept(s: int) -> bool:  # a tail-call target that becomes a function start
-        return s in chunks and s not in excluded
+    def __init__(
+        self,
+        explorer: Explorer,
+        seeds: Seeds,
+        extents: dict[int, int],
+        frag: IntervalSet,
+        noret_slots: set[int],
+        refused: Container[int],
+    ) -> None:
+        """`extents`: unwind ranges and sized symbols (a cold part found is dropped from them and from
+        the seeds); `frag`: the code ranges that are parts of functions, not entries; `noret_slots`:
+        the import slots of non-returning functions; `refused`: where no function may start."""
+        self.explorer = explorer
+        self.seeds = seeds
+        self.extents = extents
+        self.frag = frag
+        self.noret_slots = noret_slots
+        self.refused = refused
 
-    for _round in range(ROUNDS):
-        starts = dict(seeds)  # (the sources are shared frozensets: `with_source`)
+    def run(self, noret: set[int]) -> Discovered:
+        """Discover from the seeds as they are now, with the functions `noret` known not to return."""
+        explorer, extents, excluded = self.explorer, self.extents, self.refused
+        seeds = self.seeds.starts
+        noret = set(noret)
+        frag = self.frag  # (the cold parts a run demotes are fragments of that run only)
+        chunks = explorer.chunks
+
+        def accept(s: int) -> bool:  # a tail-call target that becomes a function start
+            return s in chunks and s not in excluded
+
+        for _round in range(ROUNDS):
+            starts = dict(seeds)  # (the sources are shared frozensets: `with_source`)
+            self._add_calls(starts, noret)
+            bodies, tails = explorer.partition(set(starts), extents, frag, noret, accept=accept)
+            for s in tails:
+                starts[s] = with_source(None, "tail_call")
+            cold = _cold_parts(bodies, starts, extents)
+            if cold:
+                # frameless cold parts have entry-state CFI: demote them to fragments and redo the round
+                for va in cold:
+                    seeds.pop(va, None)
+                frag = IntervalSet(frag.ranges + [(va, extents.pop(va)) for va in cold])
+                continue
+            found = self._not_returning(bodies, noret)
+            if not found:
+                return Discovered(bodies, starts, noret)
+            noret |= found
+        # out of rounds: walk the bodies once more with what the last round learnt, so that they agree
+        # with `noret` (no edge after a call to a function flagged as not returning) and the fragments
+        bodies, _new = explorer.partition(set(starts), extents, frag, noret)
+        return Discovered(bodies, starts, noret)
+
+    def _add_calls(self, starts: dict[int, frozenset[str]], noret: set[int]) -> None:
+        """Walk from `starts` (resolving the jump tables that failed again, a few times, as the walk
+        records more paths) and add the direct call targets in code to them."""
+        explorer = self.explorer
         calls = explorer.traverse(list(starts), noret)[1]
         for _ in range(4):
             more = explorer.retry_tables()
@@ -429,39 +525,21 @@ def _discover(
                 break
             calls = explorer.traverse(list(starts) + more, noret)[1]
         for c in calls:
-            if c in explorer.chunks and c not in excluded:
+            if c in explorer.chunks and c not in self.refused:
                 starts[c] = with_source(starts.get(c), "call")
-        bodies, tails = explorer.partition(set(starts), extents, frag, noret, accept=accept)
-        for s in tails:
-            starts[s] = with_source(None, "tail_call")
-        cold = _cold_parts(bodies, starts, extents)
-        if cold:
-            # frameless cold parts have entry-state CFI: demote them to fragments and redo the round
-            for va in cold:
-                seeds.pop(va, None)
-            frag = IntervalSet(frag.ranges + [(va, extents.pop(va)) for va in cold])
-            continue
-        returns = returning_functions(bodies, noret_slots, explorer.chunks, explorer.body_edges)
+
+    def _not_returning(self, bodies: dict[int, Body], noret: set[int]) -> set[int]:
+        """The functions newly found not to return, and the callers that cannot return without them
+        (at once instead of one level a round)."""
+        explorer, slots = self.explorer, self.noret_slots
+        returns = returning_functions(bodies, slots, explorer.chunks, explorer.body_edges)
         found = {f for f in bodies if f not in returns} - noret
-        if not found:
-            return bodies, starts, noret
-        # the callers that cannot return without them, at once instead of one level a round
-        found |= noret_callers(bodies, explorer.chunks, noret, found, noret_slots, explorer.body_edges)
-        noret |= found
-    # out of rounds: walk the bodies once more with what the last round learnt, so that they agree
-    # with `noret` (no edge after a call to a function flagged as not returning) and the fragments
-    bodies, _new = explorer.partition(set(starts), extents, frag, noret)
-    return bodies, starts, noret
+        if found:
+            found |= noret_callers(bodies, explorer.chunks, noret, found, slots, explorer.body_edges)
+        return found
 
 
-def _table_entry_seeds(
-    image: Image,
-    codemap: CodeMap,
-    explorer: Explorer,
-    backend: Backend,
-    tables: dict[int, int],
-    seeds: dict[int, frozenset[str]],
-) -> set[int]:
+def _table_entry_seeds(space: Workspace, seeds: dict[int, frozenset[str]]) -> set[int]:
     """Starts guessed from data pointers that turned out to be entries of a switch table.
 
     The data-pointer heuristic runs before the functions those pointers lead into are known, so
@@ -473,9 +551,10 @@ def _table_entry_seeds(
     guessed = {va for va, src in seeds.items() if src == {"pointer"}}
     if not guessed:
         return set()
+    image, explorer = space.image, space.explorer
     ptr = 8 if image.identity.bits == 64 else 4
     spans = []
-    for jump, table in tables.items():
+    for jump, table in space.jt_tables.items():
         cases = explorer.jt.get(jump)
         if cases and jump not in explorer.unguarded and guessed.intersection(cases):
             spans.append((table, table + ptr * len(cases)))
@@ -484,13 +563,13 @@ def _table_entry_seeds(
     inside = IntervalSet([(lo, hi - lo) for lo, hi in spans])
     in_table: dict[int, bool] = {}
     thumb_bit = profile(image.identity.arch).thumb_bit  # starts are even; Thumb pointers are odd
-    for src, dst in pointers_in_data(image, codemap, set()):
+    for src, dst in pointers_in_data(image, space.codemap, set()):
         dst &= ~thumb_bit
         if dst in guessed:
             in_table[dst] = in_table.get(dst, True) and inside(src)
     from_code = {
         dst
-        for dst, kind in zip(backend.x_dst, backend.x_kind, strict=True)
+        for dst, kind in zip(space.backend.x_dst, space.backend.x_kind, strict=True)
         if kind == _K_OFFSET and dst in guessed
     }
     return {va for va, ok in in_table.items() if ok and va not in from_code}
@@ -537,4 +616,4 @@ def _covered(codemap: CodeMap, explorer: Explorer, bodies: dict[int, Body]) -> i
     return total
 
 
-__all__ = ["ENGINE_VERSION", "SOURCES", "Explored", "analyze", "explore"]
+__all__ = ["ENGINE_VERSION", "SOURCES", "Discovered", "Explored", "Workspace", "analyze", "explore"]

@@ -75,6 +75,7 @@ def _analyze_functions(
     bodies, _new = explorer.partition(everything, extents, IntervalSet(fragments), noret)
     explorer.finish()
     mine = {f: bodies[f] for f in entries if f in bodies}
-    functions = list(iter_functions(image, codemap, explorer, mine, {f: set() for f in mine}, extents, thunks, noret))
+    no_sources: dict[int, frozenset[str]] = {f: frozenset() for f in mine}
+    functions = list(iter_functions(image, codemap, explorer, mine, no_sources, extents, thunks, noret))
     xrefs = collect_refs(image, codemap, backend, explorer, mine, set(string_starts), jt_tables, data=False).xrefs()
     return functions, xrefs

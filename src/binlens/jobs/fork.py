@@ -16,10 +16,13 @@ import signal
 import sys
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from binlens.errors import BinlensError
 from binlens.frames import load_frame, write_last_frame
+
+if TYPE_CHECKING:
+    from binlens.analysis.engine import Explored
 
 
 def parallel() -> bool:
@@ -47,13 +50,13 @@ def memory_allows_fork(meminfo: str = "/proc/meminfo") -> bool:
     return resident_pages * os.sysconf("SC_PAGE_SIZE") // 1024 < available_kib // 2
 
 
-def in_two_processes(explored: Any, keep: Callable[[Any], None]) -> tuple[list, Any, Any]:
+def in_two_processes(explored: Explored, keep: Callable[[Any], None]) -> tuple[list, Any, Any]:
     """(strings, references, function rows): a forked child builds the first functions' rows
     (`CHILD_SHARE`) while this process collects the references and builds the others. `keep`
     holds the child's temporary file until the process exits."""
     from binlens.store.analysis_save import merge_function_rows, streamed_function_rows
 
-    split = _split(explored.bodies)
+    split = _split(explored.found.bodies)
     try:
         spool = tempfile.TemporaryFile(prefix="binlens-rows-")  # noqa: SIM115 - kept with the rows
         keep(spool)

@@ -17,13 +17,17 @@ chunk start) once and caches them; everything after that is graph work over the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container, Iterable
+from typing import TYPE_CHECKING, Literal, cast
 
 from binlens.analysis.codemap import CHUNK, INSN, CodeMap
 from binlens.analysis.discovery.leaves import leaves
 from binlens.analysis.discovery.partition import Partitioner
 from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET, Body, pack_calls
 from binlens.analysis.native.kernels import native
+
+if TYPE_CHECKING:
+    from binlens.analysis.decode.backend import Backend, Chunk
 
 # the walk of `Explorer.traverse` in C (`_descent.c`); without it the Python loop below runs
 _descent = native("_descent", T_FALL, T_JUMP, T_COND, T_CALL, T_ICALL, T_IJUMP, T_RET, T_BAD)
@@ -35,7 +39,7 @@ _PredMap = _descent.PredMap if _descent is not None else None  # in 12-byte slot
 
 def _preds() -> dict[int, int]:
     """A new map of recorded predecessors: a `PredMap`, or a dict without the C extension."""
-    return _PredMap() if _PredMap is not None else {}  # type: ignore[no-any-return]
+    return _PredMap() if _PredMap is not None else {}
 
 
 Progress = Callable[[float, float | None, str | None], None]
@@ -99,7 +103,7 @@ class Explorer:
     def __init__(
         self,
         codemap: CodeMap,
-        backend: object,
+        backend: Backend,
         jump_tables: Callable[[int, int, list[tuple[int, int]]], tuple[list[int], bool]] | None,
         cond_preds: bool = False,
         cond_first: bool = False,
@@ -107,13 +111,11 @@ class Explorer:
     ) -> None:
         self.codemap = codemap
         self.backend = backend
-        self.decode = backend.decode_chunk  # type: ignore[attr-defined]
+        self.decode = backend.decode_chunk
         # x86: a new chunk decoded whole in C (`_x86scan.Scanner`), else False (the path below decides)
-        self.fast: Callable[[int], tuple[int, int, tuple[int, ...], int] | bool | None] | None = getattr(
-            backend, "fast_chunk", None
-        )
+        self.fast: Callable[[int], Chunk | Literal[False] | None] | None = getattr(backend, "fast_chunk", None)
         # {va: (end, terminator, targets, last)}: a `ChunkMap` (flat records, `_chunkmap.h`) or a dict
-        self.chunks: dict[int, tuple[int, int, tuple[int, ...], int]] = _ChunkMap() if _ChunkMap is not None else {}
+        self.chunks: dict[int, Chunk] = _ChunkMap() if _ChunkMap is not None else {}
         self.pred: dict[int, int] = _preds()
         self.jpred: dict[int, int] = _preds()  # first chunk seen jumping to a chunk
         # first chunk seen branching conditionally to a chunk (kept when asked for: the AArch64
@@ -144,21 +146,21 @@ class Explorer:
         self.unproven: set[int] = set()  # gap-trial starts not proven entries: still open to a data pointer
 
     # ------------------------------------------------------------------ chunks
-    def chunk(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
+    def chunk(self, va: int) -> Chunk | None:
         """The chunk starting at `va`, decoding it or splitting the chunk that contains it."""
         c = self.chunks.get(va)
         if c is not None:
             return c
         if self.fast is not None:
-            c = self.fast(va)
-            if c:
-                self.chunks[va] = c  # type: ignore[assignment]
-                return c  # type: ignore[return-value]
-            if c is None:
+            got = self.fast(va)
+            if got:
+                self.chunks[va] = got
+                return got
+            if got is None:
                 return None
         return self._new_chunk(va)
 
-    def _new_chunk(self, va: int) -> tuple[int, int, tuple[int, ...], int] | None:
+    def _new_chunk(self, va: int) -> Chunk | None:
         """`chunk` for an address with no chunk yet that the fast decoder left to Python."""
         r = self.codemap.region(va)
         if r is None:
@@ -184,6 +186,8 @@ class Explorer:
         return c
 
     def case_targets(self, chunk_start: int, last: int) -> list[int]:
+        """The case targets of the indirect jump at `last` (in the chunk at `chunk_start`), asked of
+        the resolver once; one it cannot resolve yet is retried as more paths are recorded."""
         t = self.jt.get(last)
         if t is None:
             guarded = True
@@ -250,17 +254,20 @@ class Explorer:
     def _resolve_table(self, chunk_start: int, last: int) -> tuple[list[int], bool]:
         """Ask the resolver along the recorded path; on AArch64 also along the path that prefers
         jumps (a loop's entry edge rather than its back edge, where a hoisted table address is set)."""
+        resolve = self._jump_tables
+        if resolve is None:  # (the callers ask only when there is a resolver)
+            return [], True
         slice_start = self.pred.get(chunk_start, chunk_start)
         chain = self._pred_chain(chunk_start)
-        t, guarded = self._jump_tables(slice_start, last, chain)  # type: ignore[misc]
+        t, guarded = resolve(slice_start, last, chain)
         if not t and self.cpred is not None:
             other = self._pred_chain(chunk_start, jump_first=True)
             if other != chain:
-                t, guarded = self._jump_tables(slice_start, last, other)  # type: ignore[misc]
+                t, guarded = resolve(slice_start, last, other)
             if not t and self.cond_first:  # a loop entered by a conditional branch (`bnez a5, loop`): its entry
                 third = self._pred_chain(chunk_start, cond_first=True)
                 if third != chain and third != other:
-                    t, guarded = self._jump_tables(slice_start, last, third)  # type: ignore[misc]
+                    t, guarded = resolve(slice_start, last, third)
         if not t and self.gotos:  # a computed goto of a function with a dispatch table (gototables.py)
             t, guarded = next((labels for lo, hi, labels in self.gotos if lo <= last < hi), []), False
         return t, guarded
@@ -296,7 +303,7 @@ class Explorer:
         """The edges of `f`'s body `b` (of the last `partition`): kept in it, or walked again."""
         if b.edges is not None:
             return b.edges
-        return self._parts.walk(self, f).edges  # type: ignore[return-value]
+        return cast("list[int | str]", self._parts.walk(self, f).edges)  # (walked with its edges)
 
     def restore_edges(self, bodies: dict[int, Body]) -> None:
         """Give the bodies of the last `partition` their edges, and record them from here on. The
@@ -310,6 +317,37 @@ class Explorer:
                 else:
                     b.edges = again.edges
         self.record_edges = True
+
+    def defer_edges(self) -> None:
+        """Walk bodies without their edges until `restore_edges` (discovery re-walks bodies many
+        times; their edges are needed once it ends, and for the non-returning test on demand)."""
+        self.record_edges = False
+
+    def on_progress(self, progress: Progress | None) -> None:
+        """Report the walk's progress to `progress(code bytes reached, None, None)` (None: not at all)."""
+        self.progress = progress
+
+    def add_gotos(self, gotos: list[tuple[int, int, list[int]]]) -> None:
+        """Computed-goto tables found in data ((function, end of its range, label addresses)): an
+        indirect jump of such a function that no table resolves gets its labels as cases."""
+        self.gotos.extend(gotos)
+
+    def mark_unproven(self, va: int) -> None:
+        """A gap trial at `va` was not proven an entry: a data pointer may still name it one."""
+        self.unproven.add(va)
+
+    def note_trial_path(self, src: int, dst: int) -> None:
+        """A heuristic trial walked from chunk `src` into `dst`: keep it as `dst`'s predecessor
+        unless one is known (the path a switch's bound check is found on)."""
+        self.pred.setdefault(dst, src)
+
+    def forget_chunks(self, addresses: Iterable[int], keep: Container[int]) -> None:
+        """Drop the cached chunks at `addresses`, except those in `keep` (functions already built, or
+        built by another process: their memory serves what is built next)."""
+        chunks = self.chunks
+        for a in addresses:
+            if a not in keep and a in chunks:
+                del chunks[a]  # (`pop` would build the chunk's tuple only to drop it)
 
     def finish(self) -> None:
         """Discovery is over: drop what only its passes need (the body cache, the reached set,
@@ -337,24 +375,45 @@ class Explorer:
     ) -> tuple[set[int], set[int]]:
         """Reach chunks from `starts`; returns (reached chunk starts, direct call targets). `fresh`
         collects the chunks this call reached for the first time (while `noret` is unchanged)."""
-        # Reachability only grows while the set of non-returning functions stays the same:
-        # then walk from the new starts only.
+        stack, reached, calls = self._walk_from(starts, noret)
+        if _c_traverse is not None:  # the same walk in C (`_descent.c`)
+            _c_traverse(stack, reached, calls, noret, self.chunks, self.pred, self.jpred, self.cpred, self.fast,
+                        self._new_chunk, self.case_targets, fresh, self.progress)  # fmt: skip
+        else:
+            self._walk(stack, reached, calls, noret, fresh)
+        return reached, calls
+
+    def _walk_from(self, starts: list[int], noret: set[int] | frozenset[int]) -> tuple[list[int], set[int], set[int]]:
+        """(the addresses to walk from, the reached set and the call set the walk grows). Reachability
+        only grows while the set of non-returning functions stays the same: then the last walk's
+        sets grow from the new starts only; else a full walk starts, the last one's sets let go first."""
         if self._trav_noret is not None and self._trav_noret == noret:
             reached, calls = self._reached, self._calls
             stack = [s for s in starts if s not in reached]
-        else:  # a full walk: let the last one's sets go first
+        else:
             self._reached = self._calls = set()
             reached, calls = self.codemap.address_set(), set()
             stack = list(starts)
         self._trav_noret = set(noret)
         self._reached, self._calls = reached, calls
+        return stack, reached, calls
+
+    def _walk(
+        self,
+        stack: list[int],
+        reached: set[int],
+        calls: set[int],
+        noret: set[int] | frozenset[int],
+        fresh: list[int] | None,
+    ) -> None:
+        """`traverse`'s walk in Python (the twin of `_descent.c`'s): pop, decode, push successors."""
         pred = self.pred
         jpred = self.jpred
         cpred = self.cpred
         get = self.chunks.get
         chunk = self.chunk
         push = stack.append
-        see = reached.add
+        see: Callable[[int], None] = reached.add
         if fresh is not None:
             add, note = reached.add, fresh.append
 
@@ -363,10 +422,6 @@ class Explorer:
                 note(a)
 
         progress = self.progress
-        if _c_traverse is not None:  # the same walk in C (`_descent.c`)
-            _c_traverse(stack, reached, calls, noret, self.chunks, pred, jpred, cpred, self.fast, self._new_chunk,
-                        self.case_targets, fresh, progress)  # fmt: skip
-            return reached, calls
         tick = 0
         covered = 0
         while stack:
@@ -417,7 +472,6 @@ class Explorer:
                 tick += 1
                 if not tick & 4095:
                     progress(covered, None, None)
-        return reached, calls
 
     def partition(
         self,
@@ -434,7 +488,7 @@ class Explorer:
         self._dirty = set()
         return out
 
-    def _body(
+    def walk_body(
         self,
         f: int,
         nxt: int,
@@ -442,20 +496,37 @@ class Explorer:
         starts: set[int],
         fragments: Callable[[int], bool],
         noret: set[int],
+        edges: bool | None = None,
     ) -> tuple[Body, set[int], set[int], set[int]]:
-        """Walk one function: (body, chunks seen, other starts it ran into, new tail-call starts)."""
+        """Walk one function: (body, chunks seen, other starts it ran into, new tail-call starts).
+        `edges`: keep the body's edges (None: as `record_edges` says)."""
+        b = Body() if (self.record_edges if edges is None else edges) else Body(edges=None)
         if _c_body is not None:  # the same walk in C (`_descent.c`)
-            b = Body() if self.record_edges else Body(edges=None)
             seen, hits, new = _c_body(self.chunks, f, nxt, ext, starts, fragments, noret, b, self._indirect, leaves)
-            b.calls = pack_calls(b.calls)
-            return b, seen, hits, new
+        else:
+            seen, hits, new = self._walk_body(b, f, nxt, ext, starts, fragments, noret)
+        b.calls = pack_calls(b.calls)
+        return b, seen, hits, new
+
+    def _walk_body(
+        self,
+        b: Body,
+        f: int,
+        nxt: int,
+        ext: int | None,
+        starts: set[int],
+        fragments: Callable[[int], bool],
+        noret: set[int],
+    ) -> tuple[set[int], set[int], set[int]]:
+        """`walk_body`'s walk in Python (the twin of `_descent.c`'s), filling `b`: (chunks seen, other
+        starts it ran into, new tail-call starts)."""
         get = self.chunks.get
         new: set[int] = set()
         hits: set[int] = set()
-        b = Body() if self.record_edges else Body(edges=None)
         add_chunk = b.chunks.append
         add_edge = b.edges.extend if b.edges is not None else _no_edge
         add_tail = b.tails.append
+        add_call = b.calls.extend  # (a list while the walk fills it)
         seen = {f}
         stack = [f]
         push = stack.append
@@ -504,7 +575,7 @@ class Explorer:
             if term in (T_CALL, T_ICALL):
                 x = t[0]
                 if term == T_CALL or x >= 0:
-                    b.calls += (last, x)
+                    add_call((last, x))
                 if x in noret:
                     continue
                 s = t[1]
@@ -546,8 +617,7 @@ class Explorer:
                 if s not in seen:
                     seen.add(s)
                     stack.append(s)
-        b.calls = pack_calls(b.calls)
-        return b, seen, hits, new
+        return seen, hits, new
 
     def _indirect(
         self,
@@ -563,7 +633,7 @@ class Explorer:
         hits: set[int],
         case_hi: int,
     ) -> tuple[tuple[tuple[int, str], ...], int]:
-        """`_body` at an indirect jump (`last`, targets `t`): the successors to follow and the highest
+        """`walk_body` at an indirect jump (`last`, targets `t`): the successors to follow and the highest
         case label so far; tail calls and starts it meets go into `b`, `new` and `hits`."""
         cases = self.jt.get(last)
         # a conditional indirect jump (ARM `addls pc, ...`) also falls through
@@ -595,4 +665,7 @@ class Explorer:
 
 
 def _no_edge(_edge: tuple) -> None:
-    """`_body`'s edge recorder while edges are not kept."""
+    """`walk_body`'s edge recorder while edges are not kept."""
+
+
+__all__ = ["NORETURN_NAMES", "Body", "Explorer", "Progress"]

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from operator import itemgetter
+from typing import TYPE_CHECKING, cast
 
 from binlens.analysis.codemap import BODY, CodeMap
-from binlens.analysis.discovery.explorer import Body, Explorer, _descent
-from binlens.analysis.model import SOURCES, TERM_NAMES, BasicBlock, Edge, Function, pack_calls, pairs
+from binlens.analysis.discovery.explorer import Explorer, _descent
+from binlens.analysis.model import SOURCES, TERM_NAMES, BasicBlock, Body, Edge, Function, pack_calls, pairs
 from binlens.loader.image import Image
+
+if TYPE_CHECKING:
+    from binlens.analysis.decode.backend import Backend
 
 _ORDER = {s: i for i, s in enumerate(SOURCES)}
 _SRC_DST = itemgetter(0, 1)
@@ -33,7 +37,7 @@ def iter_functions(
     codemap: CodeMap,
     explorer: Explorer,
     bodies: dict[int, Body],
-    starts: dict[int, set[str]],
+    starts: Mapping[int, frozenset[str]],
     extents: dict[int, int],
     thunks: dict[int, str],
     noret: set[int],
@@ -49,7 +53,6 @@ def iter_functions(
     literals: set[int] = getattr(explorer.backend, "literals", set())  # (ARM32 literal pool words)
     in_thumb = _thumb_test(explorer.backend)
     order = sorted(bodies)
-    chunks = explorer.chunks
     shared: set[int] = set()
     if consume:  # the chunks several bodies hold, in bits (a Counter of cc1's 1.3M would be 39 MiB)
         shared = _held_twice(codemap, bodies)
@@ -58,9 +61,7 @@ def iter_functions(
         body = bodies.pop(f) if consume else bodies[f]
         blocks, edges = _blocks(codemap, explorer, f, body)
         if consume:
-            for a in body.chunks:
-                if a not in shared:
-                    del chunks[a]
+            explorer.forget_chunks(body.chunks, shared)
         ext = extents.get(f)  # (an unwind range or symbol size; one over the next start, such as the
         # linker's FDE over all of PowerPC's call stubs, ends there)
         size = min(ext, nxt - f) if ext else _extent(f, blocks, nxt, codemap, literals)
@@ -92,10 +93,10 @@ def _held_twice(codemap: CodeMap, bodies: dict[int, Body]) -> set[int]:
     return twice
 
 
-def _thumb_test(backend: object) -> Callable[[int], bool]:
+def _thumb_test(backend: Backend) -> Callable[[int], bool]:
     """Is the function at an address Thumb code? ARM32: the state its entry was decoded in (an entry
     that split a chunk has that chunk's state: the nearest decoding start at or below it)."""
-    thumb: set[int] = getattr(backend, "thumb", set())
+    thumb: set[int] = getattr(backend, "thumb", set())  # (capstone's backend: ARM32 keeps these)
     decoded: dict[int, bool] = getattr(backend, "decoded_thumb", {})
     if not decoded:
         return thumb.__contains__
@@ -118,8 +119,9 @@ def _blocks(codemap: CodeMap, explorer: Explorer, f: int, body: Body) -> tuple[l
         keys.sort(key=_SRC_DST)
         return _block_objects(codemap, spans), [Edge(s, d, k) for s, d, k in keys]
     chunks = explorer.chunks
-    edges = body.edges
-    srcs, dsts, kinds = edges[0::3], edges[1::3], edges[2::3]  # body edges are flat triples
+    edges = cast("list[int | str]", body.edges)  # (every body has its edges once discovery ends)
+    # body edges are flat (source, target, kind) triples
+    srcs, dsts, kinds = cast("list[int]", edges[0::3]), cast("list[int]", edges[1::3]), cast("list[str]", edges[2::3])
     npred = Counter(dsts)  # counted and mapped at C speed
     succ_n = Counter(srcs)
     via = dict(zip(dsts, srcs, strict=True))  # source and kind of the (last) edge into each chunk

@@ -1,4 +1,4 @@
-"""Which functions cannot return: the fixpoint over function bodies (`_discover` in engine.py).
+"""Which functions cannot return: the fixpoint over function bodies (`Discovery.run` in engine.py).
 
 `returning_functions` is the least fixpoint on the bodies of one round; `noret_callers` carries
 the functions just found not to return on to their callers on the same bodies, so a chain of
@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from binlens.analysis.discovery.explorer import Body
-from binlens.analysis.model import T_CALL, T_RET
+from binlens.analysis.model import T_CALL, T_RET, Body
 
 EdgesOf = Callable[[int, Body], list]  # a body's edges (`Explorer.body_edges`: walked again when not kept)
 
@@ -119,7 +118,7 @@ def _exits(f: int, b: Body, chunks: dict[int, tuple], cut: set[int], edges: list
     succ: dict[int, list[tuple[int, str]]] = {}
     it = iter(edges)
     for src, dst, kind in zip(it, it, it, strict=True):
-        succ.setdefault(src, []).append((dst, kind))  # type: ignore[arg-type]
+        succ.setdefault(src, []).append((dst, kind))
     reached: list[tuple[int, int]] = []
     seen = {f}
     stack = [f]

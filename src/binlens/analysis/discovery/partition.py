@@ -16,10 +16,10 @@ import bisect
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from binlens.analysis.model import pack_calls
+from binlens.analysis.model import Body, pack_calls
 
 if TYPE_CHECKING:
-    from binlens.analysis.discovery.explorer import Body, Explorer
+    from binlens.analysis.discovery.explorer import Explorer
 
 Index = dict[int, "int | set[int]"]  # key -> the function depending on it (a set when several do)
 
@@ -109,11 +109,7 @@ class Partitioner:
         """`f`'s body walked again with the last call's inputs, its edges recorded: the walk that
         gave the cached body (one is reused only while what it depends on is unchanged)."""
         nxt = self.cache[f][0] if f in self.cache else 1 << 64
-        keep, ex.record_edges = ex.record_edges, True
-        try:
-            return ex._body(f, nxt, self.extents.get(f), self.starts, self.fragments, self.noret)[0]
-        finally:
-            ex.record_edges = keep
+        return ex.walk_body(f, nxt, self.extents.get(f), self.starts, self.fragments, self.noret, edges=True)[0]
 
     def run(
         self,
@@ -204,7 +200,7 @@ class Partitioner:
             if unchanged and f not in force:
                 continue  # (a neighbour whose successor did not change after all)
             self._forget(f)
-            b, walked, hit_set, found = ex._body(f, nxt, extents.get(f), starts, fragments, noret)
+            b, walked, hit_set, found = ex.walk_body(f, nxt, extents.get(f), starts, fragments, noret)
             # kept as tuples: only iterated (or binary-searched) from here on, at far less memory than sets
             seen, hits, callees = tuple(sorted(walked)), tuple(hit_set), pack_calls(sorted(set(b.calls[1::2])))
             self.cache[f] = (nxt, b, seen, hits, callees, tuple(found))

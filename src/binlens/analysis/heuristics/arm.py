@@ -5,27 +5,38 @@ unwind index, gap pushes and wrong-state guesses")."""
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from functools import partial
+from typing import TYPE_CHECKING, cast
 
 from binlens.analysis.codemap import CodeMap, CodeRegion, zero_runs
-from binlens.analysis.discovery.explorer import Body, Explorer
 from binlens.analysis.metadata.armexidx import decodes, gap_push, guess_state, starts_with_push
-from binlens.analysis.model import T_COND, T_FALL
+from binlens.analysis.model import T_COND, T_FALL, Body
 from binlens.loader.image import Image
 
+if TYPE_CHECKING:
+    from capstone import Cs
+
+    from binlens.analysis.decode.backend import Backend
+    from binlens.analysis.decode.capstone_backend import CapstoneBackend
+    from binlens.analysis.discovery.explorer import Explorer
+
 _UNSEEN = object()
+_PROLOGUE, _POINTER = frozenset({"prologue"}), frozenset({"pointer"})  # sources of guesses alone
 
 
-def set_arm_state(backend: object, va: int, thumb: bool) -> None:
+def set_arm_state(backend: CapstoneBackend, va: int, thumb: bool) -> None:
     """Decode the unexplored ARM32 code at `va` in the state a pointer to it names (Thumb when its bit 0 was set)."""
-    modes: set[int] = backend.thumb  # type: ignore[attr-defined]
+    modes = backend.thumb
     if thumb:
         modes.add(va)
     else:
         modes.discard(va)  # e.g. a fall-through guess after a call that does not return
 
 
-def arm_labels(explorer: Explorer, backend: object, bodies: dict[int, Body], seeds: dict[int, set[str]]) -> set[int]:
+def arm_labels(
+    explorer: Explorer, backend: Backend, bodies: dict[int, Body], seeds: Mapping[int, frozenset[str]]
+) -> set[int]:
     """ARM32: guesses (`prologue` and `pointer` starts with no other evidence) that another
     function's code runs into (falls through or branches past a condition into): a push or a
     coincidental data word inside a function found before the function was (a shrink-wrapped
@@ -33,8 +44,8 @@ def arm_labels(explorer: Explorer, backend: object, bodies: dict[int, Body], see
     a condition; and those at a word that a pc-relative load reads (a literal pool, named by a
     data word that happens to hold its address). The caller drops them, and the discovery that
     follows gives their code back to the function."""
-    guessed = [va for va, src in seeds.items() if src == {"prologue"} or src == {"pointer"}]
-    literals: set[int] = backend.literals  # type: ignore[attr-defined]
+    guessed = [va for va, src in seeds.items() if src in (_PROLOGUE, _POINTER)]
+    literals = cast("CapstoneBackend", backend).literals  # (ARM32 decodes with capstone)
     out = {va for va in guessed if va in literals}  # a word a pc-relative load reads is data
     into: dict[int, int] = {}  # guess -> the last instruction of the chunk that runs into it
     chunks = explorer.chunks
@@ -47,7 +58,7 @@ def arm_labels(explorer: Explorer, backend: object, bodies: dict[int, Body], see
         out.update(s for f, b in bodies.items() for last, s in b.tails if s != f and into.get(s) == last)
     # a gap guess another function branches to on a condition: the exit of a function's checks
     # (`cbz r0, 1f` ... `1: mov.w r0, #-1; bx lr`), found as a leaf before that function was
-    pushed = {va for va in guessed if seeds[va] == {"prologue"}}
+    pushed = {va for va in guessed if seeds[va] == _PROLOGUE}
     if pushed:
         out.update(s for f, b in bodies.items() for s in b.cond_tails if s != f and s in pushed)
     return out
@@ -63,7 +74,9 @@ def arm_pushes(image: Image, codemap: CodeMap, va: int) -> bool:
     return starts_with_push(bytes(r.data[off : off + 16]), bool(va & 1), order)
 
 
-def arm_after_end(image: Image, codemap: CodeMap, backend: object, va: int, thumb: int, tail: bool = False) -> bool:
+def arm_after_end(
+    image: Image, codemap: CodeMap, backend: CapstoneBackend, va: int, thumb: int, tail: bool = False
+) -> bool:
     """ARM32: does a function end right before `va` (past padding and the words pc-relative loads
     read)? That is, is the instruction before a return: Thumb `bx lr`, `pop {.., pc}`,
     `pop.w {.., pc}`, `ldr.w pc, [sp], #4`; ARM `bx lr`, `pop {.., pc}`, `ldr pc, [sp], #4`; with `tail`, also an
@@ -72,7 +85,7 @@ def arm_after_end(image: Image, codemap: CodeMap, backend: object, va: int, thum
     r = codemap.region(va)
     if r is None or image.code_endian != "little":
         return False
-    literals: set[int] = backend.literals  # type: ignore[attr-defined]
+    literals = backend.literals
     data = r.data
     o = va - r.va
     while o >= 4:
@@ -106,14 +119,14 @@ def _gap_runs(
         for r in codemap.regions:
             yield r, zero_runs(covered[r.va])
         return
-    r = codemap.region(within[0])
-    if r is not None:
-        yield r, zero_runs(covered[r.va], within[0] - r.va, min(within[1], r.end) - r.va)
+    one = codemap.region(within[0])
+    if one is not None:
+        yield one, zero_runs(covered[one.va], within[0] - one.va, min(within[1], one.end) - one.va)
 
 
 def arm_gap_candidates(
     codemap: CodeMap,
-    backend: object,
+    backend: CapstoneBackend,
     covered: dict[int, bytearray],
     memo: dict[int, dict[int, tuple[int, bool, int] | None]],
     within: tuple[int, int] | None = None,
@@ -129,7 +142,7 @@ def arm_gap_candidates(
     Each candidate comes with the end of its gap; `within` (addresses in one region): only the
     gaps inside that range."""
     out = []
-    literals: set[int] = backend.literals  # type: ignore[attr-defined]
+    literals = backend.literals
     for r, runs in _gap_runs(codemap, covered, within):
         seen = memo.setdefault(r.va, {})
         width = len(r.data) + 1  # a gap's bounds as one int key, as `_gap_candidates` keeps them
@@ -139,7 +152,7 @@ def arm_gap_candidates(
             if hit is _UNSEEN:
                 va = gap_push(r.data, start, end, r.va)
                 hit = seen[key] = None if va is None else (va, True, r.va + end)
-            if hit is not None:
+            if isinstance(hit, tuple):  # (else None: no push in this gap)
                 out.append((_arm_lead_in(r, backend, literals, r.va + start, hit[0]), hit[2]))
     return out
 
@@ -153,7 +166,7 @@ _NOP_W = b"\xaf\xf3\x00\x80"
 def arm_leaf_candidates(
     image: Image,
     codemap: CodeMap,
-    backend: object,
+    backend: CapstoneBackend,
     covered: dict[int, bytearray],
     prior: bool,
     within: tuple[int, int] | None = None,
@@ -165,8 +178,8 @@ def arm_leaf_candidates(
     references (no push to find it by), with the end of its gap. The caller takes it only when its
     code stays inside the gap, or (after a return) when its first block returns or jumps.
     `within` (addresses in one region): only the gaps inside that range."""
-    literals: set[int] = backend.literals  # type: ignore[attr-defined]
-    md = backend.md  # type: ignore[attr-defined]
+    literals = backend.literals
+    md = backend.md
     out = []
     for r, runs in _gap_runs(codemap, covered, within):
         for lo, hi in runs:
@@ -188,7 +201,7 @@ def arm_leaf_candidates(
             if after_tail and not arm_after_end(image, codemap, backend, g, 0, tail=True):
                 continue
             data = (image.read(g, 16) or b"").ljust(16, b"\x00")  # (a short gap at a region's end)
-            state = guess_state(data, lambda t, d=data, a=g: decodes(md(t), d, a))
+            state = guess_state(data, partial(_valid, md, data, g))
             if state is None:
                 state = prior
             if not state and g % 4:
@@ -197,14 +210,19 @@ def arm_leaf_candidates(
     return out
 
 
-def arm_runs_into(codemap: CodeMap, backend: object, va: int, push: int) -> bool:
+def _valid(md: Callable[[bool], Cs], data: bytes, va: int, thumb: bool) -> int:
+    """`guess_state`'s test: how `data` at `va` decodes in that state (`armexidx.decodes`)."""
+    return decodes(md(thumb), data, va)
+
+
+def arm_runs_into(codemap: CodeMap, backend: CapstoneBackend, va: int, push: int) -> bool:
     """ARM32: does the code at `va` (bit 0: Thumb) run into the function start `push` found before
     it by its push, as a function's checks before its frame do (`_arm_lead_in`)?"""
     r = codemap.region(va & ~1)
-    thumb = int(backend.decoded_thumb.get(push, False))  # type: ignore[attr-defined]
+    thumb = int(backend.decoded_thumb.get(push, False))
     if r is None or thumb != va & 1:
         return False
-    literals: set[int] = backend.literals  # type: ignore[attr-defined]
+    literals = backend.literals
     return _arm_lead_in(r, backend, literals, va & ~1, push | thumb) == va
 
 
@@ -214,7 +232,7 @@ def _arm_word(r: CodeRegion, o: int) -> bool:
     return (r.va + o) % 4 == 0 and len(r.data) >= o + 4 and r.data[o + 3] >> 4 == 0xE and r.data[o + 2] != 0
 
 
-def _arm_lead_in(r: CodeRegion, backend: object, literals: set[int], lo: int, push: int) -> int:
+def _arm_lead_in(r: CodeRegion, backend: CapstoneBackend, literals: set[int], lo: int, push: int) -> int:
     """The entry of the function whose push is at `push` (bit 0: Thumb), in a gap that begins at `lo`."""
     thumb = push & 1
     at = push & ~1
@@ -233,11 +251,11 @@ def _arm_lead_in(r: CodeRegion, backend: object, literals: set[int], lo: int, pu
     # before it builds a frame, `cbz r0, 1f; ldr r3, [r0, #16]; ...; push {r4, lr}`)
     if not 0 < at - g <= 64 or (not thumb and g % 4):
         return push
-    if at - g > 16 and not arm_after_end(backend.image, backend.codemap, backend, g, 0):  # type: ignore[attr-defined]
+    if at - g > 16 and not arm_after_end(backend.image, backend.codemap, backend, g, 0):
         return push
     reach = g
     exits = pushes = 0
-    for ins in backend.md(bool(thumb)).disasm(bytes(r.data[g - r.va : at - r.va]), g):  # type: ignore[attr-defined]
+    for ins in backend.md(bool(thumb)).disasm(bytes(r.data[g - r.va : at - r.va]), g):
         m = ins.mnemonic.split(".")[0]
         ops = ins.op_str
         if m in ("b", "bl", "blx", "bx", "tbb", "tbh", "udf", "bkpt", "svc") or ops.startswith("pc") or "pc}" in ops:

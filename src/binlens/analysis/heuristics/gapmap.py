@@ -5,12 +5,16 @@ instructions take."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from binlens.analysis.codemap import CodeMap
-from binlens.analysis.discovery.explorer import Body, Explorer
 from binlens.analysis.heuristics.prologues import GapPrologues
-from binlens.analysis.model import XREF_KINDS
+from binlens.analysis.model import XREF_KINDS, Body
 from binlens.analysis.native.kernels import native
+
+if TYPE_CHECKING:
+    from binlens.analysis.decode.backend import Backend
+    from binlens.analysis.discovery.explorer import Explorer
 
 _K_OFFSET = XREF_KINDS.index("offset")
 _descent = native("_descent")  # `cover` and `body_spans` in C (same results), or None
@@ -44,11 +48,11 @@ class Gaps:
         self._refs_upto = 0
         self.prologues: GapPrologues | None = None  # MIPS, PowerPC, RISC-V: the image's prologue tests
 
-    def offset_refs(self, backend: object) -> list[tuple[int, int]]:
+    def offset_refs(self, backend: Backend) -> list[tuple[int, int]]:
         """(instruction, code address) of the address-taking references not yet looked at: those
         decoded since the last call join the ones whose instruction no function reached yet (the
         caller keeps in the list what it leaves for later)."""
-        n = len(backend.x_kind)  # type: ignore[attr-defined]
+        n = len(backend.x_kind)
         if n > self._refs_upto:
             self._refs += offset_refs_from(backend, self.codemap, self._refs_upto)
             self._refs_upto = n
@@ -98,17 +102,17 @@ class Gaps:
             self.more[a] = n - 1
 
 
-def offset_refs_from(backend: object, codemap: CodeMap, start: int) -> list[tuple[int, int]]:
+def offset_refs_from(backend: Backend, codemap: CodeMap, start: int) -> list[tuple[int, int]]:
     """(src, dst) of the `offset` references from index `start` on whose target is code."""
     b = backend
-    kinds = b.x_kind  # type: ignore[attr-defined]
+    kinds = b.x_kind
     out = []
     contains = codemap.contains
     takes = getattr(b, "takes_address", None)  # x86: only lea and mov/push of an address count
     i = kinds.find(_K_OFFSET, start)
     while i >= 0:
-        dst = b.x_dst[i]  # type: ignore[attr-defined]
-        src = b.x_src[i]  # type: ignore[attr-defined]
+        dst = b.x_dst[i]
+        src = b.x_src[i]
         if contains(dst) and (takes is None or takes(src)):
             out.append((src, dst))
         i = kinds.find(_K_OFFSET, i + 1)

@@ -18,9 +18,14 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from binlens.analysis.codemap import CodeMap, CodeRegion
+from binlens.analysis.decode.backend import is_capstone
 from binlens.loader.image import Image
+
+if TYPE_CHECKING:
+    from binlens.analysis.decode.backend import Backend
 
 ARCHES = ("mips", "ppc", "riscv")
 # instruction alignment of fixed-width (or 16-bit-granular) architectures; ARM32 is handled apart
@@ -55,9 +60,9 @@ def _s16(x: int) -> int:
 class GapPrologues:
     """The prologue tests of one image (its architecture, byte order and `_gp`/TOC base)."""
 
-    def __init__(self, image: Image, codemap: CodeMap, backend: object) -> None:
+    def __init__(self, image: Image, codemap: CodeMap, backend: Backend) -> None:
         """Read what the tests need from `image`: architecture, word size, byte order, PIC base
-        (MIPS `_gp` as the jump-table resolver finds it, cached on `backend`)."""
+        (MIPS `_gp` as the jump-table resolver finds it, cached per backend)."""
         ident = image.identity
         self.arch = ident.arch
         self.bits = ident.bits or 32
@@ -66,7 +71,7 @@ class GapPrologues:
         self.codemap = codemap
         self.mask = (1 << self.bits) - 1
         self.base: int | None = None  # MIPS _gp, PPC64 .TOC.
-        if self.arch == "mips":
+        if self.arch == "mips" and is_capstone(backend):
             from binlens.analysis.switches.mips import gp_value
 
             self.base = gp_value(backend, image)
@@ -77,7 +82,7 @@ class GapPrologues:
                 toc = got.va + _PPC64_TOC_BIAS if got is not None else None
             self.base = toc
         self._exact: list[int] | None = None
-        # gap trials (`heuristics._self_contained`) at the first address of gaps without a prologue
+        # gap trials (`trials.self_contained`) at the first address of gaps without a prologue
         self.trials = True
         self.align = INSN_ALIGN[self.arch]  # where entries (and a trial's tail calls) may lie
 
@@ -88,17 +93,18 @@ class GapPrologues:
             out: list[int] = []
             if self.base is not None:
                 for r in self.codemap.regions:
-                    out.extend(self._exact_in(r))
+                    out.extend(self._exact_in(r, self.base))
             self._exact = sorted(out)
         return self._exact
 
-    def _exact_in(self, r: CodeRegion) -> list[int]:
+    def _exact_in(self, r: CodeRegion, base: int) -> list[int]:
+        """The exact entries in region `r`, whose PIC base is `base`."""
         data = r.data
         word = self.word
         align = (-r.va) % 4  # offsets of word-aligned addresses
         out = []
         if self.arch == "mips" and self.bits == 64:
-            out.extend(self._mips_n64(r))
+            out.extend(self._mips_n64(r, base))
         elif self.arch == "mips":
             # `lui $gp, hi` is 0x3c1c hhhh; look for its high half and check the rest by value
             pat = re.compile(re.escape(b"\x1c\x3c") if self.little else re.escape(b"\x3c\x1c"))
@@ -127,7 +133,7 @@ class GapPrologues:
                     out.append(va)
         return out
 
-    def _mips_n64(self, r: CodeRegion) -> list[int]:
+    def _mips_n64(self, r: CodeRegion, base: int) -> list[int]:
         """Entries named by n64 `.cpsetup`-like sequences: `lui $r, hi` ... `daddu $r, $r, $t9` ...
         `daddiu $r, $r, lo` with hi and lo of `_gp` - entry (gcc schedules them apart, and in a leaf
         uses any register for `$r`): the entry is `_gp` - hi - lo, at or a few words before the `lui`."""
@@ -147,7 +153,7 @@ class GapPrologues:
                 continue
             hi = _s16(words[j][0] & 0xFFFF) << 16
             lo = _s16(words[k][0] & 0xFFFF)
-            entry = (self.base - hi - lo) & self.mask  # type: ignore[operator]
+            entry = (base - hi - lo) & self.mask
             lui = r.va + lead + 4 * j
             if lui - 4 * _MIPS_WINDOW <= entry <= lui and entry % 4 == 0:
                 out.append(entry)

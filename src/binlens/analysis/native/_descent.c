@@ -8,7 +8,7 @@
  * reaches ~80k chunks per walk. New chunks come from `fast(va)` (the x86 scanner: a tuple, False
  * when the Python path must decide, None outside the code) and else from `chunk(va)`.
  *
- * `body` is `Explorer._body`, the walk of one function that the partition runs for every function.
+ * `body` is `Explorer.walk_body`, the walk of one function that the partition runs for every function.
  * `cover` and `body_spans` are the gap heuristic's coverage map and entry runs (`heuristics/gapmap.py`),
  * `covered` the engine's count of covered bytes.
  * `merge` is the chunk merge of `functions._blocks`; `sort_refs` sorts, de-duplicates and re-tags
@@ -393,7 +393,7 @@ static int edge_and_push(PyObject *edges, PyObject *a, PyObject *s, PyObject *ki
 
 /* body(chunks, f, nxt, ext, starts, fragments, noret, b, indirect, leaves) -> (seen, hits, new)
  *
- * `Explorer._body`'s walk of one function from `f`, into the Body `b` (its lists and flags), in
+ * `Explorer.walk_body`'s walk of one function from `f`, into the Body `b` (its lists and flags), in
  * the same order. `indirect` is `Explorer._indirect` (an indirect jump's successors) and `leaves`
  * the tail-call test of `discovery/leaves.py`; both are called as the Python walk calls them. */
 static PyObject *body(PyObject *self, PyObject *args) {
@@ -986,7 +986,7 @@ static PyMethodDef methods[] = {
      "Set the engine's terminator codes: configure(T_FALL, T_JUMP, T_COND, T_CALL, T_ICALL, T_IJUMP[, T_RET, T_BAD])."},
     {"traverse", traverse, METH_VARARGS, "Explorer.traverse's walk (see the module source)."},
     {"merge", merge, METH_VARARGS, "functions._blocks's merge of chunks into blocks (see the module source)."},
-    {"body", body, METH_VARARGS, "Explorer._body's walk of one function (see the module source)."},
+    {"body", body, METH_VARARGS, "Explorer.walk_body's walk of one function (see the module source)."},
     {"cover", cover, METH_VARARGS, "gapmap.cover's marking of chunk bytes (see the module source)."},
     {"body_spans", body_spans, METH_VARARGS, "gapmap.body_spans (see the module source)."},
     {"covered", covered, METH_VARARGS, "engine._covered (see the module source)."},
