@@ -1,0 +1,131 @@
+"""compare.*: fingerprints, matching two builds, function diffs, ported annotations (docs/COMPARE.md).
+
+Two releases of one program (tests/fixtures/src/cmp_v1.c, cmp_v2.c): `checksum` changed,
+`legacy_dump` removed, `report_stats` added; the newer build stripped. The truth is the unstripped
+newer build's symbols (stripping moves no code)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from binlens.api import invoke
+from binlens.errors import BinlensError
+
+
+def _symbols(path: Path) -> dict[int, str]:
+    out = {}
+    for line in subprocess.run(["nm", str(path)], capture_output=True, text=True, check=True).stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] in "Tt":
+            out[int(parts[0], 16)] = parts[2]
+    return out
+
+
+@pytest.fixture(scope="module")
+def builds(compile_c) -> dict[str, Path]:
+    return {
+        "v1": compile_c("cmp_v1.c"),
+        "v2": compile_c("cmp_v2.c"),
+        "v2s": compile_c("cmp_v2.c", strip=True),
+    }
+
+
+def test_fingerprints_are_stored_and_identical_functions_agree(workspace, builds):
+    from binlens.api.fingerprints import fingerprints
+    from binlens.jobs.state import analysis_of
+    from binlens.store.fingerprints import load_fingerprints, stored_key
+
+    progs = [workspace.open(builds[k]) for k in ("v1", "v2s")]
+    fps = []
+    for prog in progs:
+        view = analysis_of(prog).require(None, timeout_s=120)
+        got = fingerprints(prog, view)
+        assert len(got) == len(view.functions)
+        assert stored_key(prog.db) is not None
+        assert load_fingerprints(prog.db) == got  # what was stored reads back the same
+        fps.append({f.address: f for f in got})
+    v1, v2 = _symbols(builds["v1"]), _symbols(builds["v2"])
+    by_name1 = {n: fps[0][a] for a, n in v1.items() if a in fps[0]}
+    by_name2 = {n: fps[1][a] for a, n in v2.items() if a in fps[1]}
+    for name in ("parse_header", "add_record", "find_record", "total_weight", "classify"):
+        assert by_name1[name].exact == by_name2[name].exact, name
+        assert len(by_name1[name].minhash) == 32
+    assert by_name1["checksum"].exact != by_name2["checksum"].exact
+    assert by_name1["classify"].loops == by_name2["classify"].loops
+    assert "bad header: %s\n" in by_name1["parse_header"].strings
+
+
+def test_compare_programs_classifies_changed_added_removed(workspace, builds):
+    r = invoke(
+        workspace,
+        "compare.programs",
+        {"left": {"path": str(builds["v1"])}, "right": {"path": str(builds["v2s"])}, "page": {"limit": 1000}},
+    )
+    truth = _symbols(builds["v2"])
+    kinds = {}
+    for m in r["matched"]:
+        name = m["left"]["name"]
+        right = truth.get(int(m["right"]["address"], 16))
+        if right is not None:  # (PLT thunks have no symbol: they match by their import's name)
+            assert right == name, m
+        kinds[name] = (m["kind"], m["similarity"])
+    assert kinds["checksum"][0] == "changed" and kinds["checksum"][1] < 1.0
+    for name in ("parse_header", "add_record", "find_record", "total_weight", "classify"):
+        assert kinds[name] == ("identical", 1.0), name
+    assert [a["name"] for a in r["removed"]] == ["legacy_dump"]
+    assert [truth[int(a["address"], 16)] for a in r["added"]] == ["report_stats"]
+    assert r["counts"]["added"] == 1 and r["counts"]["removed"] == 1 and r["counts"]["changed"] == 1
+    # paging: two at a time walks every pair once
+    seen, cursor = [], None
+    while True:
+        page = {"limit": 2} | ({"cursor": cursor} if cursor else {})
+        p = invoke(
+            workspace, "compare.programs", {"left": r["left"]["program"], "right": r["right"]["program"], "page": page}
+        )
+        seen += [m["left"]["address"] for m in p["matched"]]
+        cursor = p["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == [m["left"]["address"] for m in r["matched"]]
+
+
+def test_compare_functions_diffs_the_changed_blocks(workspace, builds):
+    left, right = workspace.open(builds["v1"]), workspace.open(builds["v2"])
+    r = invoke(
+        workspace,
+        "compare.functions",
+        {
+            "left": {"program": left.handle, "selector": {"name": "checksum"}},
+            "right": {"program": right.handle, "selector": {"name": "checksum"}},
+        },
+    )
+    assert r["kind"] == "changed"
+    statuses = {b["status"] for b in r["blocks"]}
+    assert "changed" in statuses or "added" in statuses
+    changed_lines = [ln for b in r["blocks"] for ln in b["lines"] if ln["op"] != "equal"]
+    assert changed_lines, r["blocks"]
+    same = invoke(
+        workspace,
+        "compare.functions",
+        {
+            "left": {"program": left.handle, "selector": {"name": "classify"}},
+            "right": {"program": right.handle, "selector": {"name": "classify"}},
+        },
+    )
+    assert same["similarity"] == 1.0 and {b["status"] for b in same["blocks"]} == {"identical"}
+
+
+def test_compare_bad_sides_are_clear_errors(workspace, builds, tmp_path):
+    with pytest.raises(BinlensError) as err:
+        invoke(
+            workspace,
+            "compare.programs",
+            {"left": {"path": str(tmp_path / "absent")}, "right": {"path": str(builds["v1"])}},
+        )
+    assert err.value.target == "/params/left/path"
+    with pytest.raises(BinlensError) as err:
+        invoke(workspace, "compare.programs", {"left": {"path": str(builds["v1"])}, "right": "p00000000"})
+    assert err.value.code == "not_found" and err.value.target == "/params/right"
