@@ -129,3 +129,64 @@ def test_compare_bad_sides_are_clear_errors(workspace, builds, tmp_path):
     with pytest.raises(BinlensError) as err:
         invoke(workspace, "compare.programs", {"left": {"path": str(builds["v1"])}, "right": "p00000000"})
     assert err.value.code == "not_found" and err.value.target == "/params/right"
+
+
+def _data_symbol(path: Path, name: str) -> int:
+    for line in subprocess.run(["nm", str(path)], capture_output=True, text=True, check=True).stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[2] == name:
+            return int(parts[0], 16)
+    raise AssertionError(name)
+
+
+def test_port_annotations_lands_on_the_right_functions_and_undoes_in_one_step(workspace, builds):
+    old, new = workspace.open(builds["v1"]), workspace.open(builds["v2s"])
+    truth = {n: a for a, n in _symbols(builds["v2"]).items()}
+
+    def call(method, params):
+        return invoke(workspace, method, params)
+
+    call("function.patch", {"program": old.handle, "selector": {"name": "parse_header"}, "name": "parse_hdr_user"})
+    call(
+        "function.patch",
+        {
+            "program": old.handle,
+            "selector": {"name": "add_record"},
+            "prototype": "int add_record(int id, int w, char *s)",
+        },
+    )
+    call("comment.create", {"program": old.handle, "selector": {"name": "checksum"}, "kind": "plate", "text": "FNV-1a"})
+    call(
+        "global_variable.create", {"program": old.handle, "selector": {"name": "count"}, "type": "int", "name": "nrec"}
+    )
+    mine = hex(truth["total_weight"])
+    call("function.patch", {"program": new.handle, "selector": {"address": mine}, "name": "my_total"})
+
+    r = call("compare.port_annotations", {"from": old.handle, "to": new.handle})
+    assert r["journal_id"] is not None
+
+    def name_at(va: int) -> str:
+        return call("function.get", {"program": new.handle, "selector": {"address": hex(va)}})["name"]
+
+    assert name_at(truth["parse_header"]) == "parse_hdr_user"
+    assert name_at(truth["find_record"]) == "find_record"  # the old build's symbols come along
+    assert name_at(truth["add_record"]) == "add_record"
+    assert name_at(truth["total_weight"]) == "my_total"  # the user's own name stays
+    assert any(s["kind"] == "name" and s["target"] == mine for s in r["skipped"])
+    assert name_at(truth["report_stats"]).startswith("sub_")  # added: nothing to port
+    proto = call("function_prototype.get", {"program": new.handle, "selector": {"address": hex(truth["add_record"])}})
+    assert proto["prototype"] is not None and proto["prototype"]["declaration"].startswith("int add_record(int id")
+    plate = call(
+        "comment.get", {"program": new.handle, "selector": {"address": hex(truth["checksum"])}, "kind": "plate"}
+    )
+    assert plate["text"] == "FNV-1a"
+    count = _data_symbol(builds["v2"], "count")
+    g = call("global_variable.get", {"program": new.handle, "selector": {"address": hex(count)}})
+    assert g["type"] == "int" and g["name"] == "nrec"
+
+    undone = call("journal.undo", {"program": new.handle, "count": 1})
+    assert [e["id"] for e in undone["entries"]] == [r["journal_id"]]
+    assert name_at(truth["parse_header"]).startswith("sub_")
+    assert name_at(truth["total_weight"]) == "my_total"
+    with pytest.raises(BinlensError):
+        call("global_variable.get", {"program": new.handle, "selector": {"address": hex(count)}})
