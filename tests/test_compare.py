@@ -190,3 +190,37 @@ def test_port_annotations_lands_on_the_right_functions_and_undoes_in_one_step(wo
     assert name_at(truth["total_weight"]) == "my_total"
     with pytest.raises(BinlensError):
         call("global_variable.get", {"program": new.handle, "selector": {"address": hex(count)}})
+
+
+def test_signature_apply_names_static_libc_functions_and_main(workspace, compile_c):
+    try:
+        target = compile_c("cmp_v2.c", pie=False, strip=True, extra=("-static",))
+        truth_build = compile_c("cmp_v2.c", pie=False, extra=("-static",))
+        reference = compile_c("cmp_v1.c", pie=False, extra=("-static",))
+    except subprocess.CalledProcessError:
+        pytest.skip("no static C library (libc.a) to link against")
+    truth: dict[int, set[str]] = {}
+    for line in subprocess.run(
+        ["nm", str(truth_build)], capture_output=True, text=True, check=True
+    ).stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] in "TtWi":
+            truth.setdefault(int(parts[0], 16), set()).add(parts[2])
+    prog = workspace.open(target)
+    r = invoke(workspace, "signature.apply", {"program": prog.handle, "references": [{"path": str(reference)}]})
+    named = {int(n["address"], 16): n["name"] for n in r["named"]}
+    wrong = {hex(a): (n, sorted(truth.get(a, ()))) for a, n in named.items() if n not in truth.get(a, ())}
+    assert not wrong
+    assert len(named) >= 0.5 * len(truth)
+    main = next(a for a, names in truth.items() if "main" in names)
+    assert named[main] == "main"
+    libc = next(a for a, n in named.items() if n != "main")
+    detail = invoke(workspace, "function.get", {"program": prog.handle, "selector": {"address": hex(libc)}})
+    assert "signature" in detail["sources"] and detail["signature"]["score"] > 0.9
+    listed = invoke(
+        workspace, "function.list", {"program": prog.handle, "source": "signature", "page": {"limit": 1000}}
+    )
+    assert len(listed["items"]) == min(1000, len(named))
+    invoke(workspace, "journal.undo", {"program": prog.handle, "count": 1})
+    detail = invoke(workspace, "function.get", {"program": prog.handle, "selector": {"address": hex(main)}})
+    assert detail["name"].startswith("sub_") and detail["signature"] is None

@@ -61,6 +61,7 @@ DOMAINS: tuple[str, ...] = (
     "provider",
     "reference",
     "session",
+    "signature",
     "string",
     "symbol",
     "symbol_edit",
