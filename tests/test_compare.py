@@ -224,3 +224,22 @@ def test_signature_apply_names_static_libc_functions_and_main(workspace, compile
     invoke(workspace, "journal.undo", {"program": prog.handle, "count": 1})
     detail = invoke(workspace, "function.get", {"program": prog.handle, "selector": {"address": hex(main)}})
     assert detail["name"].startswith("sub_") and detail["signature"] is None
+
+
+def test_cli_diff_and_port(home, builds):
+    import json
+
+    from conftest import run_cli
+
+    out = run_cli("diff", str(builds["v1"]), str(builds["v2s"]), "--json", home=home)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["counts"]["changed"] == 1 and data["counts"]["added"] == 1 and data["counts"]["removed"] == 1
+    table = run_cli("diff", str(builds["v1"]), str(builds["v2s"]), home=home)
+    assert table.returncode == 0 and "checksum" in table.stdout and "legacy_dump" in table.stdout
+    assert "1 changed, 1 added, 1 removed" in table.stdout
+    port = run_cli("port", str(builds["v1"]), str(builds["v2s"]), home=home)
+    assert port.returncode == 0, port.stderr
+    assert "copied" in port.stdout and "parse_header" in port.stdout
+    missing = run_cli("diff", str(builds["v1"]), str(home / "absent"), home=home)
+    assert missing.returncode != 0 and "Traceback" not in missing.stderr

@@ -91,7 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     from binlens.cli import commands  # noqa: F401 - registers the human and query commands
 
-    for mod in ("binlens.cli.serve_command", "binlens.cli.mcp_command", "binlens.cli.analysis_commands"):
+    for mod in (
+        "binlens.cli.serve_command",
+        "binlens.cli.mcp_command",
+        "binlens.cli.analysis_commands",
+        "binlens.cli.compare_commands",
+    ):
         try:
             __import__(mod)
         except ModuleNotFoundError as err:
