@@ -71,7 +71,7 @@ def compute(prog: Program, view: AnalysisView) -> list[Fingerprint]:
                 StoredFunction(
                     f.address,
                     f.size,
-                    f.symbol or f.thunk,
+                    f.symbol or (f"{f.thunk}@plt" if f.thunk else None),
                     spans,
                     [(s, d) for s, d, _k in unpack_edges(*es)] if es else [],
                     calls.get(f.address, []),

@@ -39,7 +39,7 @@ class FunctionFacts:
 
     address: int
     size: int
-    name: str | None  # its symbol, export or thunk name; None for `sub_<hex>`
+    name: str | None  # its symbol or export, else `<import>@plt` for a thunk; None for `sub_<hex>`
     blocks: Sequence[tuple[int, int]]  # (start, end) by address
     edges: Sequence[tuple[int, int]]  # (src block, dst block)
     callees: Sequence[int]  # called function entries, by call site
