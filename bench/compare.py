@@ -131,7 +131,7 @@ def build_shared(root: Path, lib: Library, out: Path, cc: str = "gcc", opt: str 
 def build_static(root: Path, lib: Library, out: Path) -> tuple[Path, Path]:
     """(unstripped, stripped) static executable: the driver, every object of the library, libc.a."""
     if not out.exists():
-        driver = out.with_suffix(".c")
+        driver = out.with_name(out.name + ".c")
         driver.write_text(lib.driver)
         incs = [f"-I{root / i}" for i in lib.includes]
         sh(
@@ -145,6 +145,7 @@ def build_static(root: Path, lib: Library, out: Path) -> tuple[Path, Path]:
             str(out),
             str(driver),
             *sources(root, lib),
+            "-lm",
         )
     stripped = out.with_name(out.name + "-stripped")
     if not stripped.exists():
@@ -153,13 +154,14 @@ def build_static(root: Path, lib: Library, out: Path) -> tuple[Path, Path]:
 
 
 def symbols(path: Path) -> dict[int, set[str]]:
-    """Function symbols by address (every alias)."""
+    """Function symbols by address (every alias), without gcc's clone suffixes (`.constprop.0`,
+    `.isra.0`, `.part.0`, `.cold`): a clone is its source function, whatever the compiler made of it."""
     out: dict[int, set[str]] = {}
     text = subprocess.run(["nm", "--defined-only", str(path)], capture_output=True, text=True, check=True).stdout
     for line in text.splitlines():
         parts = line.split()
         if len(parts) == 3 and parts[1] in "TtWi":
-            out.setdefault(int(parts[0], 16), set()).add(parts[2])
+            out.setdefault(int(parts[0], 16), set()).add(parts[2].split(".", 1)[0])
     return out
 
 

@@ -21,6 +21,9 @@ ANCHOR_MIN = 0.3  # a unique string or import set
 PROPAGATE_MIN = 0.5  # mutual best among a matched pair's callees or callers
 LONE_MIN = 0.4  # the one unmatched callee (or caller) on each side
 FUZZY_MIN = 0.6  # candidates from shared MinHash bands
+SMALL = 10  # instructions below which a function's features say little: fuzzy needs SMALL_MIN
+SMALL_MIN = 0.85
+NEIGHBOUR_WEIGHT = 0.25  # share of the fuzzy ranking given to agreeing matched callers and callees
 _BAND = 2  # MinHash bins per LSH band
 _MAX_BUCKET = 64  # a band bucket larger than this (boilerplate) adds no candidates
 
@@ -136,14 +139,25 @@ class Matcher:
         for ls, rs in buckets.values():
             if ls and rs and len(ls) * len(rs) <= _MAX_BUCKET * _MAX_BUCKET // 4:
                 pairs.update((la, ra) for la in ls for ra in rs)
-        scored = sorted(
-            ((similarity(self.left[la], self.right[ra]), la, ra) for la, ra in pairs),
-            key=lambda t: (-t[0], t[1], t[2]),
-        )
-        for s, la, ra in scored:
-            if s < FUZZY_MIN:
-                break
-            self._add(la, ra, "fuzzy", s)
+        scored = []
+        for la, ra in pairs:
+            lf, rf = self.left[la], self.right[ra]
+            sim = similarity(lf, rf)
+            least = FUZZY_MIN if min(lf.instructions, rf.instructions) >= SMALL else SMALL_MIN
+            if sim >= least:
+                scored.append((sim * (1 - NEIGHBOUR_WEIGHT) + self._neighbours(la, ra) * NEIGHBOUR_WEIGHT, sim, la, ra))
+        scored.sort(key=lambda t: (-t[0], t[2], t[3]))
+        for _rank, sim, la, ra in scored:
+            self._add(la, ra, "fuzzy", sim)
+
+    def _neighbours(self, la: int, ra: int) -> float:
+        """How far the matched callers and callees of `la` are those of `ra` (Jaccard; 0.5 when
+        neither has a matched neighbour)."""
+        lf, rf = self.left[la], self.right[ra]
+        mine = {self.l2r[c].right for c in (*lf.callees, *self.l_callers.get(la, ())) if c in self.l2r}
+        theirs = {c for c in (*rf.callees, *self.r_callers.get(ra, ())) if c in self.r2l}
+        union = mine | theirs
+        return len(mine & theirs) / len(union) if union else 0.5
 
 
 def _unique(key: Callable[[Fingerprint], Hashable | None], fps: Iterable[Fingerprint]) -> dict[Hashable, int]:
