@@ -82,6 +82,13 @@ def find_main(prog: Program, view: AnalysisView) -> int | None:
     return main_from_entry(ident.arch, insns, is_start_routine, lambda va: va in view.by_address)
 
 
+def _callees_agree(mine: tuple[int, ...], theirs: set[int], l2r: dict[int, int]) -> bool:
+    """Whether a function calls something, and every callee of it that is matched is matched to a
+    callee of its partner (what tells apart wrappers whose code differs only in whom they call)."""
+    mapped = [l2r[c] for c in mine if c in l2r]
+    return bool(mapped) and all(c in theirs for c in mapped)
+
+
 @method("signature.apply", effect=MUTATION, long_running=True)
 def signature_apply(ws: Workspace, p: SignatureApplyParams, ctx: CallContext) -> SignatureApplyResult:
     """Name a stripped program's functions from reference binaries with symbols, as one undoable edit."""
@@ -89,6 +96,7 @@ def signature_apply(ws: Workspace, p: SignatureApplyParams, ctx: CallContext) ->
     view = side_view(prog, p, ctx)
     fps = fingerprints(prog, view)
     size_of = {f.address: f.instructions for f in fps}
+    callees_of = {f.address: f.callees for f in fps}
     best: dict[int, tuple[float, str, str, str]] = {}  # address -> (score, name, reference, step)
     for i, spec in enumerate(p.references):
         ref = open_side(ws, spec, f"/params/references/{i}")
@@ -102,15 +110,20 @@ def signature_apply(ws: Workspace, p: SignatureApplyParams, ctx: CallContext) ->
         exact_of = {f.address: f.exact for f in rfps}
         for f in rfps:
             names_of[f.exact].add(f.name)
-        for m in match_functions(fps, rfps):
+        found = match_functions(fps, rfps)
+        l2r = {m.left: m.right for m in found}
+        ref_callees = {f.address: set(f.callees) for f in rfps}
+        for m in found:
             rf = rview.by_address[m.right]
             name = rf.symbol
             if not name or m.similarity < p.min_similarity or _has_name(prog, view, m.left):
                 continue
             if m.similarity < 1.0 and size_of[m.left] < _FUZZY_LEAST:
                 continue  # a few instructions alike say little of which function it is
-            if len(names_of[exact_of[m.right]]) > 1:
-                continue  # the same code goes by several names there: no telling which
+            if len(names_of[exact_of[m.right]]) > 1 and (
+                size_of[m.left] < _FUZZY_LEAST or not _callees_agree(callees_of[m.left], ref_callees[m.right], l2r)
+            ):
+                continue  # the same code goes by several names there, and its calls do not tell which
             if m.left not in best or m.similarity > best[m.left][0]:
                 best[m.left] = (m.similarity, name, ref.identity["file_name"], m.step)
     if p.main:
