@@ -245,7 +245,7 @@ class Bench:
         ref_names = {n for p in references for ns in symbols(p).values() for n in ns} | {"main"}
         tf = self.functions(th)
         nameable = {a for a, ns in tt.items() if a in tf and ns & ref_names}
-        right = sum(1 for n in r["named"] if n["name"] in tt.get(int(n["address"], 16), ()))
+        right = sum(1 for n in r["named"] if n["name"].split(".", 1)[0] in tt.get(int(n["address"], 16), ()))
         named = len(r["named"])
         main = next((a for a, ns in tt.items() if "main" in ns), None)
         got_main = any(n["name"] == "main" and int(n["address"], 16) == main for n in r["named"])

@@ -118,7 +118,7 @@ def signature_apply(ws: Workspace, p: SignatureApplyParams, ctx: CallContext) ->
             name = rf.symbol
             if not name or m.similarity < p.min_similarity or _has_name(prog, view, m.left):
                 continue
-            if m.similarity < 1.0 and size_of[m.left] < _FUZZY_LEAST:
+            if m.step not in ("name", "exact") and size_of[m.left] < _FUZZY_LEAST:
                 continue  # a few instructions alike say little of which function it is
             if len(names_of[exact_of[m.right]]) > 1 and (
                 size_of[m.left] < _FUZZY_LEAST or not _callees_agree(callees_of[m.left], ref_callees[m.right], l2r)
