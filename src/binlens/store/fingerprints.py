@@ -10,7 +10,6 @@ equal functions by lookup), the MinHash (32 little-endian u32 minima) and the ot
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sqlite3
 import struct
@@ -37,6 +36,9 @@ _MH = struct.Struct(f"<{MINHASH_BINS}I")
 
 def analysis_key(db: ProgramDatabase, view: AnalysisView) -> str:
     """A key of the stored analysis the fingerprints come from (changes whenever it does)."""
+    import hashlib  # (here: every process that opens a database imports this module, and hashlib
+    # loads OpenSSL, which the analysis process does without)
+
     run = load_run(db)
     h = hashlib.blake2b(digest_size=16)
     h.update(f"{FINGERPRINT_VERSION}|{run.engine if run else ''}|{run.finished_at if run else ''}|".encode())
