@@ -243,3 +243,27 @@ def test_cli_diff_and_port(home, builds):
     assert "copied" in port.stdout and "parse_header" in port.stdout
     missing = run_cli("diff", str(builds["v1"]), str(home / "absent"), home=home)
     assert missing.returncode != 0 and "Traceback" not in missing.stderr
+
+
+def test_compare_programs_on_aarch64(workspace, build_dir):
+    """The fingerprints of other ISAs mask address parts too (adrp pages, the page offsets added to
+    them): functions that only moved are identical."""
+    import shutil
+
+    from conftest import FIXTURE_SRC
+
+    cc = shutil.which("aarch64-linux-gnu-gcc")
+    if cc is None:
+        pytest.skip("no aarch64-linux-gnu-gcc (Debian: gcc-aarch64-linux-gnu)")
+    out = {}
+    for v in ("v1", "v2"):
+        out[v] = build_dir / f"a64_cmp_{v}"
+        if not out[v].exists():
+            subprocess.run([cc, "-O2", "-o", str(out[v]), str(FIXTURE_SRC / f"cmp_{v}.c")], check=True)
+    r = invoke(workspace, "compare.programs", {"left": {"path": str(out["v1"])}, "right": {"path": str(out["v2"])}})
+    kinds = {m["left"]["name"]: (m["right"]["name"], m["kind"], m["similarity"]) for m in r["matched"]}
+    for name in ("main", "parse_header", "add_record", "find_record", "total_weight", "classify"):
+        assert kinds[name] == (name, "identical", 1.0), (name, kinds[name])
+    assert kinds["checksum"][:2] == ("checksum", "changed")
+    assert [f["name"] for f in r["removed"]] == ["legacy_dump"]
+    assert [f["name"] for f in r["added"]] == ["report_stats"]

@@ -220,9 +220,17 @@ _FLOW_NAMES = {
 }
 
 
+# Instructions whose numbers are parts of an address (a page, an upper half) whatever their value.
+_ADDRESS_PART_MNEMONICS = frozenset({"adrp", "adr", "auipc", "lui", "movw", "movt", "addis", "lis"})
+_REGISTER = re.compile(r"\$?[a-z][a-z0-9]*")
+
+
 class ModelFeatures:
     """Features from the engine's instruction model (every ISA but x86): the mnemonic and operand
-    text, each number that is an address, a branch target or a reference replaced by `A`."""
+    text, each number that is an address, a branch target or a reference replaced by `A`. Every
+    number of an instruction that references an address, forms one (`adrp`, `auipc`, `lui`,
+    `movw`/`movt`) or reads a register such an instruction set earlier in the block (the `add` or
+    `ldr` of an `adrp` pair holds only the page offset) is replaced."""
 
     def __init__(self, decode: Callable[[int, int], Sequence[ModelInstruction]], is_address: IsAddress) -> None:
         self.decode = decode
@@ -231,20 +239,25 @@ class ModelFeatures:
     def __call__(self, start: int, end: int) -> list[InsnFeature]:
         """The features of the instructions in [start, end)."""
         out: list[InsnFeature] = []
+        pages: set[str] = set()  # registers an address-forming instruction set in this block
         for ins in self.decode(start, end):
             if ins.mnemonic == ".byte":
                 break
             known = set(ins.targets) | set(ins.refs)
             consts: list[int] = []
+            mnemonic = ins.mnemonic.lower()
+            regs = _REGISTER.findall(ins.operands.lower())
+            if mnemonic in _ADDRESS_PART_MNEMONICS and regs:
+                pages.add(regs[0])
+            if known or mnemonic in _ADDRESS_PART_MNEMONICS or pages.intersection(regs[1:]):
+                text = _NUMBER.sub("A", ins.operands)
+            else:
 
-            def mask(m: re.Match[str], known: set[int] = known, consts: list[int] = consts) -> str:
-                text = m.group(1)
-                value = int(text, 0) & 0xFFFFFFFFFFFFFFFF
-                if value in known or self.is_address(value):
-                    return "A"
-                return text
+                def mask(m: re.Match[str]) -> str:
+                    value = int(m.group(1), 0) & 0xFFFFFFFFFFFFFFFF
+                    return "A" if self.is_address(value) else m.group(1)
 
-            text = _NUMBER.sub(mask, ins.operands)
+                text = _NUMBER.sub(mask, ins.operands)
             for m in _NUMBER.finditer(_MEMORY.sub("", text)):
                 value = int(m.group(1), 0)
                 if value not in (0, 1, -1):
