@@ -27,6 +27,7 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
     ("core", "binlens.store.database:CORE_MIGRATIONS"),
     ("annotations", "binlens.store.annotations:MIGRATIONS"),
     ("analysis", "binlens.store.analysis:ANALYSIS_MIGRATIONS"),
+    ("fingerprints", "binlens.store.fingerprints:MIGRATIONS"),
 )
 
 # "module:function" of each open hook, called as hook(workspace, program)
@@ -44,6 +45,7 @@ DOMAINS: tuple[str, ...] = (
     "batch",
     "bookmark",
     "comment",
+    "compare",
     "data_type",
     "debug",
     "disassembly",
@@ -61,6 +63,7 @@ DOMAINS: tuple[str, ...] = (
     "provider",
     "reference",
     "session",
+    "signature",
     "string",
     "symbol",
     "symbol_edit",

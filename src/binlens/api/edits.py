@@ -235,6 +235,18 @@ def on_open(ws: Workspace, prog: Program) -> None:
     prog.extensions["annotations.comments_at"] = lambda va: comments_at(prog, va)
 
 
+def signatures(prog: Program) -> dict[int, dict[str, Any]]:
+    """The names `signature.apply` gave, by address ({name, score, reference}), reloaded when they change."""
+    st = store(prog)
+    gen = st.generation("signature")
+    cached = prog.extensions.get("annotations.signatures")
+    if cached is not None and cached[0] == gen:
+        return cached[1]
+    rows = {key[0]: value for key, value in st.rows("signature")}
+    prog.extensions["annotations.signatures"] = (gen, rows)
+    return rows
+
+
 def comments_at(prog: Program, va: int) -> dict[str, str]:
     """The comments at `va` by kind (eol, pre, plate), for the listing."""
     return comment_rows_at(prog.db.connect(), va)

@@ -9,6 +9,7 @@ from pydantic import Field
 
 from binlens.analysis.model import SOURCES
 from binlens.api.analysis import NeedsAnalysis, need_view, select_function
+from binlens.api.edits import signatures
 from binlens.api.models import HexAddress, Listing, Page, Result, Scan, Selector
 from binlens.api.pages import page_by_address, page_by_offset
 from binlens.api.registry import READ_ONLY, CallContext, method
@@ -17,7 +18,8 @@ from binlens.printable import escape_controls
 from binlens.store.analysis import AnalysisView, FunctionRow
 from binlens.workspace import Program, Workspace
 
-Source = Literal[SOURCES]  # type: ignore[valid-type]  # the engine's tuple, spelled once; pydantic reads it
+# the engine's tuple, spelled once, and `signature` (names `signature.apply` gave); pydantic reads it
+Source = Literal[(*SOURCES, "signature")]  # type: ignore[valid-type]
 
 
 class FunctionItem(Result):
@@ -31,11 +33,18 @@ class FunctionItem(Result):
     thunk: str | None = Field(None, description="The import this thunk jumps to.")
 
 
+class SignatureName(Result):
+    name: str
+    score: float = Field(description="The similarity of the match that gave the name (1.0: identical code).")
+    reference: str = Field(description="The reference file the name came from.")
+
+
 class FunctionDetail(FunctionItem):
     end: HexAddress
     symbol: str | None = None
     callers: int
     callees: int
+    signature: SignatureName | None = Field(None, description="The name `signature.apply` gave, with its score.")
 
 
 class FunctionListParams(NeedsAnalysis):
@@ -91,13 +100,19 @@ class FunctionCfg(Result):
     text: str | None = Field(None, description="The graph in DOT or Mermaid syntax when asked for.")
 
 
+def sources_of(prog: Program, f: FunctionRow) -> list[str]:
+    """How a function was found, and `signature` when `signature.apply` named it."""
+    sig = signatures(prog)
+    return [*f.sources, "signature"] if f.address in sig else list(f.sources)
+
+
 def function_item(prog: Program, f: FunctionRow) -> FunctionItem:
     """The list item of one function."""
     return FunctionItem(
         address=hex(f.address),
         name=function_name(prog, f),
         size=f.size,
-        sources=list(f.sources),
+        sources=sources_of(prog, f),
         blocks=f.blocks,
         instructions=f.instructions,
         noreturn=f.noreturn,
@@ -111,7 +126,7 @@ def function_list(ws: Workspace, p: FunctionListParams, ctx: CallContext) -> Lis
     prog, view = need_view(ws, p, ctx)
     funcs: list[FunctionRow] = view.functions
     if p.source:
-        funcs = [f for f in funcs if p.source in f.sources]
+        funcs = [f for f in funcs if p.source in sources_of(prog, f)]
     if p.min_size is not None:
         funcs = [f for f in funcs if f.size >= p.min_size]
     if p.max_size is not None:
@@ -135,6 +150,7 @@ def function_get(ws: Workspace, p: FunctionSelectParams, ctx: CallContext) -> Fu
         symbol=f.symbol,
         callers=len({fn for fn, _ in view.callers(f.address)}),
         callees=len({c for _, c in view.callees(f.address)}),
+        signature=SignatureName(**sig) if (sig := signatures(prog).get(f.address)) else None,
     )
 
 

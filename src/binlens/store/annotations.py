@@ -29,7 +29,7 @@ from binlens.store.database import ProgramDatabase, s64, u64
 # 2**63 as negative numbers; below it the address itself, so no stored row changes). The store
 # converts at its boundary: callers give and get unsigned addresses, rows come in address order.
 _HIGH = 1 << 63
-_ADDRESS_KEYED = frozenset({"name", "comment", "bookmark", "global", "prototype", "function"})
+_ADDRESS_KEYED = frozenset({"name", "comment", "bookmark", "global", "prototype", "function", "signature"})
 
 
 def db_spans(start: int, end: int) -> list[tuple[int, int]]:
@@ -122,6 +122,12 @@ MIGRATIONS = [
     );
     CREATE INDEX IF NOT EXISTS ann_journal_state ON ann_journal(state, id);
     """,
+    # Names `signature.apply` gave (the name itself is an `ann_name` row of the same edit): the score
+    # of the match and the reference file it came from.
+    """
+    CREATE TABLE IF NOT EXISTS ann_signature (
+        address INTEGER PRIMARY KEY, name TEXT NOT NULL, score REAL NOT NULL, reference TEXT NOT NULL);
+    """,
 ]
 
 
@@ -142,6 +148,7 @@ TABLES: dict[str, Table] = {
     "global": Table("ann_global", ("address",), ("type",)),
     "prototype": Table("ann_function_prototype", ("address",), ("prototype",)),
     "function": Table("ann_function", ("address",), ("state",)),
+    "signature": Table("ann_signature", ("address",), ("name", "score", "reference")),
 }
 KINDS = (*TABLES, "patch")
 _PATCH_BYTES = "SELECT address, value FROM ann_patch WHERE {span} ORDER BY address"

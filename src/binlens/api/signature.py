@@ -1,0 +1,180 @@
+"""signature.*: name the functions of a stripped program from reference binaries that have symbols."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import defaultdict
+
+from pydantic import Field
+
+from binlens.analysis.fingerprint.entry import START_ROUTINES, main_from_entry
+from binlens.analysis.fingerprint.insns import ModelInstruction
+from binlens.analysis.fingerprint.matching import match_functions
+from binlens.api.compare import NeedsTwo, ProgramSpec, open_side, side_view
+from binlens.api.edits import check_name, edit, name_conflict, store
+from binlens.api.fingerprints import fingerprints
+from binlens.api.instruction import decoder
+from binlens.api.models import ProgramRef, Result
+from binlens.api.registry import MUTATION, CallContext, method
+from binlens.errors import BinlensError
+from binlens.store.analysis import AnalysisView
+from binlens.store.annotations import Change
+from binlens.workspace import Program, Workspace
+
+_LIST_CAP = 2000
+_FUZZY_LEAST = 12  # instructions a function needs to be named from a match that is not exact
+
+
+class SignatureApplyParams(NeedsTwo):
+    program: ProgramRef | None = Field(None, description="The program to name (a handle; omitted: the only one).")
+    references: list[ProgramSpec] = Field(
+        min_length=1, max_length=32, description="Binaries with symbols: handles or {path} opened under the roots."
+    )
+    min_similarity: float = Field(
+        0.9, ge=0.0, le=1.0, description="Only matches at least this similar (1.0: identical code only)."
+    )
+    main: bool = Field(True, description="Name `main` from the entry's call to the C runtime's start routine.")
+
+
+class SignatureNamed(Result):
+    address: str
+    name: str
+    score: float
+    reference: str
+    step: str = Field(description="How the match was found (exact, callgraph, fuzzy, ...; `entry` for main).")
+
+
+class SignatureSkipped(Result):
+    address: str
+    name: str
+    reason: str
+
+
+class SignatureApplyResult(Result):
+    journal_id: int | None = Field(description="The one journal entry that undoes every name; null: none given.")
+    named: list[SignatureNamed]
+    skipped: list[SignatureSkipped]
+    named_count: int
+    skipped_count: int
+
+
+def _has_name(prog: Program, view: AnalysisView, va: int) -> bool:
+    f = view.by_address.get(va)
+    return bool(prog.user_names.get(va) or (f is not None and (f.symbol or f.thunk)))
+
+
+def find_main(prog: Program, view: AnalysisView) -> int | None:
+    """`main` of an ELF executable from its entry code (`fingerprint.entry.main_from_entry`)."""
+    img = prog.image
+    ident = img.identity
+    if ident.format != "ELF" or not ident.entry or ident.entry not in view.by_address:
+        return None
+    dec = decoder(prog)
+    insns: list[ModelInstruction] = []
+    for start, end, _n, _t in view.blocks(ident.entry):
+        insns += dec.instructions(start, end)
+    routines = {f.address for f in view.functions if (f.symbol or f.thunk) in START_ROUTINES}
+    slots = {i.slot for i in img.imports if i.name in START_ROUTINES}
+
+    def is_start_routine(ins: ModelInstruction) -> bool:
+        return bool(routines.intersection(ins.targets) or slots.intersection(ins.refs))
+
+    return main_from_entry(ident.arch, insns, is_start_routine, lambda va: va in view.by_address)
+
+
+def _callees_agree(mine: tuple[int, ...], theirs: set[int], l2r: dict[int, int]) -> bool:
+    """Whether a function calls something, and every callee of it that is matched is matched to a
+    callee of its partner (what tells apart wrappers whose code differs only in whom they call)."""
+    mapped = [l2r[c] for c in mine if c in l2r]
+    return bool(mapped) and all(c in theirs for c in mapped)
+
+
+@method("signature.apply", effect=MUTATION, long_running=True)
+def signature_apply(ws: Workspace, p: SignatureApplyParams, ctx: CallContext) -> SignatureApplyResult:
+    """Name a stripped program's functions from reference binaries with symbols, as one undoable edit."""
+    prog = ws.program(p.program)
+    view = side_view(prog, p, ctx)
+    fps = fingerprints(prog, view)
+    size_of = {f.address: f.instructions for f in fps}
+    callees_of = {f.address: f.callees for f in fps}
+    best: dict[int, tuple[float, str, str, str]] = {}  # address -> (score, name, reference, step)
+    for i, spec in enumerate(p.references):
+        ref = open_side(ws, spec, f"/params/references/{i}")
+        if ref is prog:
+            raise BinlensError(
+                "invalid_argument", "a reference is the program itself", target=f"/params/references/{i}"
+            )
+        rview = side_view(ref, p, ctx)
+        rfps = fingerprints(ref, rview)
+        names_of: dict[bytes, set[str | None]] = defaultdict(set)
+        exact_of = {f.address: f.exact for f in rfps}
+        for f in rfps:
+            names_of[f.exact].add(f.name)
+        found = match_functions(fps, rfps)
+        l2r = {m.left: m.right for m in found}
+        ref_callees = {f.address: set(f.callees) for f in rfps}
+        for m in found:
+            rf = rview.by_address[m.right]
+            name = rf.symbol
+            if not name or m.similarity < p.min_similarity or _has_name(prog, view, m.left):
+                continue
+            if m.step not in ("name", "exact") and size_of[m.left] < _FUZZY_LEAST:
+                continue  # a few instructions alike say little of which function it is
+            if len(names_of[exact_of[m.right]]) > 1 and (
+                size_of[m.left] < _FUZZY_LEAST or not _callees_agree(callees_of[m.left], ref_callees[m.right], l2r)
+            ):
+                continue  # the same code goes by several names there, and its calls do not tell which
+            if m.left not in best or m.similarity > best[m.left][0]:
+                best[m.left] = (m.similarity, name, ref.identity["file_name"], m.step)
+    if p.main:
+        main = find_main(prog, view)
+        if main is not None and not _has_name(prog, view, main):
+            best[main] = (1.0, "main", prog.identity["file_name"], "entry")
+    by_name: dict[str, list[int]] = defaultdict(list)
+    for va, (_s, name, _r, _st) in best.items():
+        by_name[name].append(va)
+    named: list[SignatureNamed] = []
+    skipped: list[SignatureSkipped] = []
+    for name, vas in by_name.items():
+        if len(vas) > 1:  # one name for several functions: keep the best scored, unless tied
+            vas.sort(key=lambda va: -best[va][0])
+            top = best[vas[0]][0]
+            for va in vas[1:]:
+                skipped.append(SignatureSkipped(address=hex(va), name=name, reason="another function took the name"))
+            if best[vas[1]][0] == top:
+                skipped.append(SignatureSkipped(address=hex(vas[0]), name=name, reason="tied with another function"))
+                continue
+        va = vas[0]
+        score, _n, reference, step = best[va]
+        named.append(SignatureNamed(address=hex(va), name=name, score=round(score, 4), reference=reference, step=step))
+    named.sort(key=lambda n: int(n.address, 16))
+    given: list[SignatureNamed] = []
+
+    def plan(conn: sqlite3.Connection) -> list[Change]:
+        given.clear()
+        changes: list[Change] = []
+        st = store(prog)
+        for n in named:
+            va = int(n.address, 16)
+            try:
+                check_name(n.name, "/params/references")
+                name_conflict(prog, conn, va, n.name, "/params/references")
+            except BinlensError as err:
+                skipped.append(SignatureSkipped(address=n.address, name=n.name, reason=err.message))
+                continue
+            if st.get(conn, "name", (va,)) is not None:
+                continue
+            changes.append(("name", (va,), {"name": n.name}))
+            changes.append(("signature", (va,), {"name": n.name, "score": n.score, "reference": n.reference}))
+            given.append(n)
+        return changes
+
+    summary = f"name {len(named)} functions from signatures"
+    entry = edit(prog, ctx, "signature.apply", summary, plan) if named else None
+    return SignatureApplyResult(
+        journal_id=entry,
+        named=given[:_LIST_CAP],
+        skipped=skipped[:_LIST_CAP],
+        named_count=len(given),
+        skipped_count=len(skipped),
+    )
