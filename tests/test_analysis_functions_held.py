@@ -24,7 +24,7 @@ def _check(path, monkeypatch, bits: bool) -> int:  # noqa: ANN001
         explored = E.explore(load_image(str(path)))
     held = Counter(a for b in explored.found.bodies.values() for a in b.chunks)
     want = {a for a, n in held.items() if n > 1}
-    got = _held_twice(explored.space.codemap, explored.found.bodies)
+    got = _held_twice(explored.reader.codemap, explored.found.bodies)
     assert {a for a in held if a in got} == want
     return len(want)
 

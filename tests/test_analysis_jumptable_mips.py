@@ -129,6 +129,6 @@ def test_the_resolver_keeps_gp_off_the_backend(mips_build):
     b = mips_build("gcc", BE, "-O2", True)
     with gc_paused():
         explored = explore(parse_path(str(b.stripped)))
-    assert explored.explorer.jt, "the build's switches resolve"
-    assert gp_value(explored.backend, explored.image) is not None
-    assert not [name for name in vars(explored.backend) if "gp" in name]
+    assert explored.reader.explorer.jt, "the build's switches resolve"
+    assert gp_value(explored.reader.backend, explored.reader.image) is not None
+    assert not [name for name in vars(explored.reader.backend) if "gp" in name]

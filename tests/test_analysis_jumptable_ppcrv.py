@@ -179,6 +179,6 @@ def test_the_resolver_keeps_its_caches_off_the_backend(ppcrv_build):
     b = ppcrv_build("ppc", "gcc", "-O2", True)
     with gc_paused():
         explored = explore(parse_path(str(b.stripped)))
-    assert explored.explorer.jt, "the build's switches resolve"
-    fresh = make_backend(explored.image, CodeMap(explored.image))
-    assert set(vars(explored.backend)) == set(vars(fresh))
+    assert explored.reader.explorer.jt, "the build's switches resolve"
+    fresh = make_backend(explored.reader.image, CodeMap(explored.reader.image))
+    assert set(vars(explored.reader.backend)) == set(vars(fresh))

@@ -43,13 +43,13 @@ def test_explored_parts(compile_c) -> None:  # noqa: ANN001
         explored = E.explore(image)
         bodies = explored.found.bodies
         assert bodies and set(bodies) <= set(explored.found.starts)
-        assert explored.space.explorer.chunks and explored.space.image.identity.arch == "x86-64"
-        assert explored.covered > 0 and explored.chunk_count >= len(explored.space.explorer.chunks)
+        assert explored.reader.explorer.chunks and explored.reader.image.identity.arch == "x86-64"
+        assert explored.covered > 0 and explored.chunk_count >= len(explored.reader.explorer.chunks)
         order = sorted(bodies)
         kept = {a for f in order[1:] for a in bodies[f].chunks}
         gone = set(bodies[order[0]].chunks) - kept
         explored.drop((0, 1))  # the first function's body, and the chunks only it holds
-        chunks = explored.space.explorer.chunks
+        chunks = explored.reader.explorer.chunks
         assert order[0] not in bodies and all(a in chunks for a in kept)
         assert not any(a in chunks for a in gone)
         functions = explored.functions()

@@ -413,7 +413,7 @@ def test_the_engine_state_is_gone_before_the_references_rows(compile_c, monkeypa
     def explore(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         explored = real_explore(*args, **kwargs)
         seen["explored"] = weakref.ref(explored)
-        seen["explorer"] = weakref.ref(explored.space.explorer)
+        seen["explorer"] = weakref.ref(explored.reader.explorer)
         return explored
 
     def reference_rows(*args):  # noqa: ANN002, ANN202

@@ -102,7 +102,7 @@ def analyze(
 
 
 @dataclasses.dataclass
-class Workspace:
+class CodeReader:
     """The image and what the engine made to read its code: the code map, the decoder, the explorer
     (the chunk cache and the walks) and the jump tables its resolvers found (jump -> table address)."""
 
@@ -129,7 +129,7 @@ class Explored:
     two independent parts, the references (with strings) and the functions' blocks; the analysis
     process runs them in two processes at once (`jobs/fork.py`), `analyze` one after the other."""
 
-    space: Workspace
+    reader: CodeReader
     found: Discovered
     extents: dict[int, int]  # unwind ranges and sized symbols: start -> bytes
     thunks: dict[int, str]  # import thunks: start -> the import's name
@@ -143,11 +143,11 @@ class Explored:
     def references(self) -> tuple[list[FoundString], Refs]:
         """(strings, references packed): what `ProgramAnalysis` holds of them (`Refs.xrefs` gives the
         references as objects)."""
-        space = self.space
+        reader = self.reader
         self.report(0.85, 1.0, f"{len(self.found.bodies)} functions; references and strings")
-        strings = find_strings(space.image)
+        strings = find_strings(reader.image)
         refs = collect_refs(
-            space.image, space.codemap, space.backend, space.explorer, self.found.bodies, strings, space.jt_tables
+            reader.image, reader.codemap, reader.backend, reader.explorer, self.found.bodies, strings, reader.jt_tables
         )
         return strings, refs
 
@@ -161,11 +161,11 @@ class Explored:
     def iter_functions(self, part: tuple[int, int] | None = None) -> Iterator[Function]:
         """`functions`, each built as it is asked for (the analysis process turns them into rows a
         batch at a time)."""
-        space, found = self.space, self.found
+        reader, found = self.reader, self.found
         return iter_functions(
-            space.image,
-            space.codemap,
-            space.explorer,
+            reader.image,
+            reader.codemap,
+            reader.explorer,
             found.bodies,
             found.starts,
             self.extents,
@@ -181,12 +181,12 @@ class Explored:
         bodies = self.found.bodies
         order = sorted(bodies)
         lo, hi = part
-        kept = self.space.codemap.address_set()  # (a bit per code byte: a set of libc's would be a 2 MiB transient)
+        kept = self.reader.codemap.address_set()  # (a bit per code byte: a set of libc's would be a 2 MiB transient)
         keep = kept.add
         for f in (*order[:lo], *order[hi:]):
             for a in bodies[f].chunks:
                 keep(a)
-        explorer = self.space.explorer
+        explorer = self.reader.explorer
         for f in order[lo:hi]:
             explorer.forget_chunks(bodies.pop(f).chunks, kept)
 
@@ -200,11 +200,11 @@ class Explored:
         self.report(1.0, 1.0, f"{len(functions)} functions")
         return ProgramAnalysis(
             engine_version=ENGINE_VERSION,
-            arch=self.space.image.identity.arch,
+            arch=self.reader.image.identity.arch,
             functions=functions,
             xrefs=xrefs,
             strings=strings,
-            code_bytes=self.space.codemap.total_bytes,
+            code_bytes=self.reader.codemap.total_bytes,
             covered_bytes=self.covered,
             stats=stats,
             warnings=list(self.warnings),
@@ -238,7 +238,7 @@ def explore(
     explorer = make_explorer(image, codemap, backend, jt_tables)
     if _EDGES_LATER is not None:
         explorer.defer_edges()  # (until discovery ends: `restore_edges`)
-    space = Workspace(image, codemap, backend, explorer, jt_tables)
+    reader = CodeReader(image, codemap, backend, explorer, jt_tables)
     known = extents  # where the heuristics look for no new starts: unwind ranges and sized symbols
     if seeds.arm:  # ARM EHABI unwind index: its starts, each in its state (after what calls decide)
         ranges = seed_exidx_starts(image, backend, explorer, list(seeds.starts), noret_slots | named_noret, seeds.add)
@@ -248,11 +248,11 @@ def explore(
     explorer.on_progress(_decoding_progress(report, codemap))
     discovery = Discovery(explorer, seeds, extents, frag, noret_slots, refused)
     found = discovery.run(noret_slots | named_noret)
-    found, rounds = _heuristics(space, discovery, found, known, data_like, report)
+    found, rounds = _heuristics(reader, discovery, found, known, data_like, report)
     explorer.restore_edges(found.bodies)  # (discovery walked without them)
     explorer.finish()
     return Explored(
-        space=space,
+        reader=reader,
         found=found,
         extents=extents,
         thunks=thunks,
@@ -310,7 +310,7 @@ def _decoding_progress(report: Progress, codemap: CodeMap) -> Progress:
 
 
 def _heuristics(
-    space: Workspace,
+    reader: CodeReader,
     discovery: Discovery,
     found: Discovered,
     known: dict[int, int],
@@ -323,7 +323,7 @@ def _heuristics(
     of rounds that found starts. `known`: where the heuristics look for no new starts."""
     seeds = discovery.seeds
     exhausted: set[str] = set()  # repeated stages that found nothing since the last find
-    gaps = Gaps(space.codemap, space.explorer)  # the gap stage's held chunks, counted between its rounds
+    gaps = Gaps(reader.codemap, reader.explorer)  # the gap stage's held chunks, counted between its rounds
     rounds = 0
     for stage in schedule():
         if stage == "data_pointers":
@@ -333,7 +333,7 @@ def _heuristics(
         if stage in exhausted:
             continue
         report(0.7, 1.0, f"{len(found.bodies)} functions; heuristics: {stage}")
-        guess = Round(space.image, space.explorer, found.starts, known, found.bodies, gaps)
+        guess = Round(reader.image, reader.explorer, found.starts, known, found.bodies, gaps)
         extra = heuristic_starts(stage, guess)
         extra = {va: src for va, src in extra.items() if va not in discovery.refused and not data_like(va)}
         if not extra:
@@ -341,12 +341,12 @@ def _heuristics(
             continue
         rounds += 1
         exhausted.clear()  # new code: every stage may find more in it
-        found = _rediscover(space, discovery, found, stage, extra)
+        found = _rediscover(reader, discovery, found, stage, extra)
     return found, rounds
 
 
 def _rediscover(
-    space: Workspace, discovery: Discovery, found: Discovered, stage: str, extra: dict[int, str]
+    reader: CodeReader, discovery: Discovery, found: Discovered, stage: str, extra: dict[int, str]
 ) -> Discovered:
     """Discovery again with a heuristic round's starts (`extra`); then, ARM32, again without the gap
     guesses that code found since runs into; after a data stage, again without the data pointers
@@ -355,20 +355,20 @@ def _rediscover(
     for va, src in extra.items():
         starts[va] = with_source(starts.get(va), src)
     found = discovery.run(found.noret)
-    labels = arm_labels(space.explorer, space.backend, found.bodies, starts) if discovery.seeds.arm else set()
+    labels = arm_labels(reader.explorer, reader.backend, found.bodies, starts) if discovery.seeds.arm else set()
     if labels:  # ARM: gap guesses that code found since runs into
         for va in labels:
             del starts[va]
         found = discovery.run(found.noret)
     if stage in DATA_STAGES:
-        entries = _table_entry_seeds(space, starts)
+        entries = _table_entry_seeds(reader, starts)
         labels, gotos = goto_tables(
-            space.image, space.codemap, space.explorer, space.backend, found.bodies, found.starts
+            reader.image, reader.codemap, reader.explorer, reader.backend, found.bodies, found.starts
         )
         if entries or gotos:
             for va in entries | labels:
                 starts.pop(va, None)
-            space.explorer.add_gotos(gotos)
+            reader.explorer.add_gotos(gotos)
             found = discovery.run(found.noret)
     return found
 
@@ -539,7 +539,7 @@ class Discovery:
         return found
 
 
-def _table_entry_seeds(space: Workspace, seeds: dict[int, frozenset[str]]) -> set[int]:
+def _table_entry_seeds(reader: CodeReader, seeds: dict[int, frozenset[str]]) -> set[int]:
     """Starts guessed from data pointers that turned out to be entries of a switch table.
 
     The data-pointer heuristic runs before the functions those pointers lead into are known, so
@@ -551,10 +551,10 @@ def _table_entry_seeds(space: Workspace, seeds: dict[int, frozenset[str]]) -> se
     guessed = {va for va, src in seeds.items() if src == {"pointer"}}
     if not guessed:
         return set()
-    image, explorer = space.image, space.explorer
+    image, explorer = reader.image, reader.explorer
     ptr = 8 if image.identity.bits == 64 else 4
     spans = []
-    for jump, table in space.jt_tables.items():
+    for jump, table in reader.jt_tables.items():
         cases = explorer.jt.get(jump)
         if cases and jump not in explorer.unguarded and guessed.intersection(cases):
             spans.append((table, table + ptr * len(cases)))
@@ -563,13 +563,13 @@ def _table_entry_seeds(space: Workspace, seeds: dict[int, frozenset[str]]) -> se
     inside = IntervalSet([(lo, hi - lo) for lo, hi in spans])
     in_table: dict[int, bool] = {}
     thumb_bit = profile(image.identity.arch).thumb_bit  # starts are even; Thumb pointers are odd
-    for src, dst in pointers_in_data(image, space.codemap, set()):
+    for src, dst in pointers_in_data(image, reader.codemap, set()):
         dst &= ~thumb_bit
         if dst in guessed:
             in_table[dst] = in_table.get(dst, True) and inside(src)
     from_code = {
         dst
-        for dst, kind in zip(space.backend.x_dst, space.backend.x_kind, strict=True)
+        for dst, kind in zip(reader.backend.x_dst, reader.backend.x_kind, strict=True)
         if kind == _K_OFFSET and dst in guessed
     }
     return {va for va, ok in in_table.items() if ok and va not in from_code}
@@ -616,4 +616,4 @@ def _covered(codemap: CodeMap, explorer: Explorer, bodies: dict[int, Body]) -> i
     return total
 
 
-__all__ = ["ENGINE_VERSION", "SOURCES", "Discovered", "Explored", "Workspace", "analyze", "explore"]
+__all__ = ["ENGINE_VERSION", "SOURCES", "Discovered", "Explored", "CodeReader", "analyze", "explore"]

@@ -53,7 +53,7 @@ def analyse(image: Any, progress: Progress, extra: list[int], excluded: list[int
         # The functions' rows are built: the engine's state can go, and the references' rows and
         # the save then fit in the memory it frees, lowering this process's peak for ~9 ms of work
         # (libc). One collection: the explorer and its backend hold each other.
-        facts = (explored.space.codemap.total_bytes, explored.covered, explored.t0)
+        facts = (explored.reader.codemap.total_bytes, explored.covered, explored.t0)
         warnings = explored.warnings
         retained.remove(explored)
         del explored
