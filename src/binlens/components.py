@@ -2,6 +2,8 @@
 
 - `MIGRATIONS`: the program database's schema components (`store/database.py` applies their
   ordered steps on open, component by component in this order).
+- `LEDGER_MIGRATIONS`: the schema components of the evidence ledgers' database
+  (`$BINLENS_HOME/evidence.sqlite`, `store/evidence.py`), applied the same way.
 - `OPEN_HOOKS`: what attaches per-program state when a program opens (`Workspace.open` runs
   them in this order).
 - `DOMAINS`: the API's domain modules, each registering its methods when imported
@@ -29,6 +31,9 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
     ("analysis", "binlens.store.analysis:ANALYSIS_MIGRATIONS"),
 )
 
+# the evidence ledgers live in one database per home, not in a program's: their components
+LEDGER_MIGRATIONS: tuple[tuple[str, str], ...] = (("evidence", "binlens.store.evidence:MIGRATIONS"),)
+
 # "module:function" of each open hook, called as hook(workspace, program)
 OPEN_HOOKS: tuple[str, ...] = (
     "binlens.api.edits:on_open",  # the annotation store, user names, the patch overlay
@@ -47,6 +52,7 @@ DOMAINS: tuple[str, ...] = (
     "data_type",
     "debug",
     "disassembly",
+    "evidence",
     "function",
     "function_call",
     "function_edit",
