@@ -36,6 +36,11 @@ class SectionSummary(Result):
 
 class ProgramDetails(Result):
     identity: ProgramIdentity
+    run_id: str | None = Field(
+        None,
+        description="The analysis run of this program (analysis.get): the stored analysis's run, or the one "
+        "allocated at open to produce it.",
+    )
     path: str
     database: str
     slices: list[str]
@@ -55,8 +60,10 @@ class Closed(Result):
 def details(prog: Program) -> ProgramDetails:
     """Everything program.get reports about one program."""
     img = prog.image
+    st = prog.extensions.get("analysis")
     return ProgramDetails(
         identity=ProgramIdentity(**prog.identity),
+        run_id=getattr(st, "run_id", None),
         path=str(prog.path),
         database=str(prog.db.path),
         slices=img.slices,

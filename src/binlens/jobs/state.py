@@ -29,7 +29,10 @@ from binlens.jobs.request import AnalysisRequest
 from binlens.store.analysis import (
     AnalysisView,
     FunctionRow,
+    allocate_run,
+    finish_run,
     load_run,
+    name_stored_run,
     set_user_function,
     user_functions,
 )
@@ -60,13 +63,27 @@ class ProgramAnalysisState:
         self.worker: AnalysisProcess | None = None  # the analysis process while one runs
         self.budget_s = float(os.environ.get("BINLENS_ANALYSIS_BUDGET_S", DEFAULT_ANALYSIS_BUDGET_S))
         self.started_at: float | None = None
+        # the run whose analysis this program has (or will have): a stored analysis names its
+        # run; otherwise the full analysis's run is allocated now, before any of its work starts
+        self.run_id: str | None = None
+        self._run_started = False  # whether `run_id`'s run has started (a restart allocates a new one)
         run = load_run(prog.db)
         if run is not None and run.engine == ENGINE_VERSION and run.status == "done":
             self.view = AnalysisView(prog.db)
             self.status = "done"
             self.fraction = 1.0
             self.message = f"loaded from the program database ({len(self.view.functions)} functions)"
+            self.run_id = run.run_id
+            if self.run_id is None:  # (saved before run ids: named once, then kept)
+                self.run_id = allocate_run(prog.db, "stored", run.engine)
+                finish_run(prog.db, self.run_id, "done")
+                name_stored_run(prog.db, self.run_id)
+                named = load_run(prog.db)  # (another process may have named it first)
+                self.run_id = named.run_id if named is not None else self.run_id
+            self._run_started = True
             self._done.set()
+        else:
+            self.run_id = allocate_run(prog.db, "full", ENGINE_VERSION)
 
     # ------------------------------------------------------------------ running
     def start(self) -> None:
@@ -74,6 +91,9 @@ class ProgramAnalysisState:
         with self._lock:
             if self.status in ("running", "done"):
                 return
+            if self._run_started or self.run_id is None:  # (a run that ended: this one is new)
+                self.run_id = allocate_run(self.prog.db, "full", ENGINE_VERSION)
+            self._run_started = True
             self.status = "running"
             self.error = None
             self.error_target = None
@@ -100,6 +120,7 @@ class ProgramAnalysisState:
             slice_name=ident.slice,
             data=bytes(self.prog.image.data) if with_bytes else None,
             max_file_bytes=len(self.prog.image.data),
+            run_id=self.run_id,
             **self._user_starts(),
         )
 
@@ -127,6 +148,9 @@ class ProgramAnalysisState:
                 self.status = "done"
                 self.fraction = 1.0
                 self.message = f"{len(view.functions)} functions"
+                stored = load_run(self.prog.db)
+                if stored is not None and stored.run_id is not None:
+                    self.run_id = stored.run_id  # (another process's run may have saved the rows first)
         except BinlensError as err:
             with self._lock:
                 if err.code == "cancelled":
@@ -142,6 +166,11 @@ class ProgramAnalysisState:
                 self.status = "failed"
                 self.error = f"internal error: {type(err).__name__}"
         finally:
+            if self.run_id is not None:
+                try:
+                    finish_run(self.prog.db, self.run_id, self.status)
+                except Exception:  # noqa: BLE001 - the log line is bookkeeping; the run's result stands
+                    log.exception("could not log the end of run %s", self.run_id)
             self._done.set()
 
     def _user_starts(self) -> dict[str, Any]:
@@ -208,7 +237,12 @@ class ProgramAnalysisState:
 
     def snapshot(self) -> dict[str, Any]:
         """Status and progress as plain data."""
-        return {"status": self.status, "progress": round(self.fraction, 4), "message": self.message}
+        return {
+            "status": self.status,
+            "progress": round(self.fraction, 4),
+            "message": self.message,
+            "run_id": self.run_id,
+        }
 
     # ------------------------------------------------------------------ for other layers
     def _ready(self) -> AnalysisView | None:
@@ -299,10 +333,17 @@ class ProgramAnalysisState:
         strings = {a for a, *_rest in view.strings()}
         from binlens.analysis.local import analyze_functions  # (the engine loads for the first edit)
 
-        functions, xrefs = analyze_functions(self.prog.image, entries, starts, noret, strings)
-        replace_functions(self.prog.db, remove, functions, xrefs, sources)
+        run_id = allocate_run(self.prog.db, "local", ENGINE_VERSION)
+        try:
+            functions, xrefs = analyze_functions(self.prog.image, entries, starts, noret, strings)
+            replace_functions(self.prog.db, remove, functions, xrefs, sources, run_id)
+        except BaseException:
+            finish_run(self.prog.db, run_id, "failed")
+            raise
+        finish_run(self.prog.db, run_id, "done")
         with self._lock:
             self.view = AnalysisView(self.prog.db)
+            self.run_id = run_id
 
     def resolve_name(self, name: str) -> int | None:
         """`sub_<hex>` and import-thunk names of analysed functions."""
