@@ -42,9 +42,18 @@ class CallContext:
         *,
         client: str = "local",
         progress: Callable[[float, float | None, str | None], None] | None = None,
+        transport: str = "local",
+        protocol_version: str | None = None,
+        client_features: frozenset[str] | None = None,
     ) -> None:
         self.client = client
         self._progress = progress
+        # what the transport knows of the caller: its name (mcp, websocket, local), the protocol
+        # version it negotiated (None where it negotiates none) and the client's declared features
+        # (MCP client capabilities: sampling, elicitation, roots, ...; None: it declared none)
+        self.transport = transport
+        self.protocol_version = protocol_version
+        self.client_features = client_features
         self._cancelled = threading.Event()
         self._last_progress = 0.0
         # the byte budget of the running call's result (set by `invoke`): methods that build big
@@ -222,7 +231,7 @@ def method(
 
     The params model and result type come from the function's annotations; the docstring's
     first line is the summary unless given. `requires` names what the method needs to run
-    (`provider:<id>`, `provider-kind:<kind>`, `permission:<name>`; a mutation needs `writable`
+    (`provider:<id>`, `provider-kind:<kind>`, `permission:<name>`, `client:<feature>`; a mutation needs `writable`
     without saying so): while one is missing the method stays in the catalog and a call answers
     `unavailable` (`read_only` for `writable`) with the reason and the remedy.
     """
@@ -326,14 +335,14 @@ def invoke(
         params = {}
     if not isinstance(params, dict):
         raise BinlensError("invalid_argument", "params must be an object", target="/params")
-    unmet = first_missing(ws, spec.requires)
+    ctx = ctx or CallContext()
+    unmet = first_missing(ws, spec.requires, ctx)
     if unmet is not None:
         raise unmet[0].error(name, unmet[1])
     try:
         parsed = spec.params_model.model_validate(params)
     except ValidationError as err:
         raise validation_error(err) from None
-    ctx = ctx or CallContext()
     budget = max_response_bytes if max_response_bytes is not None else ws.limits.max_response_bytes
     try:
         with ctx.budget(budget):

@@ -26,6 +26,7 @@ from mcp.shared.inbound import (
     classify_inbound_request,
 )
 from mcp_types import (
+    CLIENT_CAPABILITIES_META_KEY,
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -189,6 +190,7 @@ class Session:
     # (Authorization header) it connected with on HTTP
     client_info: Any = None
     credential: str | None = None
+    client_capabilities: dict[str, Any] | None = None  # what initialize declared (session.get reports them)
     # request id -> (the call's context once its tool runs, the task serving it)
     inflight: dict[Any, tuple[CallContext | None, asyncio.Task[Any] | None]] = field(default_factory=dict)
 
@@ -223,6 +225,15 @@ class Session:
         """Cancel everything in flight (EOF, disconnect)."""
         for rid in list(self.inflight):
             self.cancel(rid)
+
+
+def client_features(session: Session | None, meta: Any) -> frozenset[str] | None:
+    """The capabilities the client declared: at initialize (stdio, SSE), or in the request's
+    `_meta` (2026-07-28); None when it declared none this server saw (stateless handshake HTTP)."""
+    caps = session.client_capabilities if session is not None else None
+    if caps is None and isinstance(meta, dict):
+        caps = meta.get(CLIENT_CAPABILITIES_META_KEY)
+    return frozenset(caps) if isinstance(caps, dict) else None
 
 
 class McpCore:
@@ -367,6 +378,8 @@ class McpCore:
             if session is not None:
                 session.negotiated = version
                 session.client_info = params.get("clientInfo")
+                caps = params.get("capabilities")
+                session.client_capabilities = caps if isinstance(caps, dict) else {}
             return {
                 "protocolVersion": version,
                 "capabilities": self.capabilities(),
@@ -407,12 +420,17 @@ class McpCore:
                 raise RpcError(INTERNAL_ERROR, err.message, err.to_dict()) from None
             return {"contents": [content]}
         if method == "tools/call":
-            return await self.call_tool(params, request_id, session, notify)
+            return await self.call_tool(params, request_id, session, notify, version)
         raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")  # pragma: no cover - guarded above
 
     # --- tools/call ----------------------------------------------------------------------
     async def call_tool(
-        self, params: dict[str, Any], request_id: Any, session: Session | None, notify: Notify | None
+        self,
+        params: dict[str, Any],
+        request_id: Any,
+        session: Session | None,
+        notify: Notify | None,
+        version: str | None = None,
     ) -> dict[str, Any]:
         """Run a tool in a worker thread: `busy` beyond the limit, progress out, cancellation in."""
         name = params["name"]  # (a string: validate_client_request checked the params)
@@ -427,7 +445,13 @@ class McpCore:
         if token is not None and notify is not None:
             progress_fn = self._progress_sender(loop, token, notify)
         info = meta.get(CLIENT_INFO_META_KEY) or (session.client_info if session is not None else None)
-        ctx = CallContext(client=client_label(info, session.credential if session else None), progress=progress_fn)
+        ctx = CallContext(
+            client=client_label(info, session.credential if session else None),
+            progress=progress_fn,
+            transport="mcp",
+            protocol_version=version,
+            client_features=client_features(session, meta),
+        )
         if not self.slots.try_take():
             busy = BinlensError(
                 "busy",

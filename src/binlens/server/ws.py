@@ -344,7 +344,7 @@ class WsSession:
             )
             await self.send(rpc_error(msg_id, METHOD_FAILED, busy.message, busy.to_dict()))
             return
-        ctx = CallContext(client=self.id, progress=self._progress_sender(msg_id))
+        ctx = CallContext(client=self.id, progress=self._progress_sender(msg_id), transport="websocket")
         self.calls[msg_id] = ctx
         task = asyncio.get_running_loop().create_task(self._call(msg_id, method, params, ctx))
         self.tasks.add(task)
