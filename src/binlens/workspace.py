@@ -26,11 +26,18 @@ _ADDR_RE = re.compile(r"^\s*(0[xX][0-9a-fA-F]+)\s*$")
 _OFFSET_RE = re.compile(r"^(.+?)\s*([+-])\s*(0[xX][0-9a-fA-F]+|\d+)$")
 
 
+DEFAULT_MAX_RESPONSE_BYTES = 32 << 20  # a 9 MiB result is ~19 MiB as an MCP frame (text + structured)
+MAX_RESPONSE_ENV = "BINLENS_MAX_RESPONSE_BYTES"
+
+
 @dataclass
 class Limits:
     """Server-wide limits (all configurable from the command line)."""
 
-    max_response_bytes: int = 4 * 1024 * 1024
+    # the most bytes one response may take on the wire, measured on the whole frame (MCP: the text
+    # and the structured content and the envelope); $BINLENS_MAX_RESPONSE_BYTES or
+    # --max-response-bytes set it for a server
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     max_concurrent: int = 4
     parse_timeout_s: float = 8.0
     max_read_bytes: int = 64 * 1024

@@ -27,12 +27,24 @@ from pydantic import BaseModel, Field
 from binlens import __version__
 from binlens.analysis import ENGINE_VERSION
 from binlens.api.models import Params, Result
-from binlens.api.registry import DESTRUCTIVE, MUTATION, READ_ONLY, REGISTRY, CallContext, invoke, lookup, method
+from binlens.api.registry import (
+    DESTRUCTIVE,
+    MUTATION,
+    READ_ONLY,
+    REGISTRY,
+    CallContext,
+    invoke,
+    lookup,
+    method,
+    response_size,
+    response_too_large,
+)
 from binlens.errors import BinlensError
 from binlens.store.evidence import EvidenceRow, EvidenceStore
 from binlens.workspace import Workspace
 
 BUNDLE_FORMAT = "binlens.evidence-bundle/1"
+EVIDENCE_MAX_BYTES = 64 << 20  # the largest result evidence.record retains (past the response budget too)
 STORE_KEY = "evidence.store"  # Workspace.extensions key of the home's EvidenceStore
 _store_lock = threading.Lock()
 _ID_RE = re.compile(r"^ev_[0-9a-f]{64}$")
@@ -201,8 +213,12 @@ def evidence_record(ws: Workspace, p: RecordParams, ctx: CallContext) -> Recorde
             target="/params/method",
             details={"effect": spec.effect},
         )
+    budget = ctx.response_budget
     try:
-        result = invoke(ws, p.method, p.params, ctx, max_response_bytes=ctx.response_budget)
+        # a result over the response budget is still retained (up to EVIDENCE_MAX_BYTES): the
+        # answer is then `response_too_large` naming the evidence, which evidence.export can write
+        limit = max(budget or 0, EVIDENCE_MAX_BYTES)
+        result = invoke(ws, p.method, p.params, ctx, max_response_bytes=limit)
     except BinlensError as err:
         raise _retarget(err) from None
     record = build_record(ws, p.method, p.params, result)
@@ -217,6 +233,10 @@ def evidence_record(ws: Workspace, p: RecordParams, ctx: CallContext) -> Recorde
         record=data,
     )
     [(stored, added)] = store_of(ws).add([row])
+    if budget is not None:
+        size = response_size(result)
+        if size > budget:
+            raise response_too_large(size, budget, reference={"evidence_id": stored.id, "ledger": stored.ledger})
     return Recorded(result=result, evidence_id=stored.id, added=added, evidence=_summary(stored, record))
 
 

@@ -378,16 +378,38 @@ def response_size(data: Any) -> int:
     return len(json.dumps(data, separators=(",", ":")))
 
 
-def response_too_large(size: int, budget: int, *, at_least: bool = False) -> BinlensError:
-    """The `response_too_large` error of a `size`-byte result (`at_least`: counted so far) over `budget`."""
+def response_too_large(
+    size: int, budget: int, *, at_least: bool = False, reference: dict[str, str] | None = None
+) -> BinlensError:
+    """The `response_too_large` error of a `size`-byte result (`at_least`: counted so far) over
+    `budget`; `reference`: the evidence that retained the result (`details.evidence_reference`)."""
     if at_least:
         return too_large(budget, size)
+    details: dict[str, Any] = {"limit": budget, "size": size, "size_at_least": size}
+    hint = "ask for less (a smaller page.limit or range)"
+    if reference is not None:
+        details["evidence_reference"] = reference
+        hint = f"the result is retained as {reference['evidence_id']}: evidence.export writes it to a file"
     return BinlensError(
         "response_too_large",
-        f"the result is {size} bytes, over the {budget}-byte response budget; ask for less "
-        "(a smaller page.limit or range)",
-        details={"limit": budget, "size": size, "size_at_least": size},
+        f"the result is {size} bytes, over the {budget}-byte response budget; {hint}",
+        details=details,
     )
+
+
+def retained_reference(data: Any) -> dict[str, str] | None:
+    """`{evidence_id, ledger}` when `data` is a result evidence.record retained, else None."""
+    if not isinstance(data, dict):
+        return None
+    eid, evidence = data.get("evidence_id"), data.get("evidence")
+    if isinstance(eid, str) and isinstance(evidence, dict) and isinstance(evidence.get("ledger"), str):
+        return {"evidence_id": eid, "ledger": evidence["ledger"]}
+    return None
+
+
+def frame_size(message: Any) -> int:
+    """The UTF-8 bytes of `message` as the transports write it (compact JSON, non-ASCII as is)."""
+    return len(json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass"))
 
 
 def too_large(budget: int, at_least: int) -> BinlensError:

@@ -38,7 +38,7 @@ from mcp_types import (
 from mcp_types import methods as sdk_methods
 from pydantic import ValidationError
 
-from binlens.api.registry import CallContext
+from binlens.api.registry import CallContext, frame_size, response_too_large, retained_reference
 from binlens.errors import BinlensError
 from binlens.server.mcp_tools import ResourceNotFound, ToolError, ToolSet
 from binlens.server.slots import shared_slots
@@ -462,7 +462,7 @@ class McpCore:
 
         def work() -> dict[str, Any]:
             try:
-                return self.tools.call_tool(name, arguments, ctx)
+                return self.within_budget(self.tools.call_tool(name, arguments, ctx), request_id)
             finally:
                 self.slots.give()
 
@@ -481,6 +481,19 @@ class McpCore:
         finally:
             if session is not None:
                 session.inflight.pop(request_id, None)
+
+    # What shape_result may add to a tool result's frame after the check (2026-07-28's serverInfo).
+    FRAME_SLACK = 512
+
+    def within_budget(self, out: dict[str, Any], request_id: Any) -> dict[str, Any]:
+        """`out`, or `response_too_large` in its place when its whole frame (text, structured
+        content and envelope) passes the response budget."""
+        budget = self.ws.limits.max_response_bytes
+        size = frame_size({"jsonrpc": "2.0", "id": request_id, "result": out}) + self.FRAME_SLACK
+        if size <= budget:
+            return out
+        reference = retained_reference(out.get("structuredContent"))
+        return ToolSet.error_result(response_too_large(size, budget, reference=reference))
 
     @staticmethod
     def _progress_sender(
