@@ -96,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         "binlens.cli.mcp_command",
         "binlens.cli.analysis_commands",
         "binlens.cli.debug_command",
+        "binlens.cli.doctor",
     ):
         try:
             __import__(mod)
