@@ -56,6 +56,14 @@ class CallContext:
         self.client_features = client_features
         self._cancelled = threading.Event()
         self._last_progress = 0.0
+        # progress as REA words it: monotonic, at most one intermediate update per 100 ms, one
+        # terminal update (`finish`), a total only when the method gave one
+        self._progress_lock = threading.Lock()
+        self._high = 0.0  # the most work reported done so far (updates never go back)
+        self._total: float | None = None
+        self._terminal_sent = False
+        self._sent_any = False  # (a call that reported no progress gets no terminal update either)
+        self._depth = 0  # nested invokes on this context (batch, evidence.record): the outermost finishes
         # the byte budget of the running call's result (set by `invoke`): methods that build big
         # results `charge` it as they go; batch.execute checks it before it commits anything
         self.response_budget: int | None = None
@@ -94,14 +102,40 @@ class CallContext:
             raise BinlensError("cancelled", "the request was cancelled")
 
     def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
-        """Report progress (rate-limited to ~10 per second) and check cancellation."""
+        """Report progress and check cancellation. What reaches the client never goes back (a
+        smaller `done` is raised to the most reported so far), intermediate updates come at most
+        once per 100 ms, and the update that reaches `total` is sent once."""
         self.check_cancelled()
         if self._progress is None:
             return
-        now = time.monotonic()
-        if total is not None and done >= total or now - self._last_progress >= 0.1:
+        with self._progress_lock:
+            if self._terminal_sent:
+                return
+            done = max(float(done), self._high)
+            self._high = done
+            self._total = total
+            now = time.monotonic()
+            if total is not None and done >= total:
+                self._terminal_sent = True
+            elif now - self._last_progress < 0.1:
+                return
             self._last_progress = now
-            self._progress(done, total, message)
+            self._sent_any = True
+        self._progress(done, total, message)
+
+    def finish(self, outcome: str) -> None:
+        """Send the terminal progress update of a call that reported progress (`outcome`: done,
+        cancelled, timeout, failed): on success with a known total, done = total; otherwise the
+        work reported so far, and the total only if the method gave one."""
+        if self._progress is None:
+            return
+        with self._progress_lock:
+            if self._terminal_sent or not self._sent_any:
+                return
+            self._terminal_sent = True
+            total = self._total
+            done = total if outcome == "done" and total is not None else self._high
+        self._progress(done, total, outcome)
 
 
 @dataclass(frozen=True)
@@ -336,6 +370,23 @@ def invoke(
     if not isinstance(params, dict):
         raise BinlensError("invalid_argument", "params must be an object", target="/params")
     ctx = ctx or CallContext()
+    ctx._depth += 1
+    try:
+        data = _invoke(ws, spec, params, ctx, max_response_bytes)
+    except BinlensError as err:
+        if ctx._depth == 1:
+            ctx.finish(err.code if err.code in ("cancelled", "timeout") else "failed")
+        raise
+    finally:
+        ctx._depth -= 1
+    if ctx._depth == 0:
+        ctx.finish("done")
+    return data
+
+
+def _invoke(ws: Workspace, spec: MethodSpec, params: Any, ctx: CallContext, max_response_bytes: int | None) -> Any:
+    """`invoke` of a looked-up method on its context."""
+    name = spec.name
     unmet = first_missing(ws, spec.requires, ctx)
     if unmet is not None:
         raise unmet[0].error(name, unmet[1])
