@@ -131,8 +131,9 @@ class Program:
         self.lock = threading.RLock()
         self.extensions: dict[str, Any] = {}  # per-program state owned by other layers (analysis, ...)
         self.name_resolvers: list[Callable[[str], int | None]] = []
-        # what other layers release when the program closes (provider sessions, ...), in order
-        self.on_close: list[Callable[[], None]] = []
+        # what other layers release when the program closes (provider sessions, the analysis
+        # process, ...), in order; each returns what it could not release in time (or None)
+        self.on_close: list[Callable[[], list[str] | None]] = []
         # User-given names by address (kept by the annotations layer); they win everywhere.
         self.user_names = NameMap()
         self._by_name: dict[str, int] = {}
@@ -334,14 +335,18 @@ class Workspace:
                 hook(self, prog)
             return prog
 
-    def close(self, handle: str) -> None:
+    def close(self, handle: str) -> list[str]:
+        """Close a program: drain its work (each `on_close` release, in order) and close its
+        database. What could not be released in time, as lines naming it (empty: all of it)."""
         with self._lock:
             prog = self.programs.pop(handle, None)
         if prog is None:
             raise BinlensError("not_found", f"no open program {handle!r}", target="/params/program")
+        remaining: list[str] = []
         for release in prog.on_close:
-            release()
+            remaining += release() or []
         prog.db.close()
+        return remaining
 
     # --- concurrency ----------------------------------------------------------------------
     @contextmanager

@@ -55,6 +55,12 @@ class ProgramList(Result):
 
 class Closed(Result):
     closed: str
+    cleanup_incomplete: bool = Field(
+        False, description="True when some of the program's work could not be stopped in time (see remaining)."
+    )
+    remaining: list[str] = Field(
+        default_factory=list, description="What of the program's work still runs (an analysis process, ...)."
+    )
 
 
 def details(prog: Program) -> ProgramDetails:
@@ -104,7 +110,8 @@ def program_get(ws: Workspace, p: ProgramRefParams) -> ProgramDetails:
 
 @method("program.close", effect=LIFECYCLE)
 def program_close(ws: Workspace, p: ProgramRefParams) -> Closed:
-    """Close a program (its database stays on disk for the next open)."""
+    """Close a program: stop its work (a running analysis is stopped and its process waited for;
+    what cannot be stopped in time is reported), and keep its database on disk for the next open."""
     prog = ws.program(p.program)
-    ws.close(prog.handle)
-    return Closed(closed=prog.handle)
+    remaining = ws.close(prog.handle)
+    return Closed(closed=prog.handle, cleanup_incomplete=bool(remaining), remaining=remaining)

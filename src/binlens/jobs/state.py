@@ -42,6 +42,8 @@ from binlens.workspace import Program, Workspace
 log = logging.getLogger("binlens.analysis")
 _SUB_RE = re.compile(r"^sub_([0-9a-fA-F]+)$")
 DEFAULT_ANALYSIS_BUDGET_S = 900.0  # the analysis process is killed past this (BINLENS_ANALYSIS_BUDGET_S)
+# how long program.close waits for the analysis process it stops to be gone
+CLOSE_DRAIN_S = float(os.environ.get("BINLENS_CLOSE_DRAIN_S", "10"))
 
 
 class ProgramAnalysisState:
@@ -185,6 +187,20 @@ class ProgramAnalysisState:
     def cancel(self) -> None:
         """Stop a running analysis: its process is killed within ~20 ms."""
         self._cancel.set()
+
+    def drain(self, timeout_s: float | None = None) -> list[str]:
+        """Stop the running analysis (the program closes) and wait up to `timeout_s` for its
+        process to be gone; what still runs after that, named (empty when nothing does)."""
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            return []
+        self.cancel()
+        thread.join(CLOSE_DRAIN_S if timeout_s is None else timeout_s)
+        if not thread.is_alive():
+            return []
+        worker = self.worker
+        pid = worker.proc.pid if worker is not None else None
+        return [f"analysis run {self.run_id} (process {pid})" if pid else f"analysis run {self.run_id}"]
 
     # ------------------------------------------------------------------ waiting
     def require(self, ctx: Any = None, *, wait: bool = True, timeout_s: float = 60.0) -> AnalysisView:
@@ -397,5 +413,7 @@ def name_for_address(prog: Program, va: int) -> str | None:
 
 
 def on_open(_ws: Workspace, prog: Program) -> None:
-    """Attach the program's analysis state when it opens (`components.OPEN_HOOKS`)."""
-    analysis_of(prog)
+    """Attach the program's analysis state when it opens (`components.OPEN_HOOKS`); closing the
+    program stops its analysis and waits for the process (`drain`)."""
+    state = analysis_of(prog)
+    prog.on_close.append(state.drain)
