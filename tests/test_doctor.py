@@ -97,3 +97,20 @@ def test_an_unreadable_configuration_is_invalid(tmp_path: Path) -> None:
     assert status == 1
     assert found["cursor"]["state"] == "invalid" and "cannot read" in found["cursor"]["reason"]
     assert found["codex"]["state"] == "invalid"
+
+
+def test_an_http_entry_is_asked_at_its_url(tmp_path: Path, compile_c) -> None:  # noqa: ANN001
+    """An entry with a `url` (binlens serve) is checked live over Streamable HTTP; one that does
+    not answer is invalid."""
+    from serve_support import ServerProcess
+
+    home = tmp_path / "user"
+    (home / ".cursor").mkdir(parents=True)
+    (home / ".codex").mkdir()
+    with ServerProcess(tmp_path / "srv", str(compile_c("sample.c"))) as srv:
+        (home / ".cursor" / "mcp.json").write_text(json.dumps({"mcpServers": {"binlens": {"url": srv.base + "/mcp"}}}))
+        (home / ".codex" / "config.toml").write_text('[mcp_servers.binlens]\nurl = "http://127.0.0.1:9/mcp"\n')
+        status, found = _doctor(home, tmp_path)
+    assert found["cursor"]["state"] == "aligned", found["cursor"]
+    assert found["codex"]["state"] == "invalid" and "did not answer" in found["codex"]["reason"]
+    assert status == 1

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import tomllib
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -191,6 +192,43 @@ def probe(entry: dict[str, Any]) -> dict[str, Any]:
             proc.wait()
 
 
+def probe_url(entry: dict[str, Any]) -> dict[str, Any]:
+    """Ask the server at the entry's `url` (Streamable HTTP) for `session.get`; its identity, or
+    `{"error": ...}`."""
+    url = entry.get("url")
+    headers = entry.get("headers") or {}
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")) or not isinstance(headers, dict):
+        return {"error": "the entry's url or headers has the wrong type"}
+    body = {
+        "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "binlens.session", "arguments": {"operation": "get", "params": {}}},
+    }  # fmt: skip
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2025-11-25",
+            **{str(k): str(v) for k, v in headers.items()},
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as response:  # noqa: S310 - the user's own entry
+            text = response.read().decode("utf-8", "replace")
+    except (OSError, ValueError) as err:
+        return {"error": f"{url} did not answer: {err}"}
+    lines = [ln[5:].strip() for ln in text.splitlines() if ln.startswith("data:")] or [text]
+    for line in reversed(lines):
+        with contextlib.suppress(ValueError):
+            msg = json.loads(line)
+            identity = _identity(msg.get("result")) if isinstance(msg, dict) else None
+            if identity is not None:
+                return identity
+    return {"error": f"{url} did not answer session.get"}
+
+
 def _identity(result: Any) -> dict[str, Any] | None:
     """The identity fields of a successful `session.get` tool result, else None."""
     if not isinstance(result, dict) or result.get("isError"):
@@ -219,9 +257,9 @@ def check(cfg: ClientConfig) -> Finding:
     if not named:
         return Finding(cfg.client, where, "missing", "no binlens entry")
     name, entry = named[0]
-    if not isinstance(entry, dict) or not entry.get("command"):
-        return Finding(cfg.client, where, "invalid", "the entry has no command", name, None)
-    live = probe(entry)
+    if not isinstance(entry, dict) or not (entry.get("command") or entry.get("url")):
+        return Finding(cfg.client, where, "invalid", "the entry has neither a command nor a url", name, None)
+    live = probe(entry) if entry.get("command") else probe_url(entry)
     if "error" in live:
         return Finding(cfg.client, where, "invalid", str(live["error"]), name, entry)
     ours = str(Path(binlens.__file__).resolve().parent)
