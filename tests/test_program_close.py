@@ -62,3 +62,36 @@ def test_what_cannot_be_stopped_in_time_is_reported(tmp_path: Path, compile_c, m
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(pid)
+
+
+SLOW_REGEX = r"\x00{0,20}[^\x00]\x00{3}z"  # (test_mcp_clients: ~10 s over mcp_big's 32 MiB)
+
+
+def test_close_cancels_the_calls_running_on_the_program(tmp_path: Path, compile_c) -> None:  # noqa: ANN001
+    """A long memory.search on the program is cancelled by program.close, which answers once the
+    call has ended; the call answers `cancelled`."""
+    import threading
+
+    from binlens.api.registry import CallContext
+    from binlens.errors import BinlensError
+
+    ws = Workspace(Config(home=tmp_path / "home"))
+    handle = invoke(ws, "program.open", {"path": str(compile_c("mcp_big.c"))})["identity"]["program"]
+    started = threading.Event()
+    ctx = CallContext(progress=lambda *_: started.set())
+    outcome: list[str] = []
+
+    def search() -> None:
+        try:
+            invoke(ws, "memory.search", {"regex": SLOW_REGEX, "scan": {"timeout_ms": 60000}}, ctx)
+            outcome.append("finished")
+        except BinlensError as err:
+            outcome.append(err.code)
+
+    worker = threading.Thread(target=search)
+    worker.start()
+    assert started.wait(HANG_BOUND_S)
+    out = invoke(ws, "program.close", {"program": handle})
+    assert out == {"closed": handle, "cleanup_incomplete": False, "remaining": []}
+    assert outcome == ["cancelled"]  # (ended before close answered)
+    worker.join(HANG_BOUND_S)

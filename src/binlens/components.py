@@ -36,6 +36,7 @@ LEDGER_MIGRATIONS: tuple[tuple[str, str], ...] = (("evidence", "binlens.store.ev
 
 # "module:function" of each open hook, called as hook(workspace, program)
 OPEN_HOOKS: tuple[str, ...] = (
+    "binlens.api.calls:on_open",  # the calls running on the program (closing it cancels and drains them)
     "binlens.api.edits:on_open",  # the annotation store, user names, the patch overlay
     "binlens.jobs.state:on_open",  # the analysis state (stored analysis or a background run)
 )

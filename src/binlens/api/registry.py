@@ -372,7 +372,13 @@ def invoke(
     ctx = ctx or CallContext()
     ctx._depth += 1
     try:
-        data = _invoke(ws, spec, params, ctx, max_response_bytes)
+        if ctx._depth == 1:  # (the outermost call counts as running on its program: closing it drains)
+            from binlens.api.calls import tracked
+
+            with tracked(ws, spec, params, ctx):
+                data = _invoke(ws, spec, params, ctx, max_response_bytes)
+        else:
+            data = _invoke(ws, spec, params, ctx, max_response_bytes)
     except BinlensError as err:
         if ctx._depth == 1:
             ctx.finish(err.code if err.code in ("cancelled", "timeout") else "failed")
