@@ -27,7 +27,7 @@ def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as fh:
             return fh.read().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
+    except OSError:  # (gone while being read)
         return False
 
 

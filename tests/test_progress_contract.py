@@ -85,7 +85,7 @@ def test_over_mcp_progress_is_monotonic_paced_and_terminal(tmp_path: Path, compi
         async with Client(params, mode="legacy") as client:
             args = {"operation": "search", "params": {"pattern": "fe fd fc fb", "scan": {"timeout_ms": 60000}}}
             started = time.monotonic()
-            res = await client.call_tool("binlens.memory", args, progress_callback=on_progress)
+            res = await client.call_tool("binlens_memory", args, progress_callback=on_progress)
             elapsed = time.monotonic() - started
             assert res.is_error is False
             return elapsed

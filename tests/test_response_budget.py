@@ -96,7 +96,7 @@ def test_listing_stops_building_at_the_budget(tmp_path: Path) -> None:
     from crafted_elf import BASE
 
     crafted = shared_name_elf(tmp_path / "many-names", symbols=10_000, name_bytes=4000)
-    server = StdioServer(tmp_path / "home", str(crafted))
+    server = StdioServer(tmp_path / "home", str(crafted), env={"BINLENS_MAX_RESPONSE_BYTES": "4M"})
     try:
         server.request("initialize", INIT)
         assert server.tool("binlens_function", "list", {"page": {"limit": 1}})["isError"] is False

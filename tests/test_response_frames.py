@@ -55,18 +55,18 @@ def test_the_budget_counts_the_whole_frame_over_stdio_http_and_websocket(tmp_pat
     stdio = StdioServer(tmp_path / "home", str(big), env={"BINLENS_MAX_RESPONSE_BYTES": "64K"})
     try:
         stdio.request("initialize", INIT)
-        refused = stdio.tool("binlens.memory", "read", BETWEEN)
+        refused = stdio.tool("binlens_memory", "read", BETWEEN)
         assert refused["isError"] is True
         _too_large(refused["structuredContent"]["error"])
-        small = stdio.tool("binlens.memory", "read", {"address": "big_data", "length": 8000})
+        small = stdio.tool("binlens_memory", "read", {"address": "big_data", "length": 8000})
         assert small["isError"] is False and len(small["structuredContent"]["data"]) == 16000
-        limits = stdio.tool("binlens.session", "get", {})["structuredContent"]["limits"]
+        limits = stdio.tool("binlens_session", "get", {})["structuredContent"]["limits"]
         assert limits["max_response_bytes"] == BUDGET
     finally:
         assert stdio.close() == 0
 
     with ServerProcess(tmp_path / "home2", str(big), "--max-response-bytes", "65536") as srv:
-        call = {"name": "binlens.memory", "arguments": {"operation": "read", "params": BETWEEN}}
+        call = {"name": "binlens_memory", "arguments": {"operation": "read", "params": BETWEEN}}
         body, headers = handshake("tools/call", call)
         reply = _sse_or_json(post(srv.base, body, headers))
         assert reply["result"]["isError"] is True
@@ -108,7 +108,7 @@ def test_the_default_lets_a_9_mib_result_through_stdio_to_the_official_client(tm
 
     async def main() -> None:
         async with Client(params, mode="legacy") as client:
-            res = await client.call_tool("binlens.batch", {"operation": "execute", "params": {"items": items}})
+            res = await client.call_tool("binlens_batch", {"operation": "execute", "params": {"items": items}})
             assert not res.is_error, res.content[0].text[:500]
             text = res.content[0].text
             assert len(text) > 9 << 20

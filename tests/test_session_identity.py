@@ -20,6 +20,7 @@ from mcp.client.stdio import StdioServerParameters
 
 import binlens
 from binlens.api import REGISTRY, invoke
+from binlens.api.interface import as_ijson
 from binlens.api.models import Params
 from binlens.api.registry import READ_ONLY, CallContext, method
 from binlens.errors import BinlensError
@@ -47,7 +48,8 @@ def test_session_get_names_the_package_build_sdk_and_catalog(tmp_path: Path) -> 
     assert Path(info["server_path"]) == Path(binlens.__file__).resolve().parent
     assert (info["transport"], info["protocol_version"], info["client_features"]) == ("local", None, None)
     catalog = invoke(ws, "interface.get", {})
-    assert info["catalog_digest"] == hashlib.sha256(rfc8785.dumps(catalog)).hexdigest()
+    assert info["catalog_digest"] == hashlib.sha256(rfc8785.dumps(as_ijson(catalog))).hexdigest()
+    assert as_ijson({"maximum": 1 << 64, "n": 3, "b": True}) == {"maximum": 1.8446744073709552e19, "n": 3, "b": True}
     assert set(info["tool_availability"]) == set(REGISTRY) and info["mismatches"] == []
 
 
@@ -125,19 +127,19 @@ def test_over_stdio_session_get_reports_the_negotiated_version(tmp_path: Path, c
     async def main() -> None:
         async with Client(params, mode=mode) as client:
             before = sorted(t.name for t in (await client.list_tools()).tools)
-            info = _payload(await client.call_tool("binlens.session", {"operation": "get", "params": {}}))
+            info = _payload(await client.call_tool("binlens_session", {"operation": "get", "params": {}}))
             assert info["transport"] == "mcp"
             assert info["protocol_version"] == client.protocol_version
             assert isinstance(info["client_features"], list)
             assert set(info["tool_availability"]) == set(REGISTRY)
             opened = _payload(
-                await client.call_tool("binlens.program", {"operation": "open", "params": {"path": str(sample)}})
+                await client.call_tool("binlens_program", {"operation": "open", "params": {"path": str(sample)}})
             )
             during = sorted(t.name for t in (await client.list_tools()).tools)
             handle = opened["identity"]["program"]
-            await client.call_tool("binlens.program", {"operation": "close", "params": {"program": handle}})
+            await client.call_tool("binlens_program", {"operation": "close", "params": {"program": handle}})
             after = sorted(t.name for t in (await client.list_tools()).tools)
             assert before == during == after
-            assert {n.removeprefix("binlens.") for n in before} >= {s.domain for s in REGISTRY.values()}
+            assert {n.removeprefix("binlens_") for n in before} >= {s.domain for s in REGISTRY.values()}
 
     anyio.run(main)

@@ -71,8 +71,25 @@ def catalog_digest() -> str:
             if _digest is None:
                 specs = [s for _name, s in sorted(REGISTRY.items())]
                 info = InterfaceInfo(methods=[describe(s) for s in specs], domains=sorted({s.domain for s in specs}))
-                _digest = hashlib.sha256(rfc8785.dumps(info.model_dump(mode="json"))).hexdigest()
+                _digest = hashlib.sha256(rfc8785.dumps(as_ijson(info.model_dump(mode="json")))).hexdigest()
     return _digest
+
+
+SAFE_INTEGER = (1 << 53) - 1
+
+
+def as_ijson(value: Any) -> Any:
+    """`value` as an I-JSON reader (RFC 7493, which RFC 8785 assumes) sees it: an integer beyond
+    ±(2**53 - 1), such as a schema's `maximum` of 2**64, becomes the double it parses to."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return float(value) if abs(value) > SAFE_INTEGER else value
+    if isinstance(value, dict):
+        return {k: as_ijson(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [as_ijson(v) for v in value]
+    return value
 
 
 @method("interface.get", effect=READ_ONLY)

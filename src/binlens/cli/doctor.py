@@ -199,33 +199,34 @@ def probe_url(entry: dict[str, Any]) -> dict[str, Any]:
     headers = entry.get("headers") or {}
     if not isinstance(url, str) or not url.startswith(("http://", "https://")) or not isinstance(headers, dict):
         return {"error": "the entry's url or headers has the wrong type"}
-    body = {
-        "jsonrpc": "2.0", "id": 2, "method": "tools/call",
-        "params": {"name": "binlens.session", "arguments": {"operation": "get", "params": {}}},
-    }  # fmt: skip
-    request = urllib.request.Request(
-        url,
-        data=json.dumps(body).encode(),
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "Accept": "application/json, text/event-stream",
-            "MCP-Protocol-Version": "2025-11-25",
-            **{str(k): str(v) for k, v in headers.items()},
-        },
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as response:  # noqa: S310 - the user's own entry
-            text = response.read().decode("utf-8", "replace")
-    except (OSError, ValueError) as err:
-        return {"error": f"{url} did not answer: {err}"}
-    lines = [ln[5:].strip() for ln in text.splitlines() if ln.startswith("data:")] or [text]
-    for line in reversed(lines):
-        with contextlib.suppress(ValueError):
-            msg = json.loads(line)
-            identity = _identity(msg.get("result")) if isinstance(msg, dict) else None
-            if identity is not None:
-                return identity
+    for tool in ("binlens_session", "binlens.session"):  # (either tool separator)
+        body = {
+            "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": tool, "arguments": {"operation": "get", "params": {}}},
+        }  # fmt: skip
+        request = urllib.request.Request(
+            url,
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={
+                "Content-Type": "application/json",
+                "Accept": "application/json, text/event-stream",
+                "MCP-Protocol-Version": "2025-11-25",
+                **{str(k): str(v) for k, v in headers.items()},
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as response:  # noqa: S310 - the user's entry
+                text = response.read().decode("utf-8", "replace")
+        except (OSError, ValueError) as err:
+            return {"error": f"{url} did not answer: {err}"}
+        lines = [ln[5:].strip() for ln in text.splitlines() if ln.startswith("data:")] or [text]
+        for line in reversed(lines):
+            with contextlib.suppress(ValueError):
+                msg = json.loads(line)
+                identity = _identity(msg.get("result")) if isinstance(msg, dict) else None
+                if identity is not None:
+                    return identity
     return {"error": f"{url} did not answer session.get"}
 
 
