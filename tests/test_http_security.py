@@ -324,8 +324,10 @@ def check_read_only(srv: ServerProcess) -> None:
     info = ws_call(srv.ws_url, "session.get", {})
     assert info["result"]["read_only"] is True
     mutations = sorted(name for name, spec in REGISTRY.items() if spec.mutates)
-    availability = info["result"]["methods"]
-    assert all(availability[name]["available"] is False and availability[name]["reason"] for name in mutations)
+    availability = info["result"]["tool_availability"]
+    for name in mutations:
+        got = availability[name]
+        assert (got["available"], got["reason"]) == (False, "the server is read-only"), name
     plain_reads = [name for name, spec in REGISTRY.items() if not spec.mutates and not spec.requires]
     assert all(availability[name]["available"] for name in plain_reads)
     listed = ws_call(srv.ws_url, "interface.get", {"schemas": False})["result"]["methods"]

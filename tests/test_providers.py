@@ -486,18 +486,21 @@ def test_session_get_reports_each_methods_availability(home: Path, monkeypatch: 
     provider and read-only mode, with their remedies."""
     monkeypatch.setenv("BINLENS_OBJDUMP", "/nonexistent/objdump")
     ws = Workspace(Config(home=home, read_only=True))
-    methods = invoke(ws, "session.get", {})["methods"]
+    methods = invoke(ws, "session.get", {})["tool_availability"]
     assert set(methods) == set(REGISTRY)
-    assert methods["function.list"] == {"available": True, "reason": None, "remediation": None}
+    no_features = {"required_client_features": [], "missing_client_features": []}
+    assert methods["function.list"] == {"available": True, "reason": None, "remediation": None, **no_features}
     assert methods["disassembly.get"] == {
         "available": False,
         "reason": "/nonexistent/objdump does not exist",
         "remediation": "apt-get install binutils (or set $BINLENS_OBJDUMP to an objdump executable)",
+        **no_features,
     }
     assert methods["comment.create"] == {
         "available": False,
         "reason": "the server is read-only",
         "remediation": "start the server without --read-only",
+        **no_features,
     }
 
 

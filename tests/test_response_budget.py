@@ -36,13 +36,13 @@ def _peak_rss_kb(pid: int) -> int:
 class StdioServer:
     """`binlens mcp FILE` driven one request at a time."""
 
-    def __init__(self, home: Path, *args: str) -> None:
+    def __init__(self, home: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "binlens", "mcp", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            env=env_for(home),
+            env={**env_for(home), **(env or {})},
             cwd=ROOT,
             preexec_fn=_limit_memory,  # noqa: PLW1509 - no threads in this test process fork path
         )
@@ -74,7 +74,7 @@ class StdioServer:
 
 def test_huge_page_is_refused_before_it_is_built(tmp_path: Path) -> None:
     crafted = shared_name_elf(tmp_path / "shared-name")
-    server = StdioServer(tmp_path / "home", str(crafted))
+    server = StdioServer(tmp_path / "home", str(crafted), env={"BINLENS_MAX_RESPONSE_BYTES": "4M"})
     try:
         server.request("initialize", INIT)
         huge = server.tool("binlens_symbol", "list", {"page": {"limit": 1000}})
@@ -96,7 +96,7 @@ def test_listing_stops_building_at_the_budget(tmp_path: Path) -> None:
     from crafted_elf import BASE
 
     crafted = shared_name_elf(tmp_path / "many-names", symbols=10_000, name_bytes=4000)
-    server = StdioServer(tmp_path / "home", str(crafted))
+    server = StdioServer(tmp_path / "home", str(crafted), env={"BINLENS_MAX_RESPONSE_BYTES": "4M"})
     try:
         server.request("initialize", INIT)
         assert server.tool("binlens_function", "list", {"page": {"limit": 1}})["isError"] is False

@@ -2,6 +2,8 @@
 
 - `MIGRATIONS`: the program database's schema components (`store/database.py` applies their
   ordered steps on open, component by component in this order).
+- `LEDGER_MIGRATIONS`: the schema components of the evidence ledgers' database
+  (`$BINLENS_HOME/evidence.sqlite`, `store/evidence.py`), applied the same way.
 - `OPEN_HOOKS`: what attaches per-program state when a program opens (`Workspace.open` runs
   them in this order).
 - `DOMAINS`: the API's domain modules, each registering its methods when imported
@@ -30,8 +32,12 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
     ("fingerprints", "binlens.store.fingerprints:MIGRATIONS"),
 )
 
+# the evidence ledgers live in one database per home, not in a program's: their components
+LEDGER_MIGRATIONS: tuple[tuple[str, str], ...] = (("evidence", "binlens.store.evidence:MIGRATIONS"),)
+
 # "module:function" of each open hook, called as hook(workspace, program)
 OPEN_HOOKS: tuple[str, ...] = (
+    "binlens.api.calls:on_open",  # the calls running on the program (closing it cancels and drains them)
     "binlens.api.edits:on_open",  # the annotation store, user names, the patch overlay
     "binlens.jobs.state:on_open",  # the analysis state (stored analysis or a background run)
 )
@@ -49,6 +55,7 @@ DOMAINS: tuple[str, ...] = (
     "data_type",
     "debug",
     "disassembly",
+    "evidence",
     "function",
     "function_call",
     "function_edit",

@@ -26,11 +26,18 @@ _ADDR_RE = re.compile(r"^\s*(0[xX][0-9a-fA-F]+)\s*$")
 _OFFSET_RE = re.compile(r"^(.+?)\s*([+-])\s*(0[xX][0-9a-fA-F]+|\d+)$")
 
 
+DEFAULT_MAX_RESPONSE_BYTES = 32 << 20  # a 9 MiB result is ~19 MiB as an MCP frame (text + structured)
+MAX_RESPONSE_ENV = "BINLENS_MAX_RESPONSE_BYTES"
+
+
 @dataclass
 class Limits:
     """Server-wide limits (all configurable from the command line)."""
 
-    max_response_bytes: int = 4 * 1024 * 1024
+    # the most bytes one response may take on the wire, measured on the whole frame (MCP: the text
+    # and the structured content and the envelope); $BINLENS_MAX_RESPONSE_BYTES or
+    # --max-response-bytes set it for a server
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     max_concurrent: int = 4
     parse_timeout_s: float = 8.0
     max_read_bytes: int = 64 * 1024
@@ -124,8 +131,9 @@ class Program:
         self.lock = threading.RLock()
         self.extensions: dict[str, Any] = {}  # per-program state owned by other layers (analysis, ...)
         self.name_resolvers: list[Callable[[str], int | None]] = []
-        # what other layers release when the program closes (provider sessions, ...), in order
-        self.on_close: list[Callable[[], None]] = []
+        # what other layers release when the program closes (provider sessions, the analysis
+        # process, ...), in order; each returns what it could not release in time (or None)
+        self.on_close: list[Callable[[], list[str] | None]] = []
         # User-given names by address (kept by the annotations layer); they win everywhere.
         self.user_names = NameMap()
         self._by_name: dict[str, int] = {}
@@ -327,14 +335,18 @@ class Workspace:
                 hook(self, prog)
             return prog
 
-    def close(self, handle: str) -> None:
+    def close(self, handle: str) -> list[str]:
+        """Close a program: drain its work (each `on_close` release, in order) and close its
+        database. What could not be released in time, as lines naming it (empty: all of it)."""
         with self._lock:
             prog = self.programs.pop(handle, None)
         if prog is None:
             raise BinlensError("not_found", f"no open program {handle!r}", target="/params/program")
+        remaining: list[str] = []
         for release in prog.on_close:
-            release()
+            remaining += release() or []
         prog.db.close()
+        return remaining
 
     # --- concurrency ----------------------------------------------------------------------
     @contextmanager

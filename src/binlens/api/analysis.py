@@ -73,6 +73,10 @@ class AnalysisCounts(Result):
 
 class AnalysisStatus(Result):
     status: Status
+    run_id: str | None = Field(
+        None,
+        description="The run this status is of: the one that stored the analysis, or the one allocated to produce it.",
+    )
     engine_version: str
     progress: float = Field(description="Share of the work done, 0..1.")
     message: str
@@ -93,6 +97,7 @@ def status_of(prog: Program) -> AnalysisStatus:
     st = analysis_of(prog)
     out = AnalysisStatus(
         status=st.status,  # type: ignore[arg-type]  # ProgramAnalysis.status is a str of the same five values
+        run_id=st.run_id,
         engine_version=ENGINE_VERSION,
         progress=round(st.fraction, 4),
         message=st.message,

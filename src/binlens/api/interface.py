@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import threading
 from typing import Any
 
+import rfc8785
 from pydantic import Field
 
 from binlens.api.models import Params, Result
@@ -53,6 +56,40 @@ def visible_methods(ws: Workspace) -> list[MethodSpec]:
     method that cannot run (a mutation under `--read-only`, a missing provider) is listed and
     answers with the reason; `session.get` reports each method's availability."""
     return [s for _, s in sorted(REGISTRY.items())]
+
+
+_digest: str | None = None
+_digest_lock = threading.Lock()
+
+
+def catalog_digest() -> str:
+    """sha256 of the RFC 8785 canonical JSON of the full `interface.get` (every method, schemas
+    included): two servers with the same digest offer the same methods with the same schemas."""
+    global _digest
+    if _digest is None:
+        with _digest_lock:
+            if _digest is None:
+                specs = [s for _name, s in sorted(REGISTRY.items())]
+                info = InterfaceInfo(methods=[describe(s) for s in specs], domains=sorted({s.domain for s in specs}))
+                _digest = hashlib.sha256(rfc8785.dumps(as_ijson(info.model_dump(mode="json")))).hexdigest()
+    return _digest
+
+
+SAFE_INTEGER = (1 << 53) - 1
+
+
+def as_ijson(value: Any) -> Any:
+    """`value` as an I-JSON reader (RFC 7493, which RFC 8785 assumes) sees it: an integer beyond
+    ±(2**53 - 1), such as a schema's `maximum` of 2**64, becomes the double it parses to."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return float(value) if abs(value) > SAFE_INTEGER else value
+    if isinstance(value, dict):
+        return {k: as_ijson(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [as_ijson(v) for v in value]
+    return value
 
 
 @method("interface.get", effect=READ_ONLY)

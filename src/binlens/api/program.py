@@ -36,6 +36,11 @@ class SectionSummary(Result):
 
 class ProgramDetails(Result):
     identity: ProgramIdentity
+    run_id: str | None = Field(
+        None,
+        description="The analysis run of this program (analysis.get): the stored analysis's run, or the one "
+        "allocated at open to produce it.",
+    )
     path: str
     database: str
     slices: list[str]
@@ -50,13 +55,21 @@ class ProgramList(Result):
 
 class Closed(Result):
     closed: str
+    cleanup_incomplete: bool = Field(
+        False, description="True when some of the program's work could not be stopped in time (see remaining)."
+    )
+    remaining: list[str] = Field(
+        default_factory=list, description="What of the program's work still runs (an analysis process, ...)."
+    )
 
 
 def details(prog: Program) -> ProgramDetails:
     """Everything program.get reports about one program."""
     img = prog.image
+    st = prog.extensions.get("analysis")
     return ProgramDetails(
         identity=ProgramIdentity(**prog.identity),
+        run_id=getattr(st, "run_id", None),
         path=str(prog.path),
         database=str(prog.db.path),
         slices=img.slices,
@@ -97,7 +110,8 @@ def program_get(ws: Workspace, p: ProgramRefParams) -> ProgramDetails:
 
 @method("program.close", effect=LIFECYCLE)
 def program_close(ws: Workspace, p: ProgramRefParams) -> Closed:
-    """Close a program (its database stays on disk for the next open)."""
+    """Close a program: stop its work (a running analysis is stopped and its process waited for;
+    what cannot be stopped in time is reported), and keep its database on disk for the next open."""
     prog = ws.program(p.program)
-    ws.close(prog.handle)
-    return Closed(closed=prog.handle)
+    remaining = ws.close(prog.handle)
+    return Closed(closed=prog.handle, cleanup_incomplete=bool(remaining), remaining=remaining)

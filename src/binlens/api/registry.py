@@ -42,11 +42,28 @@ class CallContext:
         *,
         client: str = "local",
         progress: Callable[[float, float | None, str | None], None] | None = None,
+        transport: str = "local",
+        protocol_version: str | None = None,
+        client_features: frozenset[str] | None = None,
     ) -> None:
         self.client = client
         self._progress = progress
+        # what the transport knows of the caller: its name (mcp, websocket, local), the protocol
+        # version it negotiated (None where it negotiates none) and the client's declared features
+        # (MCP client capabilities: sampling, elicitation, roots, ...; None: it declared none)
+        self.transport = transport
+        self.protocol_version = protocol_version
+        self.client_features = client_features
         self._cancelled = threading.Event()
         self._last_progress = 0.0
+        # progress as REA words it: monotonic, at most one intermediate update per 100 ms, one
+        # terminal update (`finish`), a total only when the method gave one
+        self._progress_lock = threading.Lock()
+        self._high = 0.0  # the most work reported done so far (updates never go back)
+        self._total: float | None = None
+        self._terminal_sent = False
+        self._sent_any = False  # (a call that reported no progress gets no terminal update either)
+        self._depth = 0  # nested invokes on this context (batch, evidence.record): the outermost finishes
         # the byte budget of the running call's result (set by `invoke`): methods that build big
         # results `charge` it as they go; batch.execute checks it before it commits anything
         self.response_budget: int | None = None
@@ -85,14 +102,40 @@ class CallContext:
             raise BinlensError("cancelled", "the request was cancelled")
 
     def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
-        """Report progress (rate-limited to ~10 per second) and check cancellation."""
+        """Report progress and check cancellation. What reaches the client never goes back (a
+        smaller `done` is raised to the most reported so far), intermediate updates come at most
+        once per 100 ms, and the update that reaches `total` is sent once."""
         self.check_cancelled()
         if self._progress is None:
             return
-        now = time.monotonic()
-        if total is not None and done >= total or now - self._last_progress >= 0.1:
+        with self._progress_lock:
+            if self._terminal_sent:
+                return
+            done = max(float(done), self._high)
+            self._high = done
+            self._total = total
+            now = time.monotonic()
+            if total is not None and done >= total:
+                self._terminal_sent = True
+            elif now - self._last_progress < 0.1:
+                return
             self._last_progress = now
-            self._progress(done, total, message)
+            self._sent_any = True
+        self._progress(done, total, message)
+
+    def finish(self, outcome: str) -> None:
+        """Send the terminal progress update of a call that reported progress (`outcome`: done,
+        cancelled, timeout, failed): on success with a known total, done = total; otherwise the
+        work reported so far, and the total only if the method gave one."""
+        if self._progress is None:
+            return
+        with self._progress_lock:
+            if self._terminal_sent or not self._sent_any:
+                return
+            self._terminal_sent = True
+            total = self._total
+            done = total if outcome == "done" and total is not None else self._high
+        self._progress(done, total, outcome)
 
 
 @dataclass(frozen=True)
@@ -222,7 +265,7 @@ def method(
 
     The params model and result type come from the function's annotations; the docstring's
     first line is the summary unless given. `requires` names what the method needs to run
-    (`provider:<id>`, `provider-kind:<kind>`, `permission:<name>`; a mutation needs `writable`
+    (`provider:<id>`, `provider-kind:<kind>`, `permission:<name>`, `client:<feature>`; a mutation needs `writable`
     without saying so): while one is missing the method stays in the catalog and a call answers
     `unavailable` (`read_only` for `writable`) with the reason and the remedy.
     """
@@ -326,14 +369,37 @@ def invoke(
         params = {}
     if not isinstance(params, dict):
         raise BinlensError("invalid_argument", "params must be an object", target="/params")
-    unmet = first_missing(ws, spec.requires)
+    ctx = ctx or CallContext()
+    ctx._depth += 1
+    try:
+        if ctx._depth == 1:  # (the outermost call counts as running on its program: closing it drains)
+            from binlens.api.calls import tracked
+
+            with tracked(ws, spec, params, ctx):
+                data = _invoke(ws, spec, params, ctx, max_response_bytes)
+        else:
+            data = _invoke(ws, spec, params, ctx, max_response_bytes)
+    except BinlensError as err:
+        if ctx._depth == 1:
+            ctx.finish(err.code if err.code in ("cancelled", "timeout") else "failed")
+        raise
+    finally:
+        ctx._depth -= 1
+    if ctx._depth == 0:
+        ctx.finish("done")
+    return data
+
+
+def _invoke(ws: Workspace, spec: MethodSpec, params: Any, ctx: CallContext, max_response_bytes: int | None) -> Any:
+    """`invoke` of a looked-up method on its context."""
+    name = spec.name
+    unmet = first_missing(ws, spec.requires, ctx)
     if unmet is not None:
         raise unmet[0].error(name, unmet[1])
     try:
         parsed = spec.params_model.model_validate(params)
     except ValidationError as err:
         raise validation_error(err) from None
-    ctx = ctx or CallContext()
     budget = max_response_bytes if max_response_bytes is not None else ws.limits.max_response_bytes
     try:
         with ctx.budget(budget):
@@ -369,16 +435,38 @@ def response_size(data: Any) -> int:
     return len(json.dumps(data, separators=(",", ":")))
 
 
-def response_too_large(size: int, budget: int, *, at_least: bool = False) -> BinlensError:
-    """The `response_too_large` error of a `size`-byte result (`at_least`: counted so far) over `budget`."""
+def response_too_large(
+    size: int, budget: int, *, at_least: bool = False, reference: dict[str, str] | None = None
+) -> BinlensError:
+    """The `response_too_large` error of a `size`-byte result (`at_least`: counted so far) over
+    `budget`; `reference`: the evidence that retained the result (`details.evidence_reference`)."""
     if at_least:
         return too_large(budget, size)
+    details: dict[str, Any] = {"limit": budget, "size": size, "size_at_least": size}
+    hint = "ask for less (a smaller page.limit or range)"
+    if reference is not None:
+        details["evidence_reference"] = reference
+        hint = f"the result is retained as {reference['evidence_id']}: evidence.export writes it to a file"
     return BinlensError(
         "response_too_large",
-        f"the result is {size} bytes, over the {budget}-byte response budget; ask for less "
-        "(a smaller page.limit or range)",
-        details={"limit": budget, "size": size, "size_at_least": size},
+        f"the result is {size} bytes, over the {budget}-byte response budget; {hint}",
+        details=details,
     )
+
+
+def retained_reference(data: Any) -> dict[str, str] | None:
+    """`{evidence_id, ledger}` when `data` is a result evidence.record retained, else None."""
+    if not isinstance(data, dict):
+        return None
+    eid, evidence = data.get("evidence_id"), data.get("evidence")
+    if isinstance(eid, str) and isinstance(evidence, dict) and isinstance(evidence.get("ledger"), str):
+        return {"evidence_id": eid, "ledger": evidence["ledger"]}
+    return None
+
+
+def frame_size(message: Any) -> int:
+    """The UTF-8 bytes of `message` as the transports write it (compact JSON, non-ASCII as is)."""
+    return len(json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass"))
 
 
 def too_large(budget: int, at_least: int) -> BinlensError:

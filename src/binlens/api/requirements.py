@@ -1,6 +1,7 @@
 """What a method needs to run here (`@method(requires=...)`): a provider, a permission, a writable
-server. A method whose requirement is missing stays in the catalog and answers `unavailable` (or
-`read_only`, for a mutation on a read-only server) with the reason and the remedy in `details`."""
+server, a feature the calling client negotiated (`client:sampling`). A method whose requirement is
+missing stays in the catalog and answers `unavailable` (or `read_only`, for a mutation on a
+read-only server) with the reason and the remedy in `details`."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ PERMISSIONS: dict[str, str] = {
     "debug": "start the server with --allow-debug",
     "live": "start the server on the program's file with --allow-live-pid PID (binlens mcp FILE --allow-live-pid PID)",
 }
-FORMS = "'provider:<id>', 'provider-kind:<kind>', 'permission:<name>' or 'writable'"
+FORMS = "'provider:<id>', 'provider-kind:<kind>', 'permission:<name>', 'client:<feature>' or 'writable'"
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class Missing:
 class Requirement:
     """One requirement, as written in `requires=` (`provider:angr`, `permission:debug`, `writable`)."""
 
-    kind: str  # provider | provider-kind | permission | writable
+    kind: str  # provider | provider-kind | permission | client | writable
     name: str
 
     @property
@@ -37,8 +38,17 @@ class Requirement:
         """The requirement as written."""
         return self.kind if self.kind == "writable" else f"{self.kind}:{self.name}"
 
-    def missing(self, ws: Any) -> Missing | None:
-        """None when `ws` meets the requirement, else the reason and the remedy."""
+    def missing(self, ws: Any, ctx: Any = None) -> Missing | None:
+        """None when `ws` (and the calling client, `ctx`: a CallContext or None) meets the
+        requirement, else the reason and the remedy."""
+        if self.kind == "client":
+            features = getattr(ctx, "client_features", None)
+            if features is not None and self.name in features:
+                return None
+            return Missing(
+                f"the client did not negotiate '{self.name}'",
+                f"use a client that declares the '{self.name}' capability when it connects",
+            )
         if self.kind == "writable":
             return Missing("the server is read-only", "start the server without --read-only") if ws.read_only else None
         if self.kind == "permission":
@@ -82,17 +92,20 @@ def parse(text: str) -> Requirement:
     if text == "writable":
         return Requirement("writable", "")
     kind, sep, name = text.partition(":")
-    if not sep or not name or kind not in ("provider", "provider-kind", "permission"):
+    if not sep or not name or kind not in ("provider", "provider-kind", "permission", "client"):
         raise ValueError(f"requirement {text!r} is not one of {FORMS}")
     if kind == "permission" and name not in PERMISSIONS:
         raise ValueError(f"unknown permission {name!r} (known: {', '.join(sorted(PERMISSIONS))})")
     return Requirement(kind, name)
 
 
-def first_missing(ws: Any, requirements: tuple[Requirement, ...]) -> tuple[Requirement, Missing] | None:
-    """The first requirement `ws` does not meet, with why; None when all are met."""
+def first_missing(
+    ws: Any, requirements: tuple[Requirement, ...], ctx: Any = None
+) -> tuple[Requirement, Missing] | None:
+    """The first requirement `ws` (and the client calling through `ctx`) does not meet, with why;
+    None when all are met."""
     for requirement in requirements:
-        missing = requirement.missing(ws)
+        missing = requirement.missing(ws, ctx)
         if missing is not None:
             return requirement, missing
     return None

@@ -8,7 +8,7 @@ import os
 import sys
 
 from binlens.cli.main import command, make_workspace
-from binlens.cli.server_args import add_mcp_options, confinement, permissions, pin_live_pid
+from binlens.cli.server_args import add_mcp_options, confinement, max_response_bytes, permissions, pin_live_pid
 
 log = logging.getLogger("binlens.mcp")
 
@@ -42,7 +42,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         read_only=args.read_only,
         permissions=permissions(args),
         **confinement(args.files, args.root),
-        limits=Limits(max_concurrent=args.max_concurrent),
+        limits=Limits(max_concurrent=args.max_concurrent, max_response_bytes=max_response_bytes(args)),
     )
     opened = []
     for f in args.files:

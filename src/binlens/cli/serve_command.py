@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from binlens.cli.main import command, make_workspace
-from binlens.cli.server_args import add_mcp_options, confinement, permissions, pin_live_pid, positive, seconds
+from binlens.cli.server_args import (
+    add_mcp_options,
+    confinement,
+    max_response_bytes,
+    permissions,
+    pin_live_pid,
+    positive,
+    seconds,
+)
 
 if TYPE_CHECKING:
     from binlens.server.connections import ConnectionLimits
@@ -193,7 +201,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         read_only=args.read_only,
         permissions=permissions(args),
         **confinement(args.files, args.root),
-        limits=Limits(max_concurrent=args.max_concurrent),
+        limits=Limits(max_concurrent=args.max_concurrent, max_response_bytes=max_response_bytes(args)),
     )
     opened: list[Path] = []
     programs: list[Any] = []

@@ -24,6 +24,32 @@ def tool_prefix(value: str) -> str:
     return value
 
 
+def response_bytes(value: str) -> int:
+    """argparse type of --max-response-bytes: a size (`byte_count`) of at least 1 KiB."""
+    from binlens.cli.main import byte_count  # (main imports this module)
+
+    n = byte_count(value)
+    if n < 1024:
+        raise argparse.ArgumentTypeError("must be at least 1K")
+    return n
+
+
+def max_response_bytes(args: argparse.Namespace) -> int:
+    """The response budget a server was started with: --max-response-bytes, else
+    $BINLENS_MAX_RESPONSE_BYTES, else the default."""
+    from binlens.workspace import DEFAULT_MAX_RESPONSE_BYTES, MAX_RESPONSE_ENV
+
+    if args.max_response_bytes is not None:
+        return int(args.max_response_bytes)
+    env = os.environ.get(MAX_RESPONSE_ENV)
+    if env:
+        try:
+            return response_bytes(env)
+        except argparse.ArgumentTypeError as err:
+            raise SystemExit(f"binlens: error: ${MAX_RESPONSE_ENV}={env!r}: {err}") from None
+    return DEFAULT_MAX_RESPONSE_BYTES
+
+
 def positive(value: str) -> int:
     """argparse type of a count that must be at least 1."""
     try:
@@ -101,7 +127,7 @@ def add_mcp_options(p: argparse.ArgumentParser, *, root_help: str, frame_help: s
         help=f"between prefix and domain in tool names (default '_': binlens_help, accepted by every client; "
         f"'.' for Ghidra Bridge's binlens.help; ${SEPARATOR_ENV} sets the default)",
     )
-    p.add_argument("--read-only", action="store_true", help="hide and refuse every mutation")
+    p.add_argument("--read-only", action="store_true", help="refuse every mutation (they stay listed)")
     p.add_argument(
         "--allow-debug",
         action="store_true",
@@ -119,3 +145,11 @@ def add_mcp_options(p: argparse.ArgumentParser, *, root_help: str, frame_help: s
         "--max-concurrent", metavar="N", type=positive, default=4, help="calls running at once; more get busy"
     )
     p.add_argument("--max-frame-bytes", metavar="N", type=positive, default=1 << 20, help=frame_help)
+    p.add_argument(
+        "--max-response-bytes",
+        metavar="N",
+        type=response_bytes,
+        default=None,
+        help="the most bytes one response may take, measured on the whole frame (K, M, G suffixes; "
+        "default $BINLENS_MAX_RESPONSE_BYTES or 32M); a bigger result answers response_too_large",
+    )

@@ -126,7 +126,7 @@ def _save(req: AnalysisRequest, rows: Rows, send: Callable[[Any], None]) -> None
     # libc) happens after "done", while the caller already reads.
     db.defer_checkpoints()
     with gc_paused():
-        write_analysis(db, rows.figures, rows.functions, rows.references, rows.warnings)
+        write_analysis(db, rows.figures, rows.functions, rows.references, rows.warnings, req.run_id)
     if rows.functions.spool is not None:
         rows.functions.spool.close()  # (a temporary file: gone once closed)
     retained.append(rows)  # freed by the exit, not object by object as the frames unwind

@@ -28,3 +28,4 @@ class AnalysisRequest:
     home: str | None = None  # an early start (the CLI, before it opened the program): the database's home
     image: tuple | None = None  # the caller's parsed image (`encode_image`): no second parse here
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES  # the most of the file read again (the caller's opened size)
+    run_id: str | None = None  # the run this is (allocated by the caller before it starts), saved with the rows

@@ -29,7 +29,10 @@ from binlens.jobs.request import AnalysisRequest
 from binlens.store.analysis import (
     AnalysisView,
     FunctionRow,
+    allocate_run,
+    finish_run,
     load_run,
+    name_stored_run,
     set_user_function,
     user_functions,
 )
@@ -39,6 +42,8 @@ from binlens.workspace import Program, Workspace
 log = logging.getLogger("binlens.analysis")
 _SUB_RE = re.compile(r"^sub_([0-9a-fA-F]+)$")
 DEFAULT_ANALYSIS_BUDGET_S = 900.0  # the analysis process is killed past this (BINLENS_ANALYSIS_BUDGET_S)
+# how long program.close waits for the analysis process it stops to be gone
+CLOSE_DRAIN_S = float(os.environ.get("BINLENS_CLOSE_DRAIN_S", "10"))
 
 
 class ProgramAnalysisState:
@@ -60,13 +65,27 @@ class ProgramAnalysisState:
         self.worker: AnalysisProcess | None = None  # the analysis process while one runs
         self.budget_s = float(os.environ.get("BINLENS_ANALYSIS_BUDGET_S", DEFAULT_ANALYSIS_BUDGET_S))
         self.started_at: float | None = None
+        # the run whose analysis this program has (or will have): a stored analysis names its
+        # run; otherwise the full analysis's run is allocated now, before any of its work starts
+        self.run_id: str | None = None
+        self._run_started = False  # whether `run_id`'s run has started (a restart allocates a new one)
         run = load_run(prog.db)
         if run is not None and run.engine == ENGINE_VERSION and run.status == "done":
             self.view = AnalysisView(prog.db)
             self.status = "done"
             self.fraction = 1.0
             self.message = f"loaded from the program database ({len(self.view.functions)} functions)"
+            self.run_id = run.run_id
+            if self.run_id is None:  # (saved before run ids: named once, then kept)
+                self.run_id = allocate_run(prog.db, "stored", run.engine)
+                finish_run(prog.db, self.run_id, "done")
+                name_stored_run(prog.db, self.run_id)
+                named = load_run(prog.db)  # (another process may have named it first)
+                self.run_id = named.run_id if named is not None else self.run_id
+            self._run_started = True
             self._done.set()
+        else:
+            self.run_id = allocate_run(prog.db, "full", ENGINE_VERSION)
 
     # ------------------------------------------------------------------ running
     def start(self) -> None:
@@ -74,6 +93,9 @@ class ProgramAnalysisState:
         with self._lock:
             if self.status in ("running", "done"):
                 return
+            if self._run_started or self.run_id is None:  # (a run that ended: this one is new)
+                self.run_id = allocate_run(self.prog.db, "full", ENGINE_VERSION)
+            self._run_started = True
             self.status = "running"
             self.error = None
             self.error_target = None
@@ -100,6 +122,7 @@ class ProgramAnalysisState:
             slice_name=ident.slice,
             data=bytes(self.prog.image.data) if with_bytes else None,
             max_file_bytes=len(self.prog.image.data),
+            run_id=self.run_id,
             **self._user_starts(),
         )
 
@@ -127,6 +150,9 @@ class ProgramAnalysisState:
                 self.status = "done"
                 self.fraction = 1.0
                 self.message = f"{len(view.functions)} functions"
+                stored = load_run(self.prog.db)
+                if stored is not None and stored.run_id is not None:
+                    self.run_id = stored.run_id  # (another process's run may have saved the rows first)
         except BinlensError as err:
             with self._lock:
                 if err.code == "cancelled":
@@ -142,6 +168,11 @@ class ProgramAnalysisState:
                 self.status = "failed"
                 self.error = f"internal error: {type(err).__name__}"
         finally:
+            if self.run_id is not None:
+                try:
+                    finish_run(self.prog.db, self.run_id, self.status)
+                except Exception:  # noqa: BLE001 - the log line is bookkeeping; the run's result stands
+                    log.exception("could not log the end of run %s", self.run_id)
             self._done.set()
 
     def _user_starts(self) -> dict[str, Any]:
@@ -156,6 +187,20 @@ class ProgramAnalysisState:
     def cancel(self) -> None:
         """Stop a running analysis: its process is killed within ~20 ms."""
         self._cancel.set()
+
+    def drain(self, timeout_s: float | None = None) -> list[str]:
+        """Stop the running analysis (the program closes) and wait up to `timeout_s` for its
+        process to be gone; what still runs after that, named (empty when nothing does)."""
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            return []
+        self.cancel()
+        thread.join(CLOSE_DRAIN_S if timeout_s is None else timeout_s)
+        if not thread.is_alive():
+            return []
+        worker = self.worker
+        pid = worker.proc.pid if worker is not None else None
+        return [f"analysis run {self.run_id} (process {pid})" if pid else f"analysis run {self.run_id}"]
 
     # ------------------------------------------------------------------ waiting
     def require(self, ctx: Any = None, *, wait: bool = True, timeout_s: float = 60.0) -> AnalysisView:
@@ -208,7 +253,12 @@ class ProgramAnalysisState:
 
     def snapshot(self) -> dict[str, Any]:
         """Status and progress as plain data."""
-        return {"status": self.status, "progress": round(self.fraction, 4), "message": self.message}
+        return {
+            "status": self.status,
+            "progress": round(self.fraction, 4),
+            "message": self.message,
+            "run_id": self.run_id,
+        }
 
     # ------------------------------------------------------------------ for other layers
     def _ready(self) -> AnalysisView | None:
@@ -299,10 +349,17 @@ class ProgramAnalysisState:
         strings = {a for a, *_rest in view.strings()}
         from binlens.analysis.local import analyze_functions  # (the engine loads for the first edit)
 
-        functions, xrefs = analyze_functions(self.prog.image, entries, starts, noret, strings)
-        replace_functions(self.prog.db, remove, functions, xrefs, sources)
+        run_id = allocate_run(self.prog.db, "local", ENGINE_VERSION)
+        try:
+            functions, xrefs = analyze_functions(self.prog.image, entries, starts, noret, strings)
+            replace_functions(self.prog.db, remove, functions, xrefs, sources, run_id)
+        except BaseException:
+            finish_run(self.prog.db, run_id, "failed")
+            raise
+        finish_run(self.prog.db, run_id, "done")
         with self._lock:
             self.view = AnalysisView(self.prog.db)
+            self.run_id = run_id
 
     def resolve_name(self, name: str) -> int | None:
         """`sub_<hex>` and import-thunk names of analysed functions."""
@@ -356,5 +413,7 @@ def name_for_address(prog: Program, va: int) -> str | None:
 
 
 def on_open(_ws: Workspace, prog: Program) -> None:
-    """Attach the program's analysis state when it opens (`components.OPEN_HOOKS`)."""
-    analysis_of(prog)
+    """Attach the program's analysis state when it opens (`components.OPEN_HOOKS`); closing the
+    program stops its analysis and waits for the process (`drain`)."""
+    state = analysis_of(prog)
+    prog.on_close.append(state.drain)

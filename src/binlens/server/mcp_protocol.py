@@ -26,6 +26,7 @@ from mcp.shared.inbound import (
     classify_inbound_request,
 )
 from mcp_types import (
+    CLIENT_CAPABILITIES_META_KEY,
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -37,7 +38,7 @@ from mcp_types import (
 from mcp_types import methods as sdk_methods
 from pydantic import ValidationError
 
-from binlens.api.registry import CallContext
+from binlens.api.registry import CallContext, frame_size, response_too_large, retained_reference
 from binlens.errors import BinlensError
 from binlens.server.mcp_tools import ResourceNotFound, ToolError, ToolSet
 from binlens.server.slots import shared_slots
@@ -189,6 +190,7 @@ class Session:
     # (Authorization header) it connected with on HTTP
     client_info: Any = None
     credential: str | None = None
+    client_capabilities: dict[str, Any] | None = None  # what initialize declared (session.get reports them)
     # request id -> (the call's context once its tool runs, the task serving it)
     inflight: dict[Any, tuple[CallContext | None, asyncio.Task[Any] | None]] = field(default_factory=dict)
 
@@ -223,6 +225,15 @@ class Session:
         """Cancel everything in flight (EOF, disconnect)."""
         for rid in list(self.inflight):
             self.cancel(rid)
+
+
+def client_features(session: Session | None, meta: Any) -> frozenset[str] | None:
+    """The capabilities the client declared: at initialize (stdio, SSE), or in the request's
+    `_meta` (2026-07-28); None when it declared none this server saw (stateless handshake HTTP)."""
+    caps = session.client_capabilities if session is not None else None
+    if caps is None and isinstance(meta, dict):
+        caps = meta.get(CLIENT_CAPABILITIES_META_KEY)
+    return frozenset(caps) if isinstance(caps, dict) else None
 
 
 class McpCore:
@@ -367,6 +378,8 @@ class McpCore:
             if session is not None:
                 session.negotiated = version
                 session.client_info = params.get("clientInfo")
+                caps = params.get("capabilities")
+                session.client_capabilities = caps if isinstance(caps, dict) else {}
             return {
                 "protocolVersion": version,
                 "capabilities": self.capabilities(),
@@ -407,12 +420,17 @@ class McpCore:
                 raise RpcError(INTERNAL_ERROR, err.message, err.to_dict()) from None
             return {"contents": [content]}
         if method == "tools/call":
-            return await self.call_tool(params, request_id, session, notify)
+            return await self.call_tool(params, request_id, session, notify, version)
         raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")  # pragma: no cover - guarded above
 
     # --- tools/call ----------------------------------------------------------------------
     async def call_tool(
-        self, params: dict[str, Any], request_id: Any, session: Session | None, notify: Notify | None
+        self,
+        params: dict[str, Any],
+        request_id: Any,
+        session: Session | None,
+        notify: Notify | None,
+        version: str | None = None,
     ) -> dict[str, Any]:
         """Run a tool in a worker thread: `busy` beyond the limit, progress out, cancellation in."""
         name = params["name"]  # (a string: validate_client_request checked the params)
@@ -427,7 +445,13 @@ class McpCore:
         if token is not None and notify is not None:
             progress_fn = self._progress_sender(loop, token, notify)
         info = meta.get(CLIENT_INFO_META_KEY) or (session.client_info if session is not None else None)
-        ctx = CallContext(client=client_label(info, session.credential if session else None), progress=progress_fn)
+        ctx = CallContext(
+            client=client_label(info, session.credential if session else None),
+            progress=progress_fn,
+            transport="mcp",
+            protocol_version=version,
+            client_features=client_features(session, meta),
+        )
         if not self.slots.try_take():
             busy = BinlensError(
                 "busy",
@@ -438,7 +462,7 @@ class McpCore:
 
         def work() -> dict[str, Any]:
             try:
-                return self.tools.call_tool(name, arguments, ctx)
+                return self.within_budget(self.tools.call_tool(name, arguments, ctx), request_id)
             finally:
                 self.slots.give()
 
@@ -457,6 +481,19 @@ class McpCore:
         finally:
             if session is not None:
                 session.inflight.pop(request_id, None)
+
+    # What shape_result may add to a tool result's frame after the check (2026-07-28's serverInfo).
+    FRAME_SLACK = 512
+
+    def within_budget(self, out: dict[str, Any], request_id: Any) -> dict[str, Any]:
+        """`out`, or `response_too_large` in its place when its whole frame (text, structured
+        content and envelope) passes the response budget."""
+        budget = self.ws.limits.max_response_bytes
+        size = frame_size({"jsonrpc": "2.0", "id": request_id, "result": out}) + self.FRAME_SLACK
+        if size <= budget:
+            return out
+        reference = retained_reference(out.get("structuredContent"))
+        return ToolSet.error_result(response_too_large(size, budget, reference=reference))
 
     @staticmethod
     def _progress_sender(

@@ -37,7 +37,15 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from binlens.api.registry import REGISTRY, CallContext, invoke, program_identity
+from binlens.api.registry import (
+    REGISTRY,
+    CallContext,
+    frame_size,
+    invoke,
+    program_identity,
+    response_too_large,
+    retained_reference,
+)
 from binlens.errors import BinlensError
 from binlens.server.auth import refuse
 from binlens.server.options import ServerOptions
@@ -344,7 +352,7 @@ class WsSession:
             )
             await self.send(rpc_error(msg_id, METHOD_FAILED, busy.message, busy.to_dict()))
             return
-        ctx = CallContext(client=self.id, progress=self._progress_sender(msg_id))
+        ctx = CallContext(client=self.id, progress=self._progress_sender(msg_id), transport="websocket")
         self.calls[msg_id] = ctx
         task = asyncio.get_running_loop().create_task(self._call(msg_id, method, params, ctx))
         self.tasks.add(task)
@@ -391,6 +399,10 @@ class WsSession:
                 identity = program_identity(self.hub.ws, method, params, result)
                 if identity is not None:
                     reply["program"] = identity  # extension member: SPEC §1, identity in every response
+                budget = self.hub.ws.limits.max_response_bytes
+                size = frame_size(reply)  # (the whole frame: the budget counts the envelope too)
+                if size > budget:
+                    raise response_too_large(size, budget, reference=retained_reference(result))
             except BinlensError as err:
                 reply = rpc_error(msg_id, METHOD_FAILED, err.message, err.to_dict())
             except Exception:  # noqa: BLE001 - nothing internal crosses the wire

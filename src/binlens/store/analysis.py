@@ -11,9 +11,11 @@ import bisect
 import json
 import sqlite3
 import sys
+import uuid
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from itertools import accumulate, chain
 from operator import attrgetter, itemgetter
 from pathlib import Path
@@ -83,6 +85,15 @@ ANALYSIS_MIGRATIONS: list[Migration] = [
     # What of the image the analysis left out or cut, and why (odd section or segment tables):
     # a JSON list of lines, NULL when there is nothing to say.
     lambda conn: _add_column(conn, "analysis_run", "warnings", "TEXT"),
+    # Run ids: every run (a full analysis, a local re-analysis) is allocated an id before any of
+    # its work starts (`analysis_log`); `analysis_run.run_id` names the run whose rows are stored.
+    lambda conn: _add_column(conn, "analysis_run", "run_id", "TEXT"),
+    """
+    CREATE TABLE IF NOT EXISTS analysis_log (
+        run_id TEXT PRIMARY KEY, kind TEXT NOT NULL, engine TEXT NOT NULL, status TEXT NOT NULL,
+        allocated_at TEXT NOT NULL, finished_at TEXT
+    )
+    """,
 ]
 
 
@@ -191,6 +202,7 @@ class RunInfo:
     seconds: float
     finished_at: str | None
     warnings: list[str] = field(default_factory=list)
+    run_id: str | None = None
 
 
 def _read_only(db_path: str | Path, query: Callable[[sqlite3.Connection], _T]) -> _T | None:
@@ -242,7 +254,43 @@ def load_run(db: ProgramDatabase) -> RunInfo | None:
         return None
     keys = ("functions", "blocks", "instructions", "xrefs", "strings")
     counts = dict(zip(keys, row[3:8], strict=True))
-    return RunInfo(row[1], row[2], counts, row[8], row[9], row[10], row[11], _warnings(row[12]))
+    return RunInfo(row[1], row[2], counts, row[8], row[9], row[10], row[11], _warnings(row[12]), row[13])
+
+
+def _utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def allocate_run(db: ProgramDatabase, kind: str, engine: str) -> str:
+    """A new run id (`run_` + 32 hex digits), logged as allocated before the run does any work."""
+    run_id = "run_" + uuid.uuid4().hex
+    with db.transaction() as conn:
+        conn.execute(
+            "INSERT INTO analysis_log (run_id, kind, engine, status, allocated_at) VALUES (?, ?, ?, 'allocated', ?)",
+            (run_id, kind, engine, _utc_now()),
+        )
+    return run_id
+
+
+def finish_run(db: ProgramDatabase, run_id: str, status: str) -> None:
+    """Record how the run `run_id` ended (done, failed, cancelled)."""
+    with db.transaction() as conn:
+        conn.execute("UPDATE analysis_log SET status=?, finished_at=? WHERE run_id=?", (status, _utc_now(), run_id))
+
+
+def name_stored_run(db: ProgramDatabase, run_id: str) -> None:
+    """Give the stored analysis that no run names (saved before run ids) the id `run_id`."""
+    with db.transaction() as conn:
+        conn.execute("UPDATE analysis_run SET run_id=? WHERE id=1 AND run_id IS NULL", (run_id,))
+
+
+def run_log(db: ProgramDatabase) -> list[dict[str, Any]]:
+    """Every run allocated for this program, oldest first."""
+    rows = db.connect().execute(
+        "SELECT run_id, kind, engine, status, allocated_at, finished_at FROM analysis_log ORDER BY rowid"
+    )
+    keys = ("run_id", "kind", "engine", "status", "allocated_at", "finished_at")
+    return [dict(zip(keys, r, strict=True)) for r in rows]
 
 
 def _warnings(text: str | None) -> list[str]:

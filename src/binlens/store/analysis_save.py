@@ -251,9 +251,11 @@ def write_analysis(
     frows: FunctionRows,
     rrows: ReferenceRows,
     warnings: Sequence[str] = (),
+    run_id: str | None = None,
 ) -> None:
     """Replace the stored analysis with these rows, atomically (`figures`: see `run_figures`;
-    `warnings`: what of the image the analysis left out or cut, and why)."""
+    `warnings`: what of the image the analysis left out or cut, and why; `run_id`: the run that
+    produced them)."""
     engine, code_bytes, covered_bytes, seconds = figures
     with db.transaction() as conn:
         for name, _on in _INDEXES:
@@ -271,7 +273,7 @@ def write_analysis(
         conn.execute("DELETE FROM analysis_run")
         conn.execute(
             "INSERT INTO analysis_run (id, engine, status, functions, blocks, instructions, xrefs, strings,"
-            " code_bytes, covered_bytes, seconds, finished_at, warnings) VALUES (1,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " code_bytes, covered_bytes, seconds, finished_at, warnings, run_id) VALUES (1,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 engine,
                 "done",
@@ -282,6 +284,7 @@ def write_analysis(
                 seconds,
                 time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 json.dumps(list(warnings)) if warnings else None,
+                run_id,
             ),
         )
 
@@ -349,9 +352,15 @@ def owner_spans(functions: list) -> tuple[array, array, array]:
 
 
 def replace_functions(
-    db: ProgramDatabase, remove: set[int], functions: list, xrefs: list, sources: dict[int, tuple[str, ...]]
+    db: ProgramDatabase,
+    remove: set[int],
+    functions: list,
+    xrefs: list,
+    sources: dict[int, tuple[str, ...]],
+    run_id: str | None = None,
 ) -> None:
-    """Replace some functions (and the rows that hang off them) after a local re-analysis."""
+    """Replace some functions (and the rows that hang off them) after a local re-analysis (the run
+    `run_id`, which the stored analysis is named after from then on)."""
     ids = [s64(a) for a in remove | {f.address for f in functions}]
     marks = ",".join("?" * len(ids))
     with db.transaction() as conn:
@@ -377,6 +386,6 @@ def replace_functions(
             "UPDATE analysis_run SET functions = (SELECT COUNT(*) FROM func), "
             "blocks = (SELECT COALESCE(SUM(blocks), 0) FROM func), "
             "instructions = (SELECT COALESCE(SUM(instructions), 0) FROM func), "
-            "xrefs = ? WHERE id = 1",
-            (total,),
+            "xrefs = ?, run_id = COALESCE(?, run_id) WHERE id = 1",
+            (total, run_id),
         )

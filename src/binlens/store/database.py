@@ -28,7 +28,9 @@ Migration = str | Callable[[sqlite3.Connection], None]
 # component -> its ordered migrations: those `binlens.components.MIGRATIONS` lists, loaded by the
 # first open (`_migrations`), then any a test adds
 _MIGRATIONS: dict[str, list[Migration]] = {}
-_listed_loaded = False
+# the table of `binlens.components` a database class migrates -> its components' migrations
+_TABLES: dict[str, dict[str, list[Migration]]] = {"MIGRATIONS": _MIGRATIONS}
+_loaded_tables: set[str] = set()
 _listed_lock = threading.Lock()
 
 _CORE_SCHEMA = """
@@ -41,18 +43,19 @@ _CORE_SCHEMA = """
 CORE_MIGRATIONS: list[Migration] = [_CORE_SCHEMA]
 
 
-def _migrations() -> dict[str, list[Migration]]:
-    """Every component's migrations, those of `binlens.components.MIGRATIONS` first and in its order."""
-    global _listed_loaded
-    if not _listed_loaded:
+def _migrations(table: str = "MIGRATIONS") -> dict[str, list[Migration]]:
+    """Every component's migrations of the `binlens.components` table `table` (those it lists
+    first and in its order, then any a test added)."""
+    if table not in _loaded_tables:
         with _listed_lock:
-            if not _listed_loaded:
-                listed = {name: components.load(ref) for name, ref in components.MIGRATIONS}
-                added = {name: steps for name, steps in _MIGRATIONS.items() if name not in listed}
-                _MIGRATIONS.clear()
-                _MIGRATIONS.update(listed | added)
-                _listed_loaded = True
-    return _MIGRATIONS
+            if table not in _loaded_tables:
+                target = _TABLES.setdefault(table, {})
+                listed = {name: components.load(ref) for name, ref in getattr(components, table)}
+                added = {name: steps for name, steps in target.items() if name not in listed}
+                target.clear()
+                target.update(listed | added)
+                _loaded_tables.add(table)
+    return _TABLES[table]
 
 
 def s64(v: int) -> int:
@@ -95,6 +98,9 @@ def database_path(home: Path, sha256: str, slice_name: str | None = None) -> Pat
 
 class ProgramDatabase:
     """A program's SQLite database. Connections are per thread; writes go through `transaction()`."""
+
+    # the table of `binlens.components` whose schema components this database applies
+    SCHEMA = "MIGRATIONS"
 
     def __init__(self, path: Path, input_size: int | None = None) -> None:
         """Open (creating and migrating) the database at `path`, capped for a file of `input_size`
@@ -232,7 +238,7 @@ class ProgramDatabase:
         if self._up_to_date(conn):
             return
         retry_busy(lambda: self._locked(conn, _create_meta), "create the schema")
-        for component, migrations in _migrations().items():
+        for component, migrations in _migrations(self.SCHEMA).items():
             step = partial(self._next_step, component=component, migrations=migrations)
             while retry_busy(partial(self._locked, conn, step), f"migrate the {component} schema"):
                 pass
@@ -253,7 +259,7 @@ class ProgramDatabase:
             raise
         if have.get("binlens_version") != __version__:
             return False
-        return all(int(have.get(f"schema.{c}", 0)) >= len(m) for c, m in _migrations().items())
+        return all(int(have.get(f"schema.{c}", 0)) >= len(m) for c, m in _migrations(self.SCHEMA).items())
 
     @staticmethod
     def _locked(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], _T]) -> _T:
