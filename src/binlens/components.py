@@ -65,7 +65,7 @@ DOMAINS: tuple[str, ...] = (
 )
 
 # "module:attribute" of each provider object (`binlens.providers.base.Provider`)
-PROVIDERS: tuple[str, ...] = ("binlens.providers.objdump:PROVIDER",)
+PROVIDERS: tuple[str, ...] = ("binlens.providers.objdump:PROVIDER", "binlens.providers.angr:PROVIDER")
 
 
 def load(ref: str) -> Any:
