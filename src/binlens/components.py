@@ -27,6 +27,7 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
     ("core", "binlens.store.database:CORE_MIGRATIONS"),
     ("annotations", "binlens.store.annotations:MIGRATIONS"),
     ("analysis", "binlens.store.analysis:ANALYSIS_MIGRATIONS"),
+    ("decompilation", "binlens.store.decompilation:MIGRATIONS"),
 )
 
 # "module:function" of each open hook, called as hook(workspace, program)
@@ -45,6 +46,7 @@ DOMAINS: tuple[str, ...] = (
     "bookmark",
     "comment",
     "data_type",
+    "decompilation",
     "disassembly",
     "function",
     "function_call",

@@ -42,7 +42,7 @@ class AngrProvider:
     def _key(self) -> tuple[Any, ...]:
         """What would change the answer: the distribution name and the import path's folders' mtimes
         (installing or removing a package changes its site-packages folder)."""
-        stamps = []
+        stamps: list[int | None] = []
         for entry in sys.path:
             try:
                 stamps.append(os.stat(entry or ".").st_mtime_ns)

@@ -29,7 +29,7 @@ from binlens.store.database import ProgramDatabase, s64, u64
 # 2**63 as negative numbers; below it the address itself, so no stored row changes). The store
 # converts at its boundary: callers give and get unsigned addresses, rows come in address order.
 _HIGH = 1 << 63
-_ADDRESS_KEYED = frozenset({"name", "comment", "bookmark", "global", "prototype", "function"})
+_ADDRESS_KEYED = frozenset({"name", "comment", "bookmark", "global", "prototype", "function", "local_variable"})
 
 
 def db_spans(start: int, end: int) -> list[tuple[int, int]]:
@@ -77,6 +77,12 @@ def comment_rows_in(conn: sqlite3.Connection, start: int, end: int) -> list[tupl
     return in_spans(conn, "SELECT address, kind, text FROM ann_comment WHERE {span}", start, end)
 
 
+def local_variable_rows(conn: sqlite3.Connection, function: int) -> dict[str, dict[str, str | None]]:
+    """The user's local variable edits of the function at `function`, by storage."""
+    rows = conn.execute("SELECT storage, name, type FROM ann_local_variable WHERE address=?", (s64(function),))
+    return {storage: {"name": name, "type": type_} for storage, name, type_ in rows}
+
+
 def last_data_type_position(conn: sqlite3.Connection) -> int:
     """The highest list position of the user's data types (0 when there is none)."""
     return int(conn.execute("SELECT COALESCE(MAX(position), 0) FROM ann_data_type").fetchone()[0])
@@ -122,6 +128,12 @@ MIGRATIONS = [
     );
     CREATE INDEX IF NOT EXISTS ann_journal_state ON ann_journal(state, id);
     """,
+    # a function's local variables as the user named and typed them, keyed by the decompiler's
+    # storage (`arg:0`, `rcx`, `[bp-0x18]`), so an edit outlives re-decompilation
+    """
+    CREATE TABLE IF NOT EXISTS ann_local_variable (
+        address INTEGER NOT NULL, storage TEXT NOT NULL, name TEXT, type TEXT, PRIMARY KEY (address, storage));
+    """,
 ]
 
 
@@ -142,6 +154,7 @@ TABLES: dict[str, Table] = {
     "global": Table("ann_global", ("address",), ("type",)),
     "prototype": Table("ann_function_prototype", ("address",), ("prototype",)),
     "function": Table("ann_function", ("address",), ("state",)),
+    "local_variable": Table("ann_local_variable", ("address", "storage"), ("name", "type")),
 }
 KINDS = (*TABLES, "patch")
 _PATCH_BYTES = "SELECT address, value FROM ann_patch WHERE {span} ORDER BY address"
