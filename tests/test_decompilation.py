@@ -1,0 +1,176 @@
+"""Decompilation through the angr provider (SPEC §7): real angr on a binary the test compiles.
+
+One workspace (so one warm angr process) serves the module's tests in order; each test that edits
+annotations undoes its edits. Needs the `decompile` extra (`make test` installs it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from binlens.api import invoke
+from binlens.errors import BinlensError
+from binlens.providers import registry as providers
+from binlens.workspace import Config, Workspace
+from conftest import run_cli
+
+pytestmark = pytest.mark.timeout(300)
+pytest.importorskip("angr", reason="the angr provider needs `pip install 'binlens[decompile]'`")
+
+FN = {"name": "score_items"}
+
+
+@pytest.fixture(scope="module")
+def binary(compile_c: Any) -> Path:
+    return compile_c("decompile.c", "-O2")
+
+
+@pytest.fixture(scope="module")
+def ws(binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workspace]:
+    from binlens.api import REGISTRY  # noqa: F401 - registers the domains
+
+    home = tmp_path_factory.mktemp("decompile-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BINLENS_HOME", str(home))
+        workspace = Workspace(Config(home=home))
+        prog = workspace.open(binary, check_roots=False)
+        yield workspace
+        workspace.close(prog.handle)  # (its angr process exits with it)
+
+
+def get(ws: Workspace, **params: Any) -> dict[str, Any]:
+    return invoke(ws, "decompilation.get", {"selector": FN, "timeout_ms": 120000, **params})
+
+
+def fails(code: str, ws: Workspace, method: str, params: dict[str, Any]) -> BinlensError:
+    with pytest.raises(BinlensError) as info:
+        invoke(ws, method, params)
+    assert info.value.code == code, info.value.to_dict()
+    return info.value
+
+
+def undo(ws: Workspace, count: int = 1) -> None:
+    invoke(ws, "journal.undo", {"count": count})
+
+
+def test_provider_list_reports_angr(ws: Workspace) -> None:
+    (item,) = invoke(ws, "provider.list", {"kind": "decompiler"})["items"]
+    assert item["id"] == "angr" and item["available"] is True and item["version"].startswith("9.2.")
+
+
+def test_a_loop_and_a_switch_decompile_and_the_second_call_is_cached(ws: Workspace) -> None:
+    first = get(ws)
+    code = first["code"]
+    assert first["provider"]["id"] == "angr" and first["cached"] is False
+    assert "score_items(" in code and "mix_value(" in code  # the callee, by its name
+    assert "12648430" in code or "0xc0ffee" in code.lower()  # the default case's constant
+    assert "switch" in code and ("while" in code or "for" in code)
+    assert any("approximate" in w for w in first["warnings"])
+    # the lines map covers the function's instructions: every mapped address is inside it
+    listing = invoke(ws, "listing.get", {"selector": FN})
+    instructions = {int(ln["address"], 16) for ln in listing["lines"] if ln["kind"] == "instruction"}
+    mapped = {int(a, 16) for ln in first["lines"] for a in ln["addresses"]}
+    assert mapped <= instructions and len(mapped) >= len(instructions) // 2
+    assert {v["storage"] for v in first["variables"]} >= {"arg:0", "arg:1", "arg:2"}
+    again = get(ws)
+    assert again["cached"] is True and again["code"] == code
+
+
+def test_renaming_a_callee_shows_and_undo_restores(ws: Workspace) -> None:
+    get(ws)
+    invoke(ws, "symbol.patch", {"selector": {"name": "mix_value"}, "name": "hash_step"})
+    renamed = get(ws)
+    assert renamed["cached"] is False and "hash_step(" in renamed["code"] and "mix_value(" not in renamed["code"]
+    undo(ws)
+    restored = get(ws)
+    assert "mix_value(" in restored["code"] and "hash_step(" not in restored["code"]
+
+
+def test_a_prototype_shows_in_the_signature(ws: Workspace) -> None:
+    invoke(ws, "function.patch", {"selector": FN, "prototype": "int score_items(int *items, int count, int mode)"})
+    typed = get(ws)
+    assert "int *items" in typed["code"] and "int count" in typed["code"] and typed["cached"] is False
+    undo(ws)
+    assert "int *items" not in get(ws)["code"]
+
+
+def test_a_local_variable_edit_survives_re_decompilation_and_undo_restores(ws: Workspace) -> None:
+    items = invoke(ws, "function_local_variable.list", {"selector": FN})["items"]
+    local = next(v for v in items if not v["storage"].startswith("arg:"))
+    assert not any(v["edited"] for v in items)
+    invoke(ws, "function_local_variable.patch", {"selector": FN, "storage": "arg:1", "name": "count_of_items"})
+    invoke(ws, "function_local_variable.patch", {"selector": FN, "storage": local["storage"], "name": "running"})
+    edited = get(ws)
+    assert edited["cached"] is False
+    assert "count_of_items" in edited["code"] and "running" in edited["code"]
+    # another edit makes angr decompile again: the variable edits are applied again by storage
+    invoke(ws, "symbol.patch", {"selector": {"name": "mix_value"}, "name": "hash_step"})
+    fresh = get(ws)
+    assert fresh["cached"] is False and "count_of_items" in fresh["code"] and "running" in fresh["code"]
+    listed = invoke(ws, "function_local_variable.list", {"selector": FN})["items"]
+    assert {v["storage"]: v["name"] for v in listed if v["edited"]} == {
+        "arg:1": "count_of_items",
+        local["storage"]: "running",
+    }
+    undo(ws, 3)
+    back = get(ws)
+    assert "count_of_items" not in back["code"] and "running" not in back["code"]
+    err = fails(
+        "invalid_argument", ws, "function_local_variable.patch", {"selector": FN, "storage": "arg:1", "name": "1x"}
+    )
+    assert err.target == "/params/name"
+    fails("invalid_argument", ws, "function_local_variable.patch", {"selector": FN, "storage": "arg:1"})
+
+
+def test_comments_show_at_their_lines_without_a_decompilation(ws: Workspace) -> None:
+    base = get(ws)
+    line = next(ln for ln in base["lines"] if ln["addresses"])
+    address = line["addresses"][0]
+    invoke(ws, "comment.create", {"selector": {"address": address}, "kind": "eol", "text": "counted here"})
+    noted = get(ws)
+    assert noted["cached"] is True  # a comment is laid over the cached code
+    row = next(ln for ln in noted["lines"] if address in ln["addresses"])
+    assert noted["code"].split("\n")[row["line"] - 1].endswith("// counted here")
+    undo(ws)
+
+
+def test_long_code_pages_by_byte_offset(ws: Workspace) -> None:
+    whole = get(ws)["code"]
+    pages, offset = [], 0
+    while offset is not None:
+        page = get(ws, offset=offset, max_bytes=1024)
+        pages.append(page["code"])
+        assert page["fragment"] is True
+        offset = page["next_offset"]
+    assert len(pages) > 1 and "".join(pages) == whole
+
+
+def test_a_timeout_is_an_error_result_and_the_next_call_works(ws: Workspace) -> None:
+    err = fails("timeout", ws, "decompilation.get", {"selector": {"name": "main"}, "timeout_ms": 100})
+    assert err.details["provider"] == "angr" and err.details["reason"] == "timeout"
+    after = invoke(ws, "decompilation.get", {"selector": {"name": "main"}, "timeout_ms": 120000})
+    assert "main(" in after["code"] and "printf" in after["code"]
+
+
+def test_without_angr_the_method_answers_unavailable(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    angr = providers.get("angr")
+    assert angr is not None
+    monkeypatch.setattr(angr, "distribution", "binlens-test-no-such-angr")
+    (item,) = invoke(ws, "provider.list", {"kind": "decompiler"})["items"]
+    assert item["available"] is False and item["remediation"] == "pip install 'binlens[decompile]'"
+    err = fails("unavailable", ws, "decompilation.get", {"selector": FN})
+    assert err.details["remediation"] == "pip install 'binlens[decompile]'"
+    assert err.details["reason"] == "angr is not installed"
+
+
+def test_cli_decompile_prints_plain_code_when_piped(binary: Path, tmp_path: Path) -> None:
+    done = run_cli("decompile", str(binary), "score_items", home=tmp_path / "home", timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "score_items(" in done.stdout and "\x1b[" not in done.stdout
+    assert "approximate" in done.stderr
+    bad = run_cli("decompile", str(binary), "no_such_function", home=tmp_path / "home", timeout=240)
+    assert bad.returncode != 0 and "no_such_function" in bad.stderr
