@@ -6,6 +6,7 @@ annotations undoes its edits. Needs the `decompile` extra (`make test` installs 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -174,3 +175,43 @@ def test_cli_decompile_prints_plain_code_when_piped(binary: Path, tmp_path: Path
     assert "approximate" in done.stderr
     bad = run_cli("decompile", str(binary), "no_such_function", home=tmp_path / "home", timeout=240)
     assert bad.returncode != 0 and "no_such_function" in bad.stderr
+
+
+def test_over_mcp_http_with_progress_and_over_websocket(binary: Path, tmp_path: Path) -> None:
+    """A real server: tools/call with a progress token streams progress notifications (the cold
+    provider reports loading angr and the program) before the code; /ws serves the same method."""
+    import httpx
+
+    from serve_support import ServerProcess, env_for, ws_call
+
+    home = tmp_path / "home"
+    with ServerProcess(home, str(binary), env=env_for(home)) as srv:
+        meta = {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+            "progressToken": "dec-1",
+        }
+        arguments = {"operation": "get", "params": {"selector": FN, "timeout_ms": 120000}}
+        body = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {"name": "binlens.decompilation", "arguments": arguments, "_meta": meta},
+        }
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2026-07-28",
+            "Mcp-Method": "tools/call",
+            "Mcp-Name": "binlens.decompilation",
+        }
+        with httpx.stream("POST", srv.base + "/mcp", content=json.dumps(body), headers=headers, timeout=240) as r:
+            assert r.status_code == 200
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+        progress = [e for e in events if e.get("method") == "notifications/progress"]
+        assert progress and all(e["params"]["progressToken"] == "dec-1" for e in progress)
+        result = events[-1]["result"]
+        assert result["isError"] is False and "mix_value(" in result["structuredContent"]["code"]
+        reply = ws_call(srv.ws_url, "decompilation.get", {"selector": FN})
+        assert reply["result"]["cached"] is True and "score_items(" in reply["result"]["code"]
