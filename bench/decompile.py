@@ -178,6 +178,7 @@ def main() -> int:
     ap.add_argument("--program", action="append", help="PATH[:FIRST_FUNCTION] (default: the test fixture and libc)")
     ap.add_argument("--sample", type=int, default=10, help="functions per program, the first included")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds each side may take per program")
+    ap.add_argument("--sides", default="binlens,stock", help="which sides to run (binlens, stock)")
     ap.add_argument("args", nargs="*", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.side:
@@ -194,7 +195,7 @@ def main() -> int:
     for spec in programs:
         path, _, first = spec.partition(":")
         names = sample_names(path, first or None, a.sample)
-        for side in ("binlens", "stock"):
+        for side in [x for x in ("binlens", "stock") if x in a.sides.split(",")]:
             r = run_side(side, path, names, a.timeout, a.per_function)
             s = summary(r)
             label = f"{Path(path).name} ({names[0]})"
