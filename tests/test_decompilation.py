@@ -215,3 +215,14 @@ def test_over_mcp_http_with_progress_and_over_websocket(binary: Path, tmp_path: 
         assert result["isError"] is False and "mix_value(" in result["structuredContent"]["code"]
         reply = ws_call(srv.ws_url, "decompilation.get", {"selector": FN})
         assert reply["result"]["cached"] is True and "score_items(" in reply["result"]["code"]
+
+
+def test_a_global_named_by_the_user_shows_where_it_is_read(ws: Workspace) -> None:
+    reader = {"name": "read_limit"}
+    before = get(ws, selector=reader)["code"]
+    assert "limit_value" in before
+    invoke(ws, "global_variable.create", {"selector": {"name": "limit_value"}, "type": "int", "name": "cap_value"})
+    named = get(ws, selector=reader)
+    assert named["cached"] is False and "cap_value" in named["code"] and "limit_value" not in named["code"]
+    undo(ws)
+    assert get(ws, selector=reader)["code"] == before

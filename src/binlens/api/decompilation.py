@@ -33,6 +33,10 @@ from binlens.store.annotations import local_variable_rows
 from binlens.workspace import Program, Workspace
 
 MAX_PAGE = 1 << 20
+DATA_REFS = ("read", "write", "offset", "pointer", "string")
+# Part of every request, so of the cache key: bump it when what the provider does with a request
+# changes (a stored result of the older code is then decompiled again).
+REQUEST_FORMAT = 1
 _STORAGE = r"^[\x21-\x7e]{1,64}$"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
 
@@ -108,12 +112,24 @@ def _request(prog: Program, view: AnalysisView, f: FunctionRow) -> dict[str, Any
         if proto is not None:
             prototypes[hex(va)] = proto.declaration
     return {
+        "format": REQUEST_FORMAT,
         "address": f.address,
         "regions": regions,
         "names": names,
         "prototypes": prototypes,
+        "globals": _global_names(prog, view, f),
         "variables": local_variable_rows(prog.db.connect(), f.address),
     }
+
+
+def _global_names(prog: Program, view: AnalysisView, f: FunctionRow) -> dict[str, str]:
+    """The user's names of the data the function refers to ({hex address: name}), for angr's labels."""
+    out: dict[str, str] = {}
+    for _src, dst, _kind, _fn in view.xrefs_from_function(f.address, DATA_REFS):
+        name = prog.user_names.get(dst)
+        if name:
+            out[hex(dst)] = name
+    return out
 
 
 def _digest(request: dict[str, Any]) -> str:

@@ -20,6 +20,8 @@ from typing import Any
 
 from binlens.providers.base import Progress, ProviderFailure
 
+logging.disable(logging.CRITICAL)  # angr logs per function (and on import) to stderr: the server's log
+
 APPROXIMATE = "decompiled code is approximate: angr's output can be wrong (loop bounds, signedness, types)"
 
 
@@ -48,7 +50,6 @@ class AngrHandler:
         if self.data is None:
             raise ProviderFailure("internal", "no program is open in this session")
         progress(0, 4, "loading angr")
-        logging.disable(logging.CRITICAL)  # angr logs warnings per function to stderr: the server's log
         import angr
 
         _region_only_data_pass()
@@ -70,7 +71,8 @@ class AngrHandler:
     def decompile(self, args: dict[str, Any], progress: Progress) -> dict[str, Any]:
         """Decompile the function at `args["address"]` over `args["regions"]` ([[start, end], ...]
         from binlens's blocks), with `names` ({hex address: name}) for it and its callees,
-        `prototypes` ({hex address: C prototype}) and `variables` ({storage: {name, type}})."""
+        `prototypes` ({hex address: C prototype}), `globals` ({hex address: name} of the data it
+        refers to) and `variables` ({storage: {name, type}})."""
         import angr
         from angr.knowledge_plugins.functions.function import PrototypeSource
 
@@ -116,7 +118,8 @@ class AngrHandler:
         if codegen is None or codegen.cfunc is None:
             what = "; ".join(str(e.format()).strip().splitlines()[-1] for e in dec.errors[:1]) if dec.errors else ""
             raise ProviderFailure("internal", f"angr's decompiler produced no code{': ' + what if what else ''}")
-        variables = _variables(proj, codegen, args.get("variables") or {}, warnings)
+        renamed = _name_globals(codegen, {int(a, 16): str(n) for a, n in (args.get("globals") or {}).items()})
+        variables = _variables(proj, codegen, args.get("variables") or {}, warnings, renamed)
         return {
             "code": codegen.text,
             "lines": _lines(codegen),
@@ -159,9 +162,25 @@ def _default_cc(proj: Any) -> Any:
     return cc(proj.arch) if cc is not None else None
 
 
-def _variables(proj: Any, codegen: Any, edits: dict[str, Any], warnings: list[str]) -> list[dict[str, Any]]:
+def _name_globals(codegen: Any, names: dict[int, str]) -> bool:
+    """Give the global variables the code uses the user's names (by address); True when any changed."""
+    from angr.sim_variable import SimMemoryVariable, SimStackVariable
+
+    changed = False
+    for var in codegen.cfunc.variables_in_use:
+        if isinstance(var, SimMemoryVariable) and not isinstance(var, SimStackVariable) and var.addr in names:
+            var.name = names[var.addr]
+            var.renamed = True
+            changed = True
+    return changed
+
+
+def _variables(
+    proj: Any, codegen: Any, edits: dict[str, Any], warnings: list[str], changed: bool = False
+) -> list[dict[str, Any]]:
     """The function's parameters and locals as `{name, type, storage}`, after applying the user's
-    `edits` (by storage) and regenerating the text when any applied."""
+    `edits` (by storage) and regenerating the text when any applied (or `changed` says the caller
+    renamed something)."""
     cfunc = codegen.cfunc
     arch = proj.arch
     found: list[tuple[str, Any, Any]] = []  # (storage, SimVariable, type)
@@ -176,7 +195,6 @@ def _variables(proj: Any, codegen: Any, edits: dict[str, Any], warnings: list[st
         seen[loc] = n + 1
         types = [t for _cvar, t in cfunc.unified_local_vars[var]]
         found.append((f"{loc}#{n}" if n else loc, var, types[0] if types else None))
-    changed = False
     for storage, var, _ty in found:
         edit = edits.get(storage)
         if not edit:
