@@ -7,6 +7,8 @@ annotations undoes its edits. Needs the `decompile` extra (`make test` installs 
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -226,3 +228,30 @@ def test_a_global_named_by_the_user_shows_where_it_is_read(ws: Workspace) -> Non
     assert named["cached"] is False and "cap_value" in named["code"] and "limit_value" not in named["code"]
     undo(ws)
     assert get(ws, selector=reader)["code"] == before
+
+
+def test_a_provider_killed_mid_call_is_an_error_result_and_the_next_call_works(ws: Workspace) -> None:
+    """The child is SIGKILLed at its first progress report of a request (it is working on it):
+    the call answers `internal` with reason `crashed`, and the next call starts a fresh process."""
+    from binlens.api.registry import CallContext
+
+    angr = providers.get("angr")
+    assert angr is not None
+    session = providers.session(ws.program(None), angr)
+    get(ws)  # the process is up (a cache hit starts nothing, so make sure one runs)
+    invoke(ws, "decompilation.get", {"selector": {"name": "read_limit"}, "timeout_ms": 120000})
+    killed: list[int] = []
+
+    def kill_on_progress(done: float, total: float | None, message: str | None) -> None:
+        pid = getattr(session, "pid", None)
+        if pid is not None and not killed:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    params = {"selector": {"name": "mix_value"}, "timeout_ms": 120000}
+    with pytest.raises(BinlensError) as info:
+        invoke(ws, "decompilation.get", params, CallContext(progress=kill_on_progress))
+    assert killed and info.value.code == "internal", info.value.to_dict()
+    assert info.value.details["reason"] == "crashed" and info.value.details["signal"] == "SIGKILL"
+    again = invoke(ws, "decompilation.get", params)
+    assert "mix_value(" in again["code"] and getattr(session, "pid", None) not in (None, killed[0])
