@@ -11,7 +11,8 @@ For each program, two sides run in processes of their own, one after the other:
 
 Each side has `--timeout` seconds; a side that runs out or dies is reported as such. Per side: time
 to the first function, success rate on the sample (code returned), median and p95 per function,
-the cached call, and `goto` count per function (a quality proxy). Prints a Markdown table.
+the cached call, and two quality proxies: `goto` count, and whether `gcc -fsyntax-only` accepts
+the code after a prelude of the standard headers angr's types need. Prints a Markdown table.
 
     .venv/bin/python bench/decompile.py                     # the test fixture and libc
     .venv/bin/python bench/decompile.py --program /usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0:PyObject_Repr
@@ -40,6 +41,20 @@ ROOT = Path(__file__).resolve().parent.parent
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6:getenv"
 FIXTURE = ROOT / "tests" / "fixtures" / "src" / "decompile.c"
 GOTO = re.compile(r"\bgoto\b")
+# What angr's output uses without declaring it; gcc then checks the rest (-w: implicit declarations
+# of callees are warnings in gnu17, the default)
+PRELUDE = "#include <stdbool.h>\n#include <stddef.h>\n#include <stdint.h>\n"
+
+
+def syntax_ok(code: str) -> bool:
+    """gcc -fsyntax-only accepts the code after PRELUDE (a quality proxy)."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        return False
+    done = subprocess.run(
+        [cc, "-fsyntax-only", "-w", "-x", "c", "-"], input=PRELUDE + code, capture_output=True, text=True
+    )
+    return done.returncode == 0
 
 
 # --- the sides (each runs in a process of its own: `decompile.py --side NAME PATH FUNCS...`) ---------
@@ -61,7 +76,9 @@ def side_binlens(path: str, names: list[str], per_function_s: float) -> dict[str
         row: dict[str, Any] = {"name": name}
         try:
             r = invoke(ws, "decompilation.get", {"selector": {"name": name}, "timeout_ms": int(per_function_s * 1000)})
-            row.update(ok=True, seconds=time.monotonic() - t, gotos=len(GOTO.findall(r["code"])), bytes=len(r["code"]))
+            seconds = time.monotonic() - t
+            code = r["code"]
+            row.update(ok=True, seconds=seconds, gotos=len(GOTO.findall(code)), syntax=syntax_ok(code), bytes=len(code))
         except Exception as err:  # noqa: BLE001 - a failure is a result here
             row.update(ok=False, seconds=time.monotonic() - t, error=f"{type(err).__name__}: {str(err)[:120]}")
         out["functions"].append(row)
@@ -104,7 +121,8 @@ def side_stock(path: str, names: list[str], per_function_s: float) -> dict[str, 
             if dec.codegen is None:
                 raise RuntimeError("no code")
             text = dec.codegen.text
-            row.update(ok=True, seconds=time.monotonic() - t, gotos=len(GOTO.findall(text)), bytes=len(text))
+            seconds = time.monotonic() - t
+            row.update(ok=True, seconds=seconds, gotos=len(GOTO.findall(text)), syntax=syntax_ok(text), bytes=len(text))
         except Exception as err:  # noqa: BLE001 - a failure is a result here
             row.update(ok=False, seconds=time.monotonic() - t, error=f"{type(err).__name__}: {str(err)[:120]}")
         out["functions"].append(row)
@@ -156,7 +174,10 @@ def run_side(side: str, path: str, names: list[str], timeout: float, per_functio
 
 def summary(r: dict[str, Any]) -> dict[str, str]:
     if "failed" in r:
-        return {"first": f"failed ({r['failed']})", "rate": "-", "median": "-", "p95": "-", "cached": "-", "gotos": "-"}
+        return {
+            "first": f"failed ({r['failed']})",
+            **dict.fromkeys(("rate", "median", "p95", "cached", "gotos", "syntax"), "-"),
+        }
     fns = r["functions"]
     ok = [f for f in fns if f["ok"]]
     rest = [f["seconds"] for f in ok[1:]] or [f["seconds"] for f in ok]
@@ -168,6 +189,7 @@ def summary(r: dict[str, Any]) -> dict[str, str]:
         "p95": f"{p95:.2f} s" if p95 is not None else "-",
         "cached": f"{r['cached_s'] * 1000:.0f} ms" if r.get("cached_s") is not None else "-",
         "gotos": str(sum(f.get("gotos", 0) for f in ok)),
+        "syntax": f"{sum(1 for f in ok if f.get('syntax'))}/{len(ok)}",
     }
 
 
@@ -190,8 +212,8 @@ def main() -> int:
         build = Path(tempfile.mkdtemp(prefix="binlens-bench-fixture-")) / "decompile"
         subprocess.run(["cc", "-O2", "-g", "-o", str(build), str(FIXTURE)], check=True)
         programs = [f"{build}:score_items", LIBC]
-    print("| program | side | first function (cold) | decompiled | median | p95 | cached | gotos |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| program | side | first function (cold) | decompiled | median | p95 | cached | gotos | gcc accepts |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for spec in programs:
         path, _, first = spec.partition(":")
         names = sample_names(path, first or None, a.sample)
@@ -201,7 +223,7 @@ def main() -> int:
             label = f"{Path(path).name} ({names[0]})"
             print(
                 f"| {label} | {'binlens + angr' if side == 'binlens' else 'stock angr'} | {s['first']} | {s['rate']} "
-                f"| {s['median']} | {s['p95']} | {s['cached']} | {s['gotos']} |",
+                f"| {s['median']} | {s['p95']} | {s['cached']} | {s['gotos']} | {s['syntax']} |",
                 flush=True,
             )
             for f in r.get("functions", []):
