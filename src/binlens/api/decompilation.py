@@ -36,7 +36,7 @@ MAX_PAGE = 1 << 20
 DATA_REFS = ("read", "write", "offset", "pointer", "string")
 # Part of every request, so of the cache key: bump it when what the provider does with a request
 # changes (a stored result of the older code is then decompiled again).
-REQUEST_FORMAT = 1
+REQUEST_FORMAT = 2
 _STORAGE = r"^[\x21-\x7e]{1,64}$"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
 

@@ -142,6 +142,10 @@ def _region_only_data_pass() -> None:
 
     def region_only(self: Any, *args: Any, **kwargs: Any) -> Any:
         kwargs["fill_gaps"] = False
+        if not args and kwargs.get("memory_data_addrs") is None:
+            # only the entries the code refers to, not the one seeded at every data section
+            referenced = {md.addr for md in self.insn_addr_to_memory_data.values()}
+            kwargs["memory_data_addrs"] = sorted(a for a in referenced if a in self.memory_data)
         return full(self, *args, **kwargs)
 
     region_only._binlens_region_only = True  # type: ignore[attr-defined]
