@@ -255,3 +255,37 @@ def test_a_provider_killed_mid_call_is_an_error_result_and_the_next_call_works(w
     assert info.value.details["reason"] == "crashed" and info.value.details["signal"] == "SIGKILL"
     again = invoke(ws, "decompilation.get", params)
     assert "mix_value(" in again["code"] and getattr(session, "pid", None) not in (None, killed[0])
+
+
+def test_a_cancelled_call_answers_cancelled_and_the_next_call_works(ws: Workspace) -> None:
+    """The client cancels at the provider's first progress report: `cancelled`, the process is
+    stopped, and the next call decompiles in a fresh one."""
+    from binlens.api.registry import CallContext
+
+    ctx = CallContext(progress=lambda done, total, message: ctx.cancel())
+    params = {"selector": {"name": "read_limit"}, "timeout_ms": 120000}
+    invoke(ws, "function_local_variable.patch", {"selector": {"name": "read_limit"}, "storage": "arg:0", "name": "k"})
+    with pytest.raises(BinlensError) as info:
+        invoke(ws, "decompilation.get", params, ctx)
+    assert info.value.code == "cancelled", info.value.to_dict()
+    again = invoke(ws, "decompilation.get", params)
+    assert again["cached"] is False and "read_limit(" in again["code"] and "k)" in again["code"]
+    undo(ws)
+
+
+def test_a_local_variable_retyped_shows_its_type(ws: Workspace) -> None:
+    items = invoke(ws, "function_local_variable.list", {"selector": FN})["items"]
+    local = next(v for v in items if not v["storage"].startswith("arg:") and v["type"] != "long long")
+    invoke(ws, "function_local_variable.patch", {"selector": FN, "storage": local["storage"], "type": "long long"})
+    typed = get(ws)
+    declared = next(v for v in typed["variables"] if v["storage"] == local["storage"])
+    assert declared["type"] == "long long" and f"long long {local['name']};" in typed["code"]
+    err = fails(
+        "invalid_argument",
+        ws,
+        "function_local_variable.patch",
+        {"selector": FN, "storage": local["storage"], "type": "no_such_type_t"},
+    )
+    assert err.target == "/params/type"
+    undo(ws)
+    assert next(v for v in get(ws)["variables"] if v["storage"] == local["storage"])["type"] == local["type"]
