@@ -179,6 +179,33 @@ def test_cli_decompile_prints_plain_code_when_piped(binary: Path, tmp_path: Path
     assert bad.returncode != 0 and "no_such_function" in bad.stderr
 
 
+def test_cli_decompile_highlights_on_a_terminal(binary: Path, tmp_path: Path) -> None:
+    """On a terminal (util-linux `script` gives the command a pty) the code is syntax-highlighted."""
+    import shlex
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    if shutil.which("script") is None:
+        pytest.skip("util-linux `script` is not installed")
+    out = tmp_path / "tty.out"
+    command = " ".join(
+        [
+            f"env BINLENS_HOME={shlex.quote(str(tmp_path / 'home'))} PYTHONPATH={shlex.quote(str(ROOT / 'src'))}",
+            shlex.quote(sys.executable),
+            "-m binlens decompile",
+            shlex.quote(str(binary)),
+            "score_items",
+        ]
+    )
+    env = {**{k: v for k, v in os.environ.items() if k != "NO_COLOR"}, "TERM": "xterm-256color"}
+    subprocess.run(["script", "-qc", command, str(out)], capture_output=True, timeout=240, env=env, check=True)
+    text = out.read_text(errors="replace")
+    assert "score_items" in text and "\x1b[" in text
+
+
 def test_over_mcp_http_with_progress_and_over_websocket(binary: Path, tmp_path: Path) -> None:
     """A real server: tools/call with a progress token streams progress notifications (the cold
     provider reports loading angr and the program) before the code; /ws serves the same method."""
