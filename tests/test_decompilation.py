@@ -316,3 +316,35 @@ def test_a_local_variable_retyped_shows_its_type(ws: Workspace) -> None:
     assert err.target == "/params/type"
     undo(ws)
     assert next(v for v in get(ws)["variables"] if v["storage"] == local["storage"])["type"] == local["type"]
+
+
+def test_over_mcp_stdio_with_the_official_client(binary: Path, tmp_path: Path) -> None:
+    """`binlens mcp` over stdio, the official `mcp` client: decompilation with progress notifications."""
+    import sys
+
+    import anyio
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    from mcp_support import ROOT, env_for
+
+    seen: list[str | None] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(message)
+
+    async def main() -> None:
+        params = StdioServerParameters(
+            command=sys.executable,
+            args=["-m", "binlens", "mcp", str(binary)],
+            env=env_for(tmp_path / "home"),
+            cwd=str(ROOT),
+        )
+        async with Client(params, mode="2026-07-28") as client:
+            args = {"operation": "get", "params": {"selector": FN, "timeout_ms": 120000}}
+            res = await client.call_tool("binlens.decompilation", args, progress_callback=on_progress)
+            assert res.is_error is False, res.structured_content
+            assert "mix_value(" in res.structured_content["code"]
+
+    anyio.run(main)
+    assert seen, "no progress notification arrived"
