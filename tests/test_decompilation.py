@@ -250,9 +250,10 @@ def test_a_global_named_by_the_user_shows_where_it_is_read(ws: Workspace) -> Non
     reader = {"name": "read_limit"}
     before = get(ws, selector=reader)["code"]
     assert "limit_value" in before
-    invoke(ws, "global_variable.create", {"selector": {"name": "limit_value"}, "type": "int", "name": "cap_value"})
+    invoke(ws, "global_variable.create", {"selector": {"name": "limit_value"}, "type": "long", "name": "cap_value"})
     named = get(ws, selector=reader)
     assert named["cached"] is False and "cap_value" in named["code"] and "limit_value" not in named["code"]
+    assert "extern long cap_value;" in named["code"]  # its type too
     undo(ws)
     assert get(ws, selector=reader)["code"] == before
 

@@ -36,7 +36,7 @@ MAX_PAGE = 1 << 20
 DATA_REFS = ("read", "write", "offset", "pointer", "string")
 # Part of every request, so of the cache key: bump it when what the provider does with a request
 # changes (a stored result of the older code is then decompiled again).
-REQUEST_FORMAT = 2
+REQUEST_FORMAT = 3
 _STORAGE = r"^[\x21-\x7e]{1,64}$"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
 
@@ -122,13 +122,15 @@ def _request(prog: Program, view: AnalysisView, f: FunctionRow) -> dict[str, Any
     }
 
 
-def _global_names(prog: Program, view: AnalysisView, f: FunctionRow) -> dict[str, str]:
-    """The user's names of the data the function refers to ({hex address: name}), for angr's labels."""
-    out: dict[str, str] = {}
+def _global_names(prog: Program, view: AnalysisView, f: FunctionRow) -> dict[str, dict[str, str | None]]:
+    """The user's names and types of the data the function refers to ({hex address: {name, type}})."""
+    out: dict[str, dict[str, str | None]] = {}
+    conn = prog.db.connect()
     for _src, dst, _kind, _fn in view.xrefs_from_function(f.address, DATA_REFS):
+        row = store(prog).get(conn, "global", (dst,))
         name = prog.user_names.get(dst)
-        if name:
-            out[hex(dst)] = name
+        if name or row:
+            out[hex(dst)] = {"name": name, "type": row["type"] if row else None}
     return out
 
 

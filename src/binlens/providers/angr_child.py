@@ -118,7 +118,8 @@ class AngrHandler:
         if codegen is None or codegen.cfunc is None:
             what = "; ".join(str(e.format()).strip().splitlines()[-1] for e in dec.errors[:1]) if dec.errors else ""
             raise ProviderFailure("internal", f"angr's decompiler produced no code{': ' + what if what else ''}")
-        renamed = _name_globals(codegen, {int(a, 16): str(n) for a, n in (args.get("globals") or {}).items()})
+        wanted = {int(a, 16): g for a, g in (args.get("globals") or {}).items() if isinstance(g, dict)}
+        renamed = _annotate_globals(proj, codegen, wanted, warnings)
         variables = _variables(proj, codegen, args.get("variables") or {}, warnings, renamed)
         return {
             "code": codegen.text,
@@ -166,16 +167,31 @@ def _default_cc(proj: Any) -> Any:
     return cc(proj.arch) if cc is not None else None
 
 
-def _name_globals(codegen: Any, names: dict[int, str]) -> bool:
-    """Give the global variables the code uses the user's names (by address); True when any changed."""
+def _annotate_globals(proj: Any, codegen: Any, wanted: dict[int, dict[str, Any]], warnings: list[str]) -> bool:
+    """Give the global variables the code uses the user's names and types (by address); True when
+    any changed."""
+    from angr import sim_type
     from angr.sim_variable import SimMemoryVariable, SimStackVariable
 
+    parse: Any = sim_type.parse_type  # (angr is not annotated)
     changed = False
-    for var in codegen.cfunc.variables_in_use:
-        if isinstance(var, SimMemoryVariable) and not isinstance(var, SimStackVariable) and var.addr in names:
-            var.name = names[var.addr]
+    for var in list(codegen.cfunc.variables_in_use):
+        if not isinstance(var, SimMemoryVariable) or isinstance(var, SimStackVariable) or var.addr not in wanted:
+            continue
+        edit = wanted[var.addr]
+        if edit.get("name"):
+            var.name = str(edit["name"])
             var.renamed = True
             changed = True
+        if edit.get("type"):
+            try:
+                ty = parse(str(edit["type"]), arch=proj.arch)
+                codegen._variable_kb.variables["global"].set_variable_type(var, ty, mark_manual=True)
+                changed = True
+            except Exception as err:  # noqa: BLE001 - reported, the rest still applies
+                warnings.append(f"angr did not take the type {edit['type']!r} at {hex(var.addr)}: {type(err).__name__}")
+    if changed:
+        codegen.reload_variable_types()
     return changed
 
 
