@@ -349,3 +349,19 @@ def test_over_mcp_stdio_with_the_official_client(binary: Path, tmp_path: Path) -
 
     anyio.run(main)
     assert seen, "no progress notification arrived"
+
+
+def test_local_variable_edits_travel_in_annotation_documents(ws: Workspace) -> None:
+    invoke(ws, "function_local_variable.patch", {"selector": FN, "storage": "arg:2", "name": "mode", "type": "int"})
+    doc = invoke(ws, "annotations.export", {})
+    assert doc["local_variables"] == [
+        {"function": hex(int(get(ws)["function"], 16)), "storage": "arg:2", "name": "mode", "type": "int"}
+    ]
+    undo(ws)
+    assert invoke(ws, "annotations.export", {})["local_variables"] == []
+    invoke(ws, "annotations.import", {"document": doc, "mode": "merge"})
+    assert "mode" in [v["name"] for v in get(ws)["variables"] if v["storage"] == "arg:2"]
+    bad = {**doc, "local_variables": [{**doc["local_variables"][0], "name": "2bad"}]}
+    err = fails("invalid_argument", ws, "annotations.import", {"document": bad, "mode": "merge"})
+    assert err.target == "/params/document/local_variables/0/name"
+    undo(ws)
