@@ -71,47 +71,18 @@ class AngrHandler:
     def decompile(self, args: dict[str, Any], progress: Progress) -> dict[str, Any]:
         """Decompile the function at `args["address"]` over `args["regions"]` ([[start, end], ...]
         from binlens's blocks), with `names` ({hex address: name}) for it and its callees,
-        `prototypes` ({hex address: C prototype}), `globals` ({hex address: name} of the data it
-        refers to) and `variables` ({storage: {name, type}})."""
-        import angr
-        from angr.knowledge_plugins.functions.function import PrototypeSource
-
+        `prototypes` ({hex address: C prototype}), `globals` ({hex address: {name, type}} of the
+        data it refers to) and `variables` ({storage: {name, type}})."""
         proj = self._load(progress)
         addr = int(args["address"])
         regions = [(int(s), int(e)) for s, e in args.get("regions", [])] or [(addr, addr + 1)]
         warnings = [APPROXIMATE]
         progress(2, 4, "recovering the function's control flow")
-        knowledge_base: Any = angr.KnowledgeBase  # (angr is not annotated)
-        proj.kb = knowledge_base(proj, name="global")  # inner analyses read project.kb
-        cfg = proj.analyses.CFGFast(
-            function_starts=[addr],
-            regions=regions,
-            normalize=True,
-            force_complete_scan=False,
-            symbols=False,
-            function_prologues=False,
-            resolve_indirect_jumps=True,
-            data_references=True,  # the strings and globals this function uses (its regions only)
-            start_at_entry=False,
-        )
+        cfg = _function_cfg(proj, addr, regions)
         functions = proj.kb.functions
         if addr not in functions:
             raise ProviderFailure("not_found", f"angr found no function at {hex(addr)}")
-        for text_addr, name in (args.get("names") or {}).items():
-            va = int(text_addr, 16)
-            func = functions.function(addr=va, create=True)
-            if func is not None:
-                func.name = name
-        for text_addr, proto in (args.get("prototypes") or {}).items():
-            func = functions.function(addr=int(text_addr, 16))
-            if func is None:
-                continue
-            try:
-                func.prototype = _signature(proj, proto)
-                func.calling_convention = _default_cc(proj)
-                func.prototype_source = PrototypeSource.USER
-            except Exception as err:  # noqa: BLE001 - a prototype angr's parser refuses is reported, not fatal
-                warnings.append(f"angr did not take the prototype at {text_addr}: {type(err).__name__}")
+        _name_functions(proj, args, warnings)
         progress(3, 4, "decompiling")
         dec = proj.analyses.Decompiler(functions[addr], cfg=cfg.model)
         codegen = dec.codegen
@@ -127,6 +98,47 @@ class AngrHandler:
             "variables": variables,
             "warnings": warnings,
         }
+
+
+def _function_cfg(proj: Any, addr: int, regions: list[tuple[int, int]]) -> Any:
+    """CFGFast over the function's regions only, seeded with its entry, in a fresh knowledge base
+    (inner analyses read `project.kb`; another function's CFG must not change this one's output)."""
+    import angr
+
+    knowledge_base: Any = angr.KnowledgeBase  # (angr is not annotated)
+    proj.kb = knowledge_base(proj, name="global")
+    return proj.analyses.CFGFast(
+        function_starts=[addr],
+        regions=regions,
+        normalize=True,
+        force_complete_scan=False,
+        symbols=False,
+        function_prologues=False,
+        resolve_indirect_jumps=True,
+        data_references=True,  # the strings and globals this function uses (its regions only)
+        start_at_entry=False,
+    )
+
+
+def _name_functions(proj: Any, args: dict[str, Any], warnings: list[str]) -> None:
+    """The user's names and prototypes on the function and its callees."""
+    from angr.knowledge_plugins.functions.function import PrototypeSource
+
+    functions = proj.kb.functions
+    for text_addr, name in (args.get("names") or {}).items():
+        func = functions.function(addr=int(text_addr, 16), create=True)
+        if func is not None:
+            func.name = name
+    for text_addr, proto in (args.get("prototypes") or {}).items():
+        func = functions.function(addr=int(text_addr, 16))
+        if func is None:
+            continue
+        try:
+            func.prototype = _signature(proj, proto)
+            func.calling_convention = _default_cc(proj)
+            func.prototype_source = PrototypeSource.USER  # (else the decompiler's own analysis replaces it)
+        except Exception as err:  # noqa: BLE001 - a prototype angr's parser refuses is reported, not fatal
+            warnings.append(f"angr did not take the prototype at {text_addr}: {type(err).__name__}")
 
 
 def _region_only_data_pass() -> None:
