@@ -34,9 +34,11 @@ from binlens.workspace import Program, Workspace
 
 MAX_PAGE = 1 << 20
 DATA_REFS = ("read", "write", "offset", "pointer", "string")
+MAX_CALLEES = 16  # callees whose code goes to the provider with the function
+MAX_CALLEE_BYTES = 64 * 1024
 # Part of every request, so of the cache key: bump it when what the provider does with a request
 # changes (a stored result of the older code is then decompiled again).
-REQUEST_FORMAT = 3
+REQUEST_FORMAT = 4
 _STORAGE = r"^[\x21-\x7e]{1,64}$"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
 
@@ -94,14 +96,9 @@ class DecompilationResult(Result):
 def _request(prog: Program, view: AnalysisView, f: FunctionRow) -> dict[str, Any]:
     """What the provider is given for `f`: its regions, names of it and its callees, prototypes and
     the user's local variables. Its digest is the cache key's input part."""
-    blocks = sorted((s, e) for s, e, _n, _t in view.blocks(f.address))
-    regions: list[list[int]] = []
-    for s, e in blocks or [(f.address, f.address + max(f.size, 1))]:
-        if regions and s <= regions[-1][1]:
-            regions[-1][1] = max(regions[-1][1], e)
-        else:
-            regions.append([s, e])
-    related = [f.address, *sorted({callee for _site, callee in view.callees(f.address)})]
+    regions = _regions(view, f)
+    callees = sorted({callee for _site, callee in view.callees(f.address)} - {f.address})
+    related = [f.address, *callees]
     names: dict[str, str] = {}
     prototypes: dict[str, str] = {}
     for va in related:
@@ -115,11 +112,41 @@ def _request(prog: Program, view: AnalysisView, f: FunctionRow) -> dict[str, Any
         "format": REQUEST_FORMAT,
         "address": f.address,
         "regions": regions,
+        "callees": _callee_regions(view, callees),
         "names": names,
         "prototypes": prototypes,
         "globals": _global_names(prog, view, f),
         "variables": local_variable_rows(prog.db.connect(), f.address),
     }
+
+
+def _regions(view: AnalysisView, f: FunctionRow) -> list[list[int]]:
+    """The function's blocks merged into [start, end) regions."""
+    blocks = sorted((s, e) for s, e, _n, _t in view.blocks(f.address))
+    regions: list[list[int]] = []
+    for s, e in blocks or [(f.address, f.address + max(f.size, 1))]:
+        if regions and s <= regions[-1][1]:
+            regions[-1][1] = max(regions[-1][1], e)
+        else:
+            regions.append([s, e])
+    return regions
+
+
+def _callee_regions(view: AnalysisView, callees: list[int]) -> list[list[Any]]:
+    """[[address, regions], ...] of the callees binlens analysed (not imports), at most
+    MAX_CALLEES and MAX_CALLEE_BYTES of them: angr infers their parameters from their code, so a
+    call shows its arguments."""
+    out: list[list[Any]] = []
+    budget = MAX_CALLEE_BYTES
+    for va in callees:
+        row = view.by_address.get(va)
+        if row is None or row.size > budget:
+            continue
+        budget -= row.size
+        out.append([va, _regions(view, row)])
+        if len(out) == MAX_CALLEES:
+            break
+    return out
 
 
 def _global_names(prog: Program, view: AnalysisView, f: FunctionRow) -> dict[str, dict[str, str | None]]:

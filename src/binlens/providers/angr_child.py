@@ -77,11 +77,13 @@ class AngrHandler:
         addr = int(args["address"])
         regions = [(int(s), int(e)) for s, e in args.get("regions", [])] or [(addr, addr + 1)]
         warnings = [APPROXIMATE]
+        callees = [(int(c), [(int(s), int(e)) for s, e in r]) for c, r in args.get("callees") or []]
         progress(2, 4, "recovering the function's control flow")
-        cfg = _function_cfg(proj, addr, regions)
+        cfg = _function_cfg(proj, [addr, *(c for c, _r in callees)], regions + [x for _c, r in callees for x in r])
         functions = proj.kb.functions
         if addr not in functions:
             raise ProviderFailure("not_found", f"angr found no function at {hex(addr)}")
+        _callee_conventions(proj, [c for c, _r in callees if c in functions], warnings)
         _name_functions(proj, args, warnings)
         progress(3, 4, "decompiling")
         dec = proj.analyses.Decompiler(functions[addr], cfg=cfg.model)
@@ -100,15 +102,16 @@ class AngrHandler:
         }
 
 
-def _function_cfg(proj: Any, addr: int, regions: list[tuple[int, int]]) -> Any:
-    """CFGFast over the function's regions only, seeded with its entry, in a fresh knowledge base
-    (inner analyses read `project.kb`; another function's CFG must not change this one's output)."""
+def _function_cfg(proj: Any, starts: list[int], regions: list[tuple[int, int]]) -> Any:
+    """CFGFast over the function's regions (and its callees') only, seeded with their entries, in a
+    fresh knowledge base (inner analyses read `project.kb`; another function's CFG must not change
+    this one's output)."""
     import angr
 
     knowledge_base: Any = angr.KnowledgeBase  # (angr is not annotated)
     proj.kb = knowledge_base(proj, name="global")
     return proj.analyses.CFGFast(
-        function_starts=[addr],
+        function_starts=starts,
         regions=regions,
         normalize=True,
         force_complete_scan=False,
@@ -118,6 +121,19 @@ def _function_cfg(proj: Any, addr: int, regions: list[tuple[int, int]]) -> Any:
         data_references=True,  # the strings and globals this function uses (its regions only)
         start_at_entry=False,
     )
+
+
+def _callee_conventions(proj: Any, callees: list[int], warnings: list[str]) -> None:
+    """Infer the callees' parameters from their code (angr's CompleteCallingConventions on them
+    only), so each call shows its arguments."""
+    if not callees:
+        return
+    try:
+        proj.analyses.CompleteCallingConventions(
+            recover_variables=True, prioritize_func_addrs=callees, skip_other_funcs=True
+        )
+    except Exception as err:  # noqa: BLE001 - calls then show without arguments
+        warnings.append(f"angr could not infer the callees' parameters: {type(err).__name__}")
 
 
 def _name_functions(proj: Any, args: dict[str, Any], warnings: list[str]) -> None:
