@@ -1,8 +1,8 @@
 """Decompiled functions cached in the program database.
 
 A row is keyed by the function, the provider and its version; it holds the digest of everything
-the provider was given (the function's regions, the names of it and its callees, prototypes, the
-user's local variables). A lookup hits only when the digest of what would be sent now matches, so
+the provider was given (the function's and its callees' regions, their names and prototypes, the
+globals it refers to, the user's local variables, the request format). A lookup hits only when the digest of what would be sent now matches, so
 an annotation edit invalidates exactly the results whose input it changed, and an undo that
 restores the input makes the stored result current again only if it is still the stored one.
 """
