@@ -2,9 +2,10 @@
 
 A row is keyed by the function, the provider and its version; it holds the digest of everything
 the provider was given (the function's and its callees' regions, their names and prototypes, the
-globals it refers to, the user's local variables, the request format). A lookup hits only when the digest of what would be sent now matches, so
-an annotation edit invalidates exactly the results whose input it changed, and an undo that
-restores the input makes the stored result current again only if it is still the stored one.
+globals it refers to, the user's local variables, the request format). A lookup hits only when
+the digest of what would be sent now matches, so an annotation edit invalidates exactly the
+results whose input it changed, and an undo that restores the input makes the stored result
+current again only if it is still the stored one.
 """
 
 from __future__ import annotations
