@@ -318,6 +318,10 @@ def test_a_local_variable_retyped_shows_its_type(ws: Workspace) -> None:
         {"selector": FN, "storage": local["storage"], "type": "no_such_type_t"},
     )
     assert err.target == "/params/type"
+    err = fails(
+        "invalid_argument", ws, "function_local_variable.patch", {"selector": FN, "storage": "arg:0", "type": "int"}
+    )
+    assert err.target == "/params/type" and "prototype" in err.message
     undo(ws)
     assert next(v for v in get(ws)["variables"] if v["storage"] == local["storage"])["type"] == local["type"]
 
@@ -355,10 +359,10 @@ def test_over_mcp_stdio_with_the_official_client(binary: Path, tmp_path: Path) -
 
 
 def test_local_variable_edits_travel_in_annotation_documents(ws: Workspace) -> None:
-    invoke(ws, "function_local_variable.patch", {"selector": FN, "storage": "arg:2", "name": "mode", "type": "int"})
+    invoke(ws, "function_local_variable.patch", {"selector": FN, "storage": "arg:2", "name": "mode"})
     doc = invoke(ws, "annotations.export", {})
     assert doc["local_variables"] == [
-        {"function": hex(int(get(ws)["function"], 16)), "storage": "arg:2", "name": "mode", "type": "int"}
+        {"function": hex(int(get(ws)["function"], 16)), "storage": "arg:2", "name": "mode", "type": None}
     ]
     undo(ws)
     assert invoke(ws, "annotations.export", {})["local_variables"] == []

@@ -262,6 +262,10 @@ def document_rows(
         if lv.name is not None and not _C_IDENTIFIER.match(lv.name):
             raise BinlensError("invalid_argument", f"{lv.name!r} is not a C identifier", target=f"{where}/name")
         if lv.type is not None:
+            if lv.storage.startswith("arg:"):
+                raise BinlensError(
+                    "invalid_argument", "a parameter's type is the function's prototype", target=f"{where}/type"
+                )
             try:
                 ts.parse_type_name(lv.type)
             except DeclarationError as err:

@@ -353,6 +353,13 @@ def function_local_variable_patch(ws: Workspace, p: LocalVariablePatchParams, ct
     if p.name is not None and not _IDENT.match(p.name):
         raise BinlensError("invalid_argument", f"{p.name!r} is not a C identifier", target="/params/name")
     if p.type is not None:
+        if p.storage.startswith("arg:"):
+            raise BinlensError(
+                "invalid_argument",
+                "a parameter's type is the function's prototype: set it with function.patch {prototype} "
+                "or function_parameter.patch",
+                target="/params/type",
+            )
         parse_type(prog, p.type, "/params/type")
     current = store(prog).get(prog.db.connect(), "local_variable", (f.address, p.storage)) or {}
     value = {"name": current.get("name"), "type": current.get("type")}
