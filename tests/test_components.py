@@ -34,7 +34,7 @@ print(json.dumps({{"extensions": ext, "schema": prog.db.schema_versions()}}))
 """
     out = _run(code, str(tmp_path))
     assert out["extensions"] == ["analysis", "annotations", "memory.overlay"]
-    assert set(out["schema"]) == {"core", "annotations", "analysis", "fingerprints"}
+    assert set(out["schema"]) == {"core", "annotations", "analysis", "fingerprints", "decompilation"}
 
 
 def test_a_database_opened_by_the_store_alone_has_every_schema_component(tmp_path):

@@ -30,6 +30,7 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
     ("annotations", "binlens.store.annotations:MIGRATIONS"),
     ("analysis", "binlens.store.analysis:ANALYSIS_MIGRATIONS"),
     ("fingerprints", "binlens.store.fingerprints:MIGRATIONS"),
+    ("decompilation", "binlens.store.decompilation:MIGRATIONS"),
 )
 
 # the evidence ledgers live in one database per home, not in a program's: their components
@@ -54,6 +55,7 @@ DOMAINS: tuple[str, ...] = (
     "compare",
     "data_type",
     "debug",
+    "decompilation",
     "disassembly",
     "evidence",
     "function",
@@ -77,7 +79,11 @@ DOMAINS: tuple[str, ...] = (
 )
 
 # "module:attribute" of each provider object (`binlens.providers.base.Provider`)
-PROVIDERS: tuple[str, ...] = ("binlens.providers.objdump:PROVIDER", "binlens.providers.gdb:PROVIDER")
+PROVIDERS: tuple[str, ...] = (
+    "binlens.providers.objdump:PROVIDER",
+    "binlens.providers.gdb:PROVIDER",
+    "binlens.providers.angr:PROVIDER",
+)
 
 
 def load(ref: str) -> Any:

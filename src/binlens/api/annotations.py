@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from typing import Any, Final, Literal
 
@@ -97,6 +98,18 @@ class DocFunction(_Doc):
     state: Literal["defined", "undefined"]
 
 
+_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
+
+
+class DocLocalVariable(_Doc):
+    """A decompiled function's variable as the user named or typed it, by storage."""
+
+    function: str
+    storage: str
+    name: str | None = None
+    type: str | None = None
+
+
 class DocPatch(_Doc):
     """Patched bytes at an address."""
 
@@ -118,6 +131,7 @@ class AnnotationDocument(_Doc):
     function_prototypes: list[DocPrototype] = Field(default_factory=list)
     functions: list[DocFunction] = Field(default_factory=list)
     patches: list[DocPatch] = Field(default_factory=list)
+    local_variables: list[DocLocalVariable] = Field(default_factory=list)
 
 
 class ExportParams(Params):
@@ -158,6 +172,10 @@ def export_document(prog: Program) -> AnnotationDocument:
     ]
     doc.functions = [DocFunction(address=hex(k[0]), state=v["state"]) for k, v in st.rows("function")]
     doc.patches = [DocPatch(address=hex(k[0]), bytes=v["runs"][0][1]) for k, v in st.rows("patch")]
+    doc.local_variables = [
+        DocLocalVariable(function=hex(k[0]), storage=k[1], name=v["name"], type=v["type"])
+        for k, v in st.rows("local_variable")
+    ]
     return doc
 
 
@@ -236,6 +254,24 @@ def document_rows(
         if not data or prog.image.va_to_offset(va) is None or prog.image.va_to_offset(va + len(data) - 1) is None:
             raise BinlensError("invalid_argument", "patch is not file-backed", target=f"{base}/patches/{i}/address")
         out["patch"][(va, len(data))] = {"runs": [[va, data.hex()]]}
+    out["local_variable"] = {}
+    for i, lv in enumerate(doc.local_variables):
+        where = f"{base}/local_variables/{i}"
+        if lv.name is None and lv.type is None:
+            raise BinlensError("invalid_argument", "give a name or a type", target=where)
+        if lv.name is not None and not _C_IDENTIFIER.match(lv.name):
+            raise BinlensError("invalid_argument", f"{lv.name!r} is not a C identifier", target=f"{where}/name")
+        if lv.type is not None:
+            if lv.storage.startswith("arg:"):
+                raise BinlensError(
+                    "invalid_argument", "a parameter's type is the function's prototype", target=f"{where}/type"
+                )
+            try:
+                ts.parse_type_name(lv.type)
+            except DeclarationError as err:
+                raise BinlensError("invalid_argument", err.message, target=f"{where}/type") from None
+        key = (_addr(lv.function, f"{where}/function"), lv.storage)
+        out["local_variable"][key] = {"name": lv.name, "type": lv.type}
     return out
 
 

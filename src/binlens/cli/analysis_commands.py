@@ -1,9 +1,10 @@
-"""Human commands over the analysis: functions, disasm, strings, xrefs, cfg."""
+"""Human commands over the analysis: functions, disasm, strings, xrefs, cfg, decompile."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -358,4 +359,53 @@ def _cfg(args: argparse.Namespace) -> int:
             fh.write(out)
     else:
         sys.stdout.buffer.write(out)
+    return 0
+
+
+# ----------------------------------------------------------------------------- decompile
+def _decompile_args(p: argparse.ArgumentParser) -> None:
+    """Decompile a function (by name or address) to C-like code through a decompiler provider (angr)."""
+    _common_file(p)
+    p.add_argument("target", help="function name or address (0x...)")
+    p.add_argument("--provider", default="auto", help="decompiler provider id (default: auto)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds the decompiler may take")
+    p.add_argument("--json", action="store_true")
+
+
+@command("decompile", _decompile_args)
+def cmd_decompile(args: argparse.Namespace) -> int:
+    return _run(_decompile, args)
+
+
+def _decompile(args: argparse.Namespace) -> int:
+    from binlens.api import invoke
+
+    ws, prog = _open_and_analyse(args, "decompilation.get")
+    params: dict[str, Any] = {
+        "program": prog.handle,
+        "selector": _selector(args.target),
+        "provider": args.provider,
+        "timeout_ms": int(max(0.1, min(args.timeout, 600.0)) * 1000),
+        "max_bytes": 1 << 20,
+    }
+    pages = [invoke(ws, "decompilation.get", params, max_response_bytes=1 << 30)]
+    while pages[-1]["next_offset"] is not None:
+        params["offset"] = pages[-1]["next_offset"]
+        pages.append(invoke(ws, "decompilation.get", params, max_response_bytes=1 << 30))
+    data = pages[0]
+    if args.json:
+        data = {**data, "code": "".join(p["code"] for p in pages), "lines": [ln for p in pages for ln in p["lines"]]}
+        print(json.dumps(data, indent=1))
+        return 0
+    # names and strings come from the file: no control character reaches the terminal
+    code = "\n".join(escape_controls(line) for line in "".join(p["code"] for p in pages).split("\n"))
+    for warning in data["warnings"]:
+        sys.stderr.write(f"// {escape_controls(warning)}\n")
+    if sys.stdout.isatty() and not os.environ.get("NO_COLOR"):
+        from rich.console import Console
+        from rich.syntax import Syntax
+
+        Console().print(Syntax(code, "c", theme="ansi_dark", background_color="default", word_wrap=False))
+    else:
+        sys.stdout.write(code if code.endswith("\n") else code + "\n")
     return 0

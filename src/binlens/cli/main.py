@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 _YIELD = 5  # the niceness a command that analyses adds to itself once its analysis process runs
 
 # Commands that need the program's analysis (which runs in its own process, see binlens.jobs).
-NEEDS_ANALYSIS = {"functions", "disasm", "strings", "xrefs", "cfg"}
+NEEDS_ANALYSIS = {"functions", "disasm", "strings", "xrefs", "cfg", "decompile"}
 
 
 def _early_target(argv: list[str]) -> tuple[str, str | None, str | None] | None:

@@ -60,6 +60,15 @@ class DisassemblerSession(Session, Protocol):
         ...
 
 
+class DecompilerSession(Session, Protocol):
+    """The session of a provider of kind `decompiler`."""
+
+    def decompile(self, request: dict[str, Any], *, timeout: float, ctx: Cancellable | None = None) -> dict[str, Any]:
+        """One function decompiled: `request` names it, its blocks and the user's annotations;
+        the answer is `{code, lines, variables, warnings}`, within `timeout` seconds."""
+        ...
+
+
 class Provider(Protocol):
     """A deep engine discovered at run time: `components.PROVIDERS` names each one.
 

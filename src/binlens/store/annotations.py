@@ -29,7 +29,9 @@ from binlens.store.database import ProgramDatabase, s64, u64
 # 2**63 as negative numbers; below it the address itself, so no stored row changes). The store
 # converts at its boundary: callers give and get unsigned addresses, rows come in address order.
 _HIGH = 1 << 63
-_ADDRESS_KEYED = frozenset({"name", "comment", "bookmark", "global", "prototype", "function", "signature"})
+_ADDRESS_KEYED = frozenset(
+    {"name", "comment", "bookmark", "global", "prototype", "function", "signature", "local_variable"}
+)
 
 
 def db_spans(start: int, end: int) -> list[tuple[int, int]]:
@@ -75,6 +77,12 @@ def comment_rows_at(conn: sqlite3.Connection, va: int) -> dict[str, str]:
 def comment_rows_in(conn: sqlite3.Connection, start: int, end: int) -> list[tuple[Any, ...]]:
     """(address, kind, text) of every user comment in [start, end), in address order."""
     return in_spans(conn, "SELECT address, kind, text FROM ann_comment WHERE {span}", start, end)
+
+
+def local_variable_rows(conn: sqlite3.Connection, function: int) -> dict[str, dict[str, str | None]]:
+    """The user's local variable edits of the function at `function`, by storage."""
+    rows = conn.execute("SELECT storage, name, type FROM ann_local_variable WHERE address=?", (s64(function),))
+    return {storage: {"name": name, "type": type_} for storage, name, type_ in rows}
 
 
 def last_data_type_position(conn: sqlite3.Connection) -> int:
@@ -128,6 +136,12 @@ MIGRATIONS = [
     CREATE TABLE IF NOT EXISTS ann_signature (
         address INTEGER PRIMARY KEY, name TEXT NOT NULL, score REAL NOT NULL, reference TEXT NOT NULL);
     """,
+    # a function's local variables as the user named and typed them, keyed by the decompiler's
+    # storage (`arg:0`, `rcx`, `[bp-0x18]`), so an edit outlives re-decompilation
+    """
+    CREATE TABLE IF NOT EXISTS ann_local_variable (
+        address INTEGER NOT NULL, storage TEXT NOT NULL, name TEXT, type TEXT, PRIMARY KEY (address, storage));
+    """,
 ]
 
 
@@ -149,6 +163,7 @@ TABLES: dict[str, Table] = {
     "prototype": Table("ann_function_prototype", ("address",), ("prototype",)),
     "function": Table("ann_function", ("address",), ("state",)),
     "signature": Table("ann_signature", ("address",), ("name", "score", "reference")),
+    "local_variable": Table("ann_local_variable", ("address", "storage"), ("name", "type")),
 }
 KINDS = (*TABLES, "patch")
 _PATCH_BYTES = "SELECT address, value FROM ann_patch WHERE {span} ORDER BY address"

@@ -1,0 +1,374 @@
+"""Decompilation through the angr provider (SPEC §7): real angr on a binary the test compiles.
+
+One workspace (so one warm angr process) serves the module's tests in order; each test that edits
+annotations undoes its edits. Needs the `decompile` extra (`make test` installs it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from binlens.api import invoke
+from binlens.errors import BinlensError
+from binlens.providers import registry as providers
+from binlens.workspace import Config, Workspace
+from conftest import run_cli
+
+pytestmark = pytest.mark.timeout(300)
+if importlib.util.find_spec("angr") is None:  # (not imported here: the provider imports it in its own process)
+    pytest.skip("the angr provider needs `pip install 'binlens[decompile]'`", allow_module_level=True)
+
+FN = {"name": "score_items"}
+
+
+@pytest.fixture(scope="module")
+def binary(compile_c: Any) -> Path:
+    return compile_c("decompile.c", "-O2")
+
+
+@pytest.fixture(scope="module")
+def ws(binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workspace]:
+    from binlens.api import REGISTRY  # noqa: F401 - registers the domains
+
+    home = tmp_path_factory.mktemp("decompile-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BINLENS_HOME", str(home))
+        workspace = Workspace(Config(home=home))
+        prog = workspace.open(binary, check_roots=False)
+        yield workspace
+        workspace.close(prog.handle)  # (its angr process exits with it)
+
+
+def get(ws: Workspace, **params: Any) -> dict[str, Any]:
+    return invoke(ws, "decompilation.get", {"selector": FN, "timeout_ms": 120000, **params})
+
+
+def fails(code: str, ws: Workspace, method: str, params: dict[str, Any]) -> BinlensError:
+    with pytest.raises(BinlensError) as info:
+        invoke(ws, method, params)
+    assert info.value.code == code, info.value.to_dict()
+    return info.value
+
+
+def undo(ws: Workspace, count: int = 1) -> None:
+    invoke(ws, "journal.undo", {"count": count})
+
+
+def test_provider_list_reports_angr(ws: Workspace) -> None:
+    (item,) = invoke(ws, "provider.list", {"kind": "decompiler"})["items"]
+    assert item["id"] == "angr" and item["available"] is True and item["version"].startswith("9.2.")
+
+
+def test_a_loop_and_a_switch_decompile_and_the_second_call_is_cached(ws: Workspace) -> None:
+    first = get(ws)
+    code = first["code"]
+    assert first["provider"]["id"] == "angr" and first["cached"] is False
+    assert "score_items(" in code and re.search(r"mix_value\(\w", code)  # the callee by name, with its argument
+    assert "12648430" in code or "0xc0ffee" in code.lower()  # the default case's constant
+    assert "switch" in code and ("while" in code or "for" in code)
+    assert any("approximate" in w for w in first["warnings"])
+    # the lines map covers the function's instructions: every mapped address is inside it
+    listing = invoke(ws, "listing.get", {"selector": FN})
+    instructions = {int(ln["address"], 16) for ln in listing["lines"] if ln["kind"] == "instruction"}
+    mapped = {int(a, 16) for ln in first["lines"] for a in ln["addresses"]}
+    assert mapped <= instructions and len(mapped) >= len(instructions) // 2
+    assert {v["storage"] for v in first["variables"]} >= {"arg:0", "arg:1", "arg:2"}
+    again = get(ws)
+    assert again["cached"] is True and again["code"] == code
+
+
+def test_renaming_a_callee_shows_and_undo_restores(ws: Workspace) -> None:
+    get(ws)
+    invoke(ws, "symbol.patch", {"selector": {"name": "mix_value"}, "name": "hash_step"})
+    renamed = get(ws)
+    assert renamed["cached"] is False and "hash_step(" in renamed["code"] and "mix_value(" not in renamed["code"]
+    undo(ws)
+    restored = get(ws)
+    assert "mix_value(" in restored["code"] and "hash_step(" not in restored["code"]
+
+
+def test_a_prototype_shows_in_the_signature(ws: Workspace) -> None:
+    invoke(ws, "function.patch", {"selector": FN, "prototype": "int score_items(int *items, int count, int mode)"})
+    typed = get(ws)
+    assert "int *items" in typed["code"] and "int count" in typed["code"] and typed["cached"] is False
+    undo(ws)
+    assert "int *items" not in get(ws)["code"]
+
+
+def test_a_local_variable_edit_survives_re_decompilation_and_undo_restores(ws: Workspace) -> None:
+    items = invoke(ws, "function_local_variable.list", {"selector": FN})["items"]
+    local = next(v for v in items if not v["storage"].startswith("arg:"))
+    assert not any(v["edited"] for v in items)
+    invoke(ws, "function_local_variable.patch", {"selector": FN, "storage": "arg:1", "name": "count_of_items"})
+    invoke(ws, "function_local_variable.patch", {"selector": FN, "storage": local["storage"], "name": "running"})
+    edited = get(ws)
+    assert edited["cached"] is False
+    assert "count_of_items" in edited["code"] and "running" in edited["code"]
+    # another edit makes angr decompile again: the variable edits are applied again by storage
+    invoke(ws, "symbol.patch", {"selector": {"name": "mix_value"}, "name": "hash_step"})
+    fresh = get(ws)
+    assert fresh["cached"] is False and "count_of_items" in fresh["code"] and "running" in fresh["code"]
+    listed = invoke(ws, "function_local_variable.list", {"selector": FN})["items"]
+    assert {v["storage"]: v["name"] for v in listed if v["edited"]} == {
+        "arg:1": "count_of_items",
+        local["storage"]: "running",
+    }
+    undo(ws, 3)
+    back = get(ws)
+    assert "count_of_items" not in back["code"] and "running" not in back["code"]
+    err = fails(
+        "invalid_argument", ws, "function_local_variable.patch", {"selector": FN, "storage": "arg:1", "name": "1x"}
+    )
+    assert err.target == "/params/name"
+    fails("invalid_argument", ws, "function_local_variable.patch", {"selector": FN, "storage": "arg:1"})
+
+
+def test_comments_show_at_their_lines_without_a_decompilation(ws: Workspace) -> None:
+    base = get(ws)
+    line = next(ln for ln in base["lines"] if ln["addresses"])
+    address = line["addresses"][0]
+    invoke(ws, "comment.create", {"selector": {"address": address}, "kind": "eol", "text": "counted here"})
+    noted = get(ws)
+    assert noted["cached"] is True  # a comment is laid over the cached code
+    row = next(ln for ln in noted["lines"] if address in ln["addresses"])
+    assert noted["code"].split("\n")[row["line"] - 1].endswith("// counted here")
+    undo(ws)
+
+
+def test_long_code_pages_by_byte_offset(ws: Workspace) -> None:
+    whole = get(ws)["code"]
+    pages, offset = [], 0
+    while offset is not None:
+        page = get(ws, offset=offset, max_bytes=1024)
+        pages.append(page["code"])
+        assert page["fragment"] is True
+        offset = page["next_offset"]
+    assert len(pages) > 1 and "".join(pages) == whole
+
+
+def test_a_timeout_is_an_error_result_and_the_next_call_works(ws: Workspace) -> None:
+    err = fails("timeout", ws, "decompilation.get", {"selector": {"name": "main"}, "timeout_ms": 100})
+    assert err.details["provider"] == "angr" and err.details["reason"] == "timeout"
+    after = invoke(ws, "decompilation.get", {"selector": {"name": "main"}, "timeout_ms": 120000})
+    assert "main(" in after["code"] and "printf" in after["code"]
+
+
+def test_without_angr_the_method_answers_unavailable(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    angr = providers.get("angr")
+    assert angr is not None
+    monkeypatch.setattr(angr, "distribution", "binlens-test-no-such-angr")
+    (item,) = invoke(ws, "provider.list", {"kind": "decompiler"})["items"]
+    assert item["available"] is False and item["remediation"] == "pip install 'binlens[decompile]'"
+    err = fails("unavailable", ws, "decompilation.get", {"selector": FN})
+    assert err.details["remediation"] == "pip install 'binlens[decompile]'"
+    assert err.details["reason"] == "angr is not installed"
+
+
+def test_cli_decompile_prints_plain_code_when_piped(binary: Path, tmp_path: Path) -> None:
+    done = run_cli("decompile", str(binary), "score_items", home=tmp_path / "home", timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "score_items(" in done.stdout and "\x1b[" not in done.stdout
+    assert "approximate" in done.stderr
+    bad = run_cli("decompile", str(binary), "no_such_function", home=tmp_path / "home", timeout=240)
+    assert bad.returncode != 0 and "no_such_function" in bad.stderr
+
+
+def test_cli_decompile_highlights_on_a_terminal(binary: Path, tmp_path: Path) -> None:
+    """On a terminal (util-linux `script` gives the command a pty) the code is syntax-highlighted."""
+    import shlex
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    if shutil.which("script") is None:
+        pytest.skip("util-linux `script` is not installed")
+    out = tmp_path / "tty.out"
+    command = " ".join(
+        [
+            f"env BINLENS_HOME={shlex.quote(str(tmp_path / 'home'))} PYTHONPATH={shlex.quote(str(ROOT / 'src'))}",
+            shlex.quote(sys.executable),
+            "-m binlens decompile",
+            shlex.quote(str(binary)),
+            "score_items",
+        ]
+    )
+    env = {**{k: v for k, v in os.environ.items() if k != "NO_COLOR"}, "TERM": "xterm-256color"}
+    subprocess.run(["script", "-qc", command, str(out)], capture_output=True, timeout=240, env=env, check=True)
+    text = out.read_text(errors="replace")
+    assert "score_items" in text and "\x1b[" in text
+
+
+def test_over_mcp_http_with_progress_and_over_websocket(binary: Path, tmp_path: Path) -> None:
+    """A real server: tools/call with a progress token streams progress notifications (the cold
+    provider reports loading angr and the program) before the code; /ws serves the same method."""
+    import httpx
+
+    from serve_support import ServerProcess, env_for, ws_call
+
+    home = tmp_path / "home"
+    with ServerProcess(home, str(binary), env=env_for(home)) as srv:
+        meta = {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+            "progressToken": "dec-1",
+        }
+        arguments = {"operation": "get", "params": {"selector": FN, "timeout_ms": 120000}}
+        body = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {"name": "binlens.decompilation", "arguments": arguments, "_meta": meta},
+        }
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2026-07-28",
+            "Mcp-Method": "tools/call",
+            "Mcp-Name": "binlens.decompilation",
+        }
+        with httpx.stream("POST", srv.base + "/mcp", content=json.dumps(body), headers=headers, timeout=240) as r:
+            assert r.status_code == 200
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+        progress = [e for e in events if e.get("method") == "notifications/progress"]
+        assert progress and all(e["params"]["progressToken"] == "dec-1" for e in progress)
+        result = events[-1]["result"]
+        assert result["isError"] is False and "mix_value(" in result["structuredContent"]["code"]
+        reply = ws_call(srv.ws_url, "decompilation.get", {"selector": FN})
+        assert reply["result"]["cached"] is True and "score_items(" in reply["result"]["code"]
+
+
+def test_a_global_named_by_the_user_shows_where_it_is_read(ws: Workspace) -> None:
+    reader = {"name": "read_limit"}
+    before = get(ws, selector=reader)["code"]
+    assert "limit_value" in before
+    invoke(ws, "global_variable.create", {"selector": {"name": "limit_value"}, "type": "long", "name": "cap_value"})
+    named = get(ws, selector=reader)
+    assert named["cached"] is False and "cap_value" in named["code"] and "limit_value" not in named["code"]
+    assert "extern long cap_value;" in named["code"]  # its type too
+    undo(ws)
+    assert get(ws, selector=reader)["code"] == before
+
+
+def test_a_provider_killed_mid_call_is_an_error_result_and_the_next_call_works(ws: Workspace) -> None:
+    """The child is SIGKILLed at its first progress report of a request (it is working on it):
+    the call answers `internal` with reason `crashed`, and the next call starts a fresh process."""
+    from binlens.api.registry import CallContext
+
+    angr = providers.get("angr")
+    assert angr is not None
+    session = providers.session(ws.program(None), angr)
+    get(ws)  # the process is up (a cache hit starts nothing, so make sure one runs)
+    invoke(ws, "decompilation.get", {"selector": {"name": "read_limit"}, "timeout_ms": 120000})
+    killed: list[int] = []
+
+    def kill_on_progress(done: float, total: float | None, message: str | None) -> None:
+        pid = getattr(session, "pid", None)
+        if pid is not None and not killed:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    params = {"selector": {"name": "mix_value"}, "timeout_ms": 120000}
+    with pytest.raises(BinlensError) as info:
+        invoke(ws, "decompilation.get", params, CallContext(progress=kill_on_progress))
+    assert killed and info.value.code == "internal", info.value.to_dict()
+    assert info.value.details["reason"] == "crashed" and info.value.details["signal"] == "SIGKILL"
+    again = invoke(ws, "decompilation.get", params)
+    assert "mix_value(" in again["code"] and getattr(session, "pid", None) not in (None, killed[0])
+
+
+def test_a_cancelled_call_answers_cancelled_and_the_next_call_works(ws: Workspace) -> None:
+    """The client cancels at the provider's first progress report: `cancelled`, the process is
+    stopped, and the next call decompiles in a fresh one."""
+    from binlens.api.registry import CallContext
+
+    ctx = CallContext(progress=lambda done, total, message: ctx.cancel())
+    params = {"selector": {"name": "read_limit"}, "timeout_ms": 120000}
+    invoke(ws, "function_local_variable.patch", {"selector": {"name": "read_limit"}, "storage": "arg:0", "name": "k"})
+    with pytest.raises(BinlensError) as info:
+        invoke(ws, "decompilation.get", params, ctx)
+    assert info.value.code == "cancelled", info.value.to_dict()
+    again = invoke(ws, "decompilation.get", params)
+    assert again["cached"] is False and "read_limit(" in again["code"] and "k)" in again["code"]
+    undo(ws)
+
+
+def test_a_local_variable_retyped_shows_its_type(ws: Workspace) -> None:
+    items = invoke(ws, "function_local_variable.list", {"selector": FN})["items"]
+    local = next(v for v in items if not v["storage"].startswith("arg:") and v["type"] != "long long")
+    invoke(ws, "function_local_variable.patch", {"selector": FN, "storage": local["storage"], "type": "long long"})
+    typed = get(ws)
+    declared = next(v for v in typed["variables"] if v["storage"] == local["storage"])
+    assert declared["type"] == "long long" and f"long long {local['name']};" in typed["code"]
+    err = fails(
+        "invalid_argument",
+        ws,
+        "function_local_variable.patch",
+        {"selector": FN, "storage": local["storage"], "type": "no_such_type_t"},
+    )
+    assert err.target == "/params/type"
+    err = fails(
+        "invalid_argument", ws, "function_local_variable.patch", {"selector": FN, "storage": "arg:0", "type": "int"}
+    )
+    assert err.target == "/params/type" and "prototype" in err.message
+    undo(ws)
+    assert next(v for v in get(ws)["variables"] if v["storage"] == local["storage"])["type"] == local["type"]
+
+
+def test_over_mcp_stdio_with_the_official_client(binary: Path, tmp_path: Path) -> None:
+    """`binlens mcp` over stdio, the official `mcp` client: decompilation with progress notifications."""
+    import sys
+
+    import anyio
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    from mcp_support import ROOT, env_for
+
+    seen: list[str | None] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(message)
+
+    async def main() -> None:
+        params = StdioServerParameters(
+            command=sys.executable,
+            args=["-m", "binlens", "mcp", str(binary)],
+            env=env_for(tmp_path / "home"),
+            cwd=str(ROOT),
+        )
+        async with Client(params, mode="2026-07-28") as client:
+            args = {"operation": "get", "params": {"selector": FN, "timeout_ms": 120000}}
+            res = await client.call_tool("binlens.decompilation", args, progress_callback=on_progress)
+            assert res.is_error is False, res.structured_content
+            assert "mix_value(" in res.structured_content["code"]
+
+    anyio.run(main)
+    assert seen, "no progress notification arrived"
+
+
+def test_local_variable_edits_travel_in_annotation_documents(ws: Workspace) -> None:
+    invoke(ws, "function_local_variable.patch", {"selector": FN, "storage": "arg:2", "name": "mode"})
+    doc = invoke(ws, "annotations.export", {})
+    assert doc["local_variables"] == [
+        {"function": hex(int(get(ws)["function"], 16)), "storage": "arg:2", "name": "mode", "type": None}
+    ]
+    undo(ws)
+    assert invoke(ws, "annotations.export", {})["local_variables"] == []
+    invoke(ws, "annotations.import", {"document": doc, "mode": "merge"})
+    assert "mode" in [v["name"] for v in get(ws)["variables"] if v["storage"] == "arg:2"]
+    bad = {**doc, "local_variables": [{**doc["local_variables"][0], "name": "2bad"}]}
+    err = fails("invalid_argument", ws, "annotations.import", {"document": bad, "mode": "merge"})
+    assert err.target == "/params/document/local_variables/0/name"
+    undo(ws)
