@@ -77,7 +77,7 @@ def test_a_loop_and_a_switch_decompile_and_the_second_call_is_cached(ws: Workspa
     assert "switch" in code and ("while" in code or "for" in code)
     assert any("approximate" in w for w in first["warnings"])
     # the lines map covers the function's instructions: every mapped address is inside it
-    listing = invoke(ws, "listing.get", {"selector": FN})
+    listing = invoke(ws, "listing.get", {"selector": FN, "format": "lines"})
     instructions = {int(ln["address"], 16) for ln in listing["lines"] if ln["kind"] == "instruction"}
     mapped = {int(a, 16) for ln in first["lines"] for a in ln["addresses"]}
     assert mapped <= instructions and len(mapped) >= len(instructions) // 2
@@ -229,14 +229,14 @@ def test_over_mcp_http_with_progress_and_over_websocket(binary: Path, tmp_path: 
             "jsonrpc": "2.0",
             "id": 1,
             "method": "tools/call",
-            "params": {"name": "binlens.decompilation", "arguments": arguments, "_meta": meta},
+            "params": {"name": "binlens_decompilation", "arguments": arguments, "_meta": meta},
         }
         headers = {
             "Content-Type": "application/json",
             "Accept": "application/json, text/event-stream",
             "MCP-Protocol-Version": "2026-07-28",
             "Mcp-Method": "tools/call",
-            "Mcp-Name": "binlens.decompilation",
+            "Mcp-Name": "binlens_decompilation",
         }
         with httpx.stream("POST", srv.base + "/mcp", content=json.dumps(body), headers=headers, timeout=240) as r:
             assert r.status_code == 200
@@ -350,7 +350,7 @@ def test_over_mcp_stdio_with_the_official_client(binary: Path, tmp_path: Path) -
         )
         async with Client(params, mode="2026-07-28") as client:
             args = {"operation": "get", "params": {"selector": FN, "timeout_ms": 120000}}
-            res = await client.call_tool("binlens.decompilation", args, progress_callback=on_progress)
+            res = await client.call_tool("binlens_decompilation", args, progress_callback=on_progress)
             assert res.is_error is False, res.structured_content
             assert "mix_value(" in res.structured_content["code"]
 
