@@ -486,7 +486,7 @@ def test_read_only_refuses_every_mutation(home, sample, tmp_path):
     }  # fmt: skip
     assert set(mutating) == expected
     for name in mutating:
-        err = fails(ws, "read_only", name, selector={"name": "main"})
+        err = fails(ws, "unavailable", name, selector={"name": "main"})
         assert name in err.message
     assert not (tmp_path / "x").exists()
     # reads still work

@@ -334,4 +334,4 @@ def check_read_only(srv: ServerProcess) -> None:
     assert {m["name"] for m in listed} == set(REGISTRY)
     for name in mutations:
         reply = ws_call(srv.ws_url, name, {})
-        assert reply["error"]["code"] == -32000 and reply["error"]["data"]["code"] == "read_only", name
+        assert reply["error"]["code"] == -32000 and reply["error"]["data"]["code"] == "unavailable", name

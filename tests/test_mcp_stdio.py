@@ -260,7 +260,7 @@ def test_read_only_lists_mutations_and_refuses_them(tmp_path: Path) -> None:
         assert set(d["operations"]) == {s.operation for s in REGISTRY.values() if s.domain == d["domain"]}
     assert {d["domain"] for d in listed} == {s.domain for s in REGISTRY.values()}
     refused = replies[3]["result"]
-    assert refused["isError"] is True and refused["structuredContent"]["error"]["code"] == "read_only"
+    assert refused["isError"] is True and refused["structuredContent"]["error"]["code"] == "unavailable"
 
 
 def test_program_open_only_under_roots(compile_c, tmp_path: Path) -> None:  # noqa: ANN001

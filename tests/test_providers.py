@@ -353,7 +353,7 @@ def test_requirements_name_providers_permissions_and_writability(ws: Workspace, 
 
     read_only = Workspace(Config(home=home, read_only=True))
     assert any(r.kind == "writable" for r in REGISTRY["comment.create"].requires)
-    err = fails("read_only", invoke, read_only, "comment.create", {})
+    err = fails("unavailable", invoke, read_only, "comment.create", {})
     assert err.message == "comment.create changes the database and the server is read-only"
     assert err.details["remediation"] == "start the server without --read-only"
 

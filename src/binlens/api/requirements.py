@@ -80,10 +80,9 @@ class Requirement:
     def error(self, method: str, missing: Missing) -> BinlensError:
         """The error a call of `method` answers while this requirement is missing."""
         details = {"requirement": self.text, "reason": missing.reason, "remediation": missing.remediation}
-        if self.kind == "writable":
-            return BinlensError(
-                "read_only", f"{method} changes the database and the server is read-only", details=details
-            )
+        if self.kind == "writable":  # (SPEC §6: a method the server cannot run now is `unavailable`)
+            message = f"{method} changes the database and the server is read-only"
+            return BinlensError("unavailable", message, details=details)
         return BinlensError("unavailable", f"{method} is unavailable: {missing.reason}", details=details)
 
 
