@@ -20,7 +20,7 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -43,6 +43,20 @@ ANALYSIS_WAIT_S = 10.0  # how long a call waits for the analysis to name a funct
 
 DebugId = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^dbg-[0-9]+$", description="A debug_id.")]
 RuntimeAddress = Annotated[str, Field(pattern=r"^0[xX][0-9a-fA-F]{1,16}$", description="A runtime address in hex.")]
+
+
+class PlaceParams(Params):
+    """Params naming one place of the target: a static `selector` of the program (through the slide)
+    or a runtime `address`, exactly one."""
+
+    selector: Selector | None = Field(None, description="A place of the program (static, through the slide).")
+    address: RuntimeAddress | None = None
+
+    @model_validator(mode="after")
+    def _one_place(self) -> Self:
+        if (self.selector is None) == (self.address is None):
+            raise ValueError("give exactly one of 'selector' or 'address'")
+        return self
 WaitMs = Annotated[
     int, Field(ge=0, le=60000, description="How long to wait for the target to stop before answering (0: at once).")
 ]
@@ -494,19 +508,13 @@ def debug_finish(ws: Any, p: ResumeParams) -> StepResult:
     return _resume(ws, _entry(ws, p.debug_id), "-exec-finish", p.wait_ms, p.thread)
 
 
-class RunToParams(Params):
+class RunToParams(PlaceParams):
     """Run until a place (a one-shot breakpoint)."""
 
     debug_id: DebugId
     selector: Selector | None = Field(None, description="A static place in the program (through the slide).")
     address: RuntimeAddress | None = None
     wait_ms: WaitMs = 2000
-
-    @model_validator(mode="after")
-    def _one_place(self) -> RunToParams:
-        if (self.selector is None) == (self.address is None):
-            raise ValueError("give exactly one of 'selector' or 'address'")
-        return self
 
 
 @method("debug.run_to", effect=LIFECYCLE, requires=REQUIRES)
@@ -649,7 +657,7 @@ def debug_wait(ws: Any, p: WaitParams, ctx: CallContext) -> WaitResult:
 # --- breakpoints and watchpoints ------------------------------------------------------------------
 
 
-class BreakpointCreateParams(Params):
+class BreakpointCreateParams(PlaceParams):
     """A breakpoint at a static place of the program (through the slide) or a runtime address."""
 
     debug_id: DebugId
@@ -662,12 +670,6 @@ class BreakpointCreateParams(Params):
         pattern=r"^[^\n\r\x00]*$",
         description="A gdb expression: stop only when it is true ($rdi == 3).",
     )
-
-    @model_validator(mode="after")
-    def _one_place(self) -> BreakpointCreateParams:
-        if (self.selector is None) == (self.address is None):
-            raise ValueError("give exactly one of 'selector' or 'address'")
-        return self
 
 
 class Breakpoint(Result):
@@ -797,7 +799,7 @@ def breakpoint_delete(ws: Any, p: BreakpointDeleteParams) -> Deleted:
 _C_TYPES = {1: "char", 2: "short", 4: "int", 8: "long"}
 
 
-class WatchpointCreateParams(Params):
+class WatchpointCreateParams(PlaceParams):
     """A (hardware) watchpoint on 1, 2, 4 or 8 bytes."""
 
     debug_id: DebugId
@@ -806,12 +808,6 @@ class WatchpointCreateParams(Params):
     size: Literal[1, 2, 4, 8] = 8
     access: Literal["write", "read", "access"] = "write"
     condition: str | None = Field(None, max_length=512, pattern=r"^[^\n\r\x00]*$", description="A gdb expression.")
-
-    @model_validator(mode="after")
-    def _one_place(self) -> WatchpointCreateParams:
-        if (self.selector is None) == (self.address is None):
-            raise ValueError("give exactly one of 'selector' or 'address'")
-        return self
 
 
 @method("watchpoint.create", effect=LIFECYCLE, requires=REQUIRES)
@@ -965,19 +961,13 @@ def register_set(ws: Any, p: RegisterSetParams) -> Registers:
     return register_get(ws, RegisterGetParams(debug_id=p.debug_id, names=[p.name], thread=p.thread, frame=p.frame))
 
 
-class MemoryReadParams(Params):
+class MemoryReadParams(PlaceParams):
     """Bytes of the target's memory."""
 
     debug_id: DebugId
     address: RuntimeAddress | None = None
     selector: Selector | None = Field(None, description="A place of the program (static, through the slide).")
     size: int = Field(ge=1, le=MAX_READ)
-
-    @model_validator(mode="after")
-    def _one_place(self) -> MemoryReadParams:
-        if (self.selector is None) == (self.address is None):
-            raise ValueError("give exactly one of 'address' or 'selector'")
-        return self
 
 
 class MemoryBytes(Result):
@@ -1015,19 +1005,13 @@ def debug_memory_read(ws: Any, p: MemoryReadParams) -> MemoryBytes:
     return MemoryBytes(address=hex(runtime), static_address=_hex(_static(entry, runtime)), size=p.size, bytes=data)
 
 
-class MemoryWriteParams(Params):
+class MemoryWriteParams(PlaceParams):
     """Write bytes into the target's memory."""
 
     debug_id: DebugId
     address: RuntimeAddress | None = None
     selector: Selector | None = None
     bytes: str = Field(min_length=2, max_length=2 * MAX_READ, pattern=r"^([0-9a-fA-F]{2})+$", description="Hex bytes.")
-
-    @model_validator(mode="after")
-    def _one_place(self) -> MemoryWriteParams:
-        if (self.selector is None) == (self.address is None):
-            raise ValueError("give exactly one of 'address' or 'selector'")
-        return self
 
 
 @method("debug_memory.write", effect=MUTATION, requires=REQUIRES)

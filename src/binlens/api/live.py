@@ -27,6 +27,7 @@ from binlens.api.debug import (
     Located,
     MapItem,
     MapList,
+    PlaceParams,
     Resolved,
     _function,
     _hex,
@@ -300,18 +301,12 @@ def live_memscan(ws: Any, p: LiveMemscanParams, ctx: CallContext) -> LiveMemscan
     return result
 
 
-class WatchTarget(Params):
+class WatchTarget(PlaceParams):
     """A place to watch: a runtime address or a static selector of the program (through the slide)."""
 
     address: RuntimeAddress | None = None
     selector: Selector | None = None
     size: int = Field(8, ge=1, le=64)
-
-    @model_validator(mode="after")
-    def _one_place(self) -> WatchTarget:
-        if (self.selector is None) == (self.address is None):
-            raise ValueError("give exactly one of 'address' or 'selector'")
-        return self
 
 
 class LiveWatchParams(Params):

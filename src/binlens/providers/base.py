@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -117,3 +119,32 @@ class Handler(Protocol):
         """Answer one request `op` (the session's first is `open`) with a JSON result and a blob,
         reporting progress on long work."""
         ...
+
+
+class ToolVersions:
+    """An external tool's availability, probed once per version of its file (path, inode, mtime):
+    a tool installed or upgraded while the server runs is seen at the next call."""
+
+    def __init__(self, name: str, remediation: str, probe: Callable[[str], Availability]) -> None:
+        self.name = name
+        self.remediation = remediation
+        self._probe = probe
+        self._known: dict[tuple[str, int, int], Availability] = {}
+        self._lock = threading.Lock()
+
+    def check(self, exe: str | None) -> Availability:
+        """The availability of `exe` (None: not found), from the probe's cached answer for its file."""
+        if exe is None:
+            return Availability(False, reason=f"{self.name} is not on the PATH", remediation=self.remediation)
+        try:
+            st = os.stat(exe)
+        except OSError:
+            return Availability(False, reason=f"{exe} does not exist", remediation=self.remediation)
+        key = (exe, st.st_ino, st.st_mtime_ns)
+        with self._lock:
+            known = self._known.get(key)
+        if known is None:
+            known = self._probe(exe)
+            with self._lock:
+                self._known[key] = known
+        return known

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from binlens.errors import BinlensError
-from binlens.providers.base import Availability
+from binlens.providers.base import Availability, ToolVersions
 
 if TYPE_CHECKING:
     from binlens.loader.image import Image
@@ -64,8 +64,7 @@ class GdbProvider:
     kind = "debugger"
 
     def __init__(self) -> None:
-        self._versions: dict[tuple[str, int, int], Availability] = {}
-        self._lock = threading.Lock()
+        self._versions = ToolVersions("gdb", REMEDIATION, _probe)
 
     def executable(self) -> str | None:
         """The gdb to run: `$BINLENS_GDB` when set, else the PATH's."""
@@ -79,21 +78,7 @@ class GdbProvider:
             return Availability(
                 False, reason="the GDB/MI parser pygdbmi is not installed", remediation=PARSER_REMEDIATION
             )
-        exe = self.executable()
-        if exe is None:
-            return Availability(False, reason="gdb is not on the PATH", remediation=REMEDIATION)
-        try:
-            st = os.stat(exe)
-        except OSError:
-            return Availability(False, reason=f"{exe} does not exist", remediation=REMEDIATION)
-        key = (exe, st.st_ino, st.st_mtime_ns)
-        with self._lock:
-            known = self._versions.get(key)
-        if known is None:
-            known = _probe(exe)
-            with self._lock:
-                self._versions[key] = known
-        return known
+        return self._versions.check(self.executable())
 
     def open_session(self, image: Image) -> GdbSession:
         """A debug session for a target running `image` (gdb starts with `start` or `attach`)."""

@@ -14,10 +14,16 @@ import re
 import shutil
 import subprocess
 import tempfile
-import threading
 from typing import TYPE_CHECKING, Any
 
-from binlens.providers.base import Availability, Cancellable, DisassembledInstruction, Progress, ProviderFailure
+from binlens.providers.base import (
+    Availability,
+    Cancellable,
+    DisassembledInstruction,
+    Progress,
+    ProviderFailure,
+    ToolVersions,
+)
 from binlens.providers.process import ProcessSession
 
 if TYPE_CHECKING:
@@ -39,8 +45,7 @@ class ObjdumpProvider:
     kind = "disassembler"
 
     def __init__(self) -> None:
-        self._versions: dict[tuple[str, int, int], Availability] = {}
-        self._lock = threading.Lock()
+        self._versions = ToolVersions("objdump", REMEDIATION, _probe)
 
     def executable(self) -> str | None:
         """The objdump to run: `$BINLENS_OBJDUMP` when set, else the PATH's."""
@@ -51,21 +56,7 @@ class ObjdumpProvider:
 
     def availability(self) -> Availability:
         """Available when the executable runs and says its version (probed once per file version)."""
-        exe = self.executable()
-        if exe is None:
-            return Availability(False, reason="objdump is not on the PATH", remediation=REMEDIATION)
-        try:
-            st = os.stat(exe)
-        except OSError:
-            return Availability(False, reason=f"{exe} does not exist", remediation=REMEDIATION)
-        key = (exe, st.st_ino, st.st_mtime_ns)
-        with self._lock:
-            known = self._versions.get(key)
-        if known is None:
-            known = _probe(exe)
-            with self._lock:
-                self._versions[key] = known
-        return known
+        return self._versions.check(self.executable())
 
     def open_session(self, image: Image) -> ObjdumpSession:
         """A session over `image`'s bytes (its process starts on the first request)."""
