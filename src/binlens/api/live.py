@@ -22,18 +22,15 @@ from pydantic import Field, model_validator
 
 from binlens.api.analysis import select_address
 from binlens.api.cursor import decode_cursor, encode_cursor, query_key
-from binlens.api.debug import (
+from binlens.api.debug_process import MapItem, MapList, Resolved, map_items
+from binlens.api.debug_target import (
     ANALYSIS_WAIT_S,
     Located,
-    MapItem,
-    MapList,
     PlaceParams,
-    Resolved,
-    _function,
-    _hex,
-    _locate,
-    _map_items,
-    _static,
+    function_ref,
+    hex_text,
+    locate,
+    static_of,
 )
 from binlens.api.models import HexAddress, Page, Params, Result, Selector
 from binlens.api.registry import READ_ONLY, CallContext, method, response_size, response_too_large
@@ -133,7 +130,7 @@ class LiveMapsParams(Params):
 def live_maps(ws: Any, p: LiveMapsParams) -> MapList:
     """The pinned process's memory mappings (/proc/PID/maps) with each module's base and slide."""
     with _Call(ws) as target:
-        items = _map_items(target)
+        items = map_items(target)
     qkey = query_key(p, exclude=("page", "program"))
     start = int(decode_cursor(p.page.cursor, target.prog, qkey)) if p.page.cursor else 0
     more = start + p.page.limit < len(items)
@@ -158,15 +155,15 @@ class LiveResolved(Result):
 def _resolve(items: list[MapItem], target: LiveTarget, runtime: int) -> Resolved:
     for item in items:
         if int(item.start, 16) <= runtime < int(item.end, 16):
-            static = _static(target, runtime) if item.program else None
+            static = static_of(target, runtime) if item.program else None
             return Resolved(
                 address=hex(runtime),
                 module=item.path or None,
                 module_base=item.module_base,
                 slide=item.slide,
                 program=item.program,
-                static_address=_hex(static),
-                function=_function(target, static, 0),
+                static_address=hex_text(static),
+                function=function_ref(target, static, 0),
                 perms=item.perms,
             )
     return Resolved(address=hex(runtime), program=False)
@@ -176,7 +173,7 @@ def _resolve(items: list[MapItem], target: LiveTarget, runtime: int) -> Resolved
 def live_resolve(ws: Any, p: LiveResolveParams) -> LiveResolved:
     """Runtime addresses of the pinned process → module, slide, static address and function."""
     with _Call(ws) as target:
-        items = _map_items(target)
+        items = map_items(target)
         result = LiveResolved(items=[_resolve(items, target, int(a, 16)) for a in p.addresses])
     _bounded(result)
     return result
@@ -245,7 +242,7 @@ def live_memscan(ws: Any, p: LiveMemscanParams, ctx: CallContext) -> LiveMemscan
     reason = "range_end"
     with _Call(ws) as target:
         pid = target.pinned.pid
-        _locate(target)
+        locate(target)
         maps = [
             m
             for m in read_maps(pid)
@@ -281,7 +278,7 @@ def live_memscan(ws: Any, p: LiveMemscanParams, ctx: CallContext) -> LiveMemscan
                                     address=hex(runtime),
                                     value=index,
                                     module=m.path or None,
-                                    static_address=_hex(_static(target, runtime)),
+                                    static_address=hex_text(static_of(target, runtime)),
                                 )
                             )
                             if len(hits) >= p.max_hits:
@@ -359,7 +356,7 @@ def _read(mem: Any, address: int, size: int) -> bytes | None:
 def live_watch(ws: Any, p: LiveWatchParams, ctx: CallContext) -> LiveWatch:
     """Sample places of the pinned process's memory for up to 5 s and report each change (it keeps running)."""
     with _Call(ws) as target:
-        _locate(target)
+        locate(target)
         places: list[int] = []
         for i, t in enumerate(p.targets):
             if t.address is not None:
@@ -406,7 +403,7 @@ def live_watch(ws: Any, p: LiveWatchParams, ctx: CallContext) -> LiveWatch:
         places=[
             WatchedPlace(
                 address=hex(a),
-                static_address=_hex(_static(target, a)),
+                static_address=hex_text(static_of(target, a)),
                 initial=v.hex() if v is not None else None,
                 final=f.hex() if f is not None else None,
             )
@@ -469,7 +466,7 @@ def live_probe(ws: Any, p: LiveProbeParams, ctx: CallContext) -> LiveProbe:
 
     provider, _ = providers.choose("auto", "debugger")
     with _Call(ws) as target:
-        _locate(target)
+        locate(target)
         places = []
         for i, t in enumerate(p.addresses):
             if t.address is not None:
@@ -533,9 +530,9 @@ def _probe(session: Any, target: LiveTarget, places: list[int], p: LiveProbePara
                 row = frames[0].get("frame", frames[0]) if frames and isinstance(frames[0], dict) else {}
                 if row.get("addr"):
                     caller = int(str(row["addr"]), 16)
-                    static = _static(target, caller)
-                    fn = _function(target, static, 0)
-                    hit.caller, hit.caller_static = hex(caller), _hex(static)
+                    static = static_of(target, caller)
+                    fn = function_ref(target, static, 0)
+                    hit.caller, hit.caller_static = hex(caller), hex_text(static)
                     hit.caller_function = fn.name if fn else (row.get("func") if row.get("func") != "??" else None)
             hits.append(hit)
             if len(hits) >= p.max_hits:
@@ -596,7 +593,7 @@ def live_profile(ws: Any, p: LiveProfileParams, ctx: CallContext) -> LiveProfile
 
     provider, _ = providers.choose("auto", "debugger")
     with _Call(ws) as target:
-        _locate(target)
+        locate(target)
         with contextlib.suppress(BinlensError):
             analysis_of(target.prog).require(ctx, wait=True, timeout_s=ANALYSIS_WAIT_S)
         session = provider.open_session(target.prog.image)
@@ -612,7 +609,7 @@ def live_profile(ws: Any, p: LiveProfileParams, ctx: CallContext) -> LiveProfile
                 samples=n,
                 share=round(n / total, 4) if total else 0.0,
                 function=name,
-                static_address=_hex(start),
+                static_address=hex_text(start),
                 module=module,
             )
         )
@@ -635,8 +632,8 @@ def _profile(
             if not isinstance(frame, dict) or not frame.get("addr"):
                 continue
             pc = int(str(frame["addr"]), 16)
-            static = _static(target, pc)
-            fn = _function(target, static, 0)
+            static = static_of(target, pc)
+            fn = function_ref(target, static, 0)
             if fn is not None:
                 key: tuple[str | None, int | None, str | None] = (fn.name, int(fn.address, 16), target.prog.path.name)
             else:

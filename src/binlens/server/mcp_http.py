@@ -475,7 +475,7 @@ class LegacySse:
                 pass
 
         # debugger stop events (from gdb's reader threads) as `{prefix}.debug.event` messages
-        from binlens.api.debug import listeners as debug_listeners  # (the domain loads with the catalog)
+        from binlens.api.debug_target import listeners as debug_listeners  # (the domain loads with the catalog)
 
         loop = asyncio.get_running_loop()
         event_method = f"{self.core.tools.prefix}.debug.event"

@@ -119,7 +119,7 @@ class StdioServer:
         )
         thread.start()
         # debugger stop events (from gdb's reader threads) as `{prefix}.debug.event` notifications
-        from binlens.api.debug import listeners as debug_listeners  # (the domain loads with the catalog)
+        from binlens.api.debug_target import listeners as debug_listeners  # (the domain loads with the catalog)
 
         event_method = f"{self.core.tools.prefix}.debug.event"
 

@@ -91,7 +91,7 @@ class WsHub:
         self.stopping = False
         self.loop: asyncio.AbstractEventLoop | None = None
         # debugger stop events, from gdb's reader threads, to every connected client
-        from binlens.api.debug import listeners as debug_listeners  # (the domain loads with the catalog)
+        from binlens.api.debug_target import listeners as debug_listeners  # (the domain loads with the catalog)
 
         event_method = f"{opts.tool_prefix}.debug.event"
 
