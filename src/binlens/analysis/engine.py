@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable, Container, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
-from typing import Any
 
 from binlens.analysis.arch.profiles import profile
 from binlens.analysis.codemap import CodeMap
@@ -25,8 +24,8 @@ from binlens.analysis.heuristics.starts import DATA_STAGES, heuristic_starts, sc
 from binlens.analysis.intervals import IntervalSet
 from binlens.analysis.metadata.armexidx import seed_exidx_starts
 from binlens.analysis.metadata.ehframe import parse_eh_frame
-from binlens.analysis.metadata.seeds import Seeds, with_source
-from binlens.analysis.metadata.thunks import find_thunks
+from binlens.analysis.metadata.names import text_names
+from binlens.analysis.metadata.seeds import Seeds, file_seeds, with_source
 from binlens.analysis.model import (
     SOURCES,
     XREF_KINDS,
@@ -43,7 +42,7 @@ from binlens.analysis.refs.xrefs import collect_refs, pointers_in_data
 from binlens.analysis.switches.gotos import goto_tables
 from binlens.analysis.switches.resolvers import resolver_for
 from binlens.analysis.version import ENGINE_VERSION
-from binlens.loader.image import Image, Section, Symbol
+from binlens.loader.image import Image
 
 # Discovery walks each body without its edges (`Explorer.record_edges`; `None`: with them, as the
 # tests compare): they are walked once when it ends, and on demand for the non-returning test.
@@ -221,7 +220,7 @@ def explore(
     with the garbage collector paused (`gc_paused`), as `analyze` does."""
     t0 = time.perf_counter()
     report = progress or (lambda done, total, msg: None)
-    image = _text_names(image)
+    image = text_names(image)
     codemap = CodeMap(image)
     backend = make_backend(image, codemap)
     report(0, None, "reading metadata")
@@ -273,7 +272,7 @@ def _read_metadata(
     `.eh_frame` FDEs in the entry state; extents from sized symbols and FDEs; fragments from the
     FDEs of code that is not an entry (cold parts)."""
     seeds = Seeds(image, codemap, backend)
-    thunks = _metadata_seeds(image, seeds)
+    thunks = file_seeds(image, seeds)
     for va in extra_starts:
         seeds.add(va, "user")
     fdes = parse_eh_frame(image)
@@ -373,57 +372,8 @@ def _rediscover(
     return found
 
 
-def _text(value: object) -> str:
-    return value.decode("latin-1") if isinstance(value, bytes | bytearray) else str(value)
 
 
-def _text_names(image: Image) -> Image:
-    """The image with every section and symbol name as text (malformed files can carry raw bytes)."""
-    # records of four kinds, each with a `name` (and a `raw_name`, but sections), treated alike
-    lists: dict[str, list[Any]] = {
-        "sections": image.sections,
-        "symbols": image.symbols,
-        "exports": image.exports,
-        "imports": image.imports,
-    }
-    fixed: dict[str, Any] = {}
-    for key, items in lists.items():
-        if any(not isinstance(x.name, str) or not isinstance(getattr(x, "raw_name", ""), str) for x in items):
-            fixed[key] = [
-                dataclasses.replace(
-                    x, name=_text(x.name), **({"raw_name": _text(x.raw_name)} if hasattr(x, "raw_name") else {})
-                )
-                for x in items
-            ]
-    return dataclasses.replace(image, **fixed) if fixed else image
-
-
-def _metadata_seeds(image: Image, seeds: Seeds) -> dict[int, str]:
-    s: Symbol | Section  # (the loops below walk symbols, then sections)
-    ident = image.identity
-    if ident.entry:
-        seeds.add(ident.entry, "entry")
-    for s in image.symbols:
-        if s.kind == "function" or (s.kind == "other" and ident.format != "ELF"):
-            seeds.add(s.address, "symbol")
-    for e in image.exports:
-        seeds.add(e.address, "export")
-    for key, source in (("pdata", "pdata"), ("function_starts", "function_starts")):
-        for va in image.function_hints.get(key, []):
-            seeds.add(va, source)
-    for key in ("init_array", "fini_array", "ctor", "dtor", "opd"):  # (opd: PowerPC64 ELFv1 descriptors)
-        for va in image.function_hints.get(key, []):
-            seeds.add(va, "pointer")
-    if ident.format == "ELF":
-        for s in image.sections:
-            if s.name in (".init", ".fini") and s.size:
-                seeds.add(s.va, "entry")
-    thunks: dict[int, str] = {}
-    for va, name in find_thunks(image, seeds.codemap).items():
-        got = seeds.add(va, "thunk")
-        if got is not None:
-            thunks[got] = name
-    return thunks
 
 
 

@@ -13,9 +13,10 @@ from binlens.analysis.codemap import CodeMap
 from binlens.analysis.decode.backend import make_backend
 from binlens.analysis.discovery.explorer import NORETURN_NAMES
 from binlens.analysis.discovery.functions import iter_functions
-from binlens.analysis.engine import _text_names, gc_paused, make_explorer
+from binlens.analysis.engine import gc_paused, make_explorer
 from binlens.analysis.intervals import IntervalSet
 from binlens.analysis.metadata.ehframe import parse_eh_frame
+from binlens.analysis.metadata.names import text_names
 from binlens.analysis.metadata.seeds import Seeds
 from binlens.analysis.metadata.thunks import find_thunks
 from binlens.analysis.model import Function, Xref
@@ -46,7 +47,7 @@ def _analyze_functions(
     noreturn: set[int],
     string_starts: AbstractSet[int],
 ) -> tuple[list[Function], list[Xref]]:
-    image = _text_names(image)
+    image = text_names(image)
     codemap = CodeMap(image)
     backend = make_backend(image, codemap)
     seeds = Seeds(image, codemap, backend)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from binlens.analysis.arch.profiles import profile
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.decode.backend import Backend, is_capstone
-from binlens.loader.image import Image
+from binlens.analysis.metadata.thunks import find_thunks
+from binlens.loader.image import Image, Section, Symbol
 
 
 class Seeds:
@@ -42,3 +43,32 @@ def with_source(sources: frozenset[str] | None, source: str) -> frozenset[str]:
     cc1: a set for each of 40k starts, held twice, would be 19 MiB)."""
     new = sources | {source} if sources else frozenset((source,))
     return _SOURCE_SETS.setdefault(new, new)
+
+def file_seeds(image: Image, seeds: Seeds) -> dict[int, str]:
+    """Add the starts the file names (entry, function symbols, exports, pdata, LC_FUNCTION_STARTS,
+    init/fini arrays and constructors, .init/.fini, import thunks) to `seeds`; the thunks' names."""
+    s: Symbol | Section  # (the loops below walk symbols, then sections)
+    ident = image.identity
+    if ident.entry:
+        seeds.add(ident.entry, "entry")
+    for s in image.symbols:
+        if s.kind == "function" or (s.kind == "other" and ident.format != "ELF"):
+            seeds.add(s.address, "symbol")
+    for e in image.exports:
+        seeds.add(e.address, "export")
+    for key, source in (("pdata", "pdata"), ("function_starts", "function_starts")):
+        for va in image.function_hints.get(key, []):
+            seeds.add(va, source)
+    for key in ("init_array", "fini_array", "ctor", "dtor", "opd"):  # (opd: PowerPC64 ELFv1 descriptors)
+        for va in image.function_hints.get(key, []):
+            seeds.add(va, "pointer")
+    if ident.format == "ELF":
+        for s in image.sections:
+            if s.name in (".init", ".fini") and s.size:
+                seeds.add(s.va, "entry")
+    thunks: dict[int, str] = {}
+    for va, name in find_thunks(image, seeds.codemap).items():
+        got = seeds.add(va, "thunk")
+        if got is not None:
+            thunks[got] = name
+    return thunks
