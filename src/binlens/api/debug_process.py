@@ -9,6 +9,7 @@ from pydantic import Field
 
 from binlens.api.cursor import decode_cursor, encode_cursor, query_key
 from binlens.api.debug_target import (
+    ANALYSIS_WAIT_S,
     REQUIRES,
     DebugId,
     FunctionRef,
@@ -256,10 +257,15 @@ def debug_address_resolve(ws: Any, p: ResolveParams) -> Resolved:
     """A runtime address → its module, the module's slide, and (in the program) the static address and function."""
     entry = entry_of(ws, p.debug_id)
     entry.session.check_alive()
-    runtime = int(p.address, 16)
-    for item in map_items(entry):
+    return resolved_at(map_items(entry), entry, int(p.address, 16))
+
+
+def resolved_at(items: list[MapItem], where: Located, runtime: int, wait: float = ANALYSIS_WAIT_S) -> Resolved:
+    """`runtime` in the mappings `items` of the process `where` names: its module, slide, and (in the
+    program) static address and function (the analysis waited for at most `wait` seconds)."""
+    for item in items:
         if int(item.start, 16) <= runtime < int(item.end, 16):
-            static = static_of(entry, runtime) if item.program else None
+            static = static_of(where, runtime) if item.program else None
             return Resolved(
                 address=hex(runtime),
                 module=item.path or None,
@@ -267,7 +273,7 @@ def debug_address_resolve(ws: Any, p: ResolveParams) -> Resolved:
                 slide=item.slide,
                 program=item.program,
                 static_address=hex_text(static),
-                function=function_ref(entry, static),
+                function=function_ref(where, static, wait),
                 perms=item.perms,
             )
     return Resolved(address=hex(runtime), program=False)

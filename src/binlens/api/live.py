@@ -22,7 +22,7 @@ from pydantic import Field, model_validator
 
 from binlens.api.analysis import select_address
 from binlens.api.cursor import decode_cursor, encode_cursor, query_key
-from binlens.api.debug_process import MapItem, MapList, Resolved, map_items
+from binlens.api.debug_process import MapList, Resolved, map_items, resolved_at
 from binlens.api.debug_target import (
     ANALYSIS_WAIT_S,
     Located,
@@ -152,21 +152,6 @@ class LiveResolved(Result):
     items: list[Resolved]
 
 
-def _resolve(items: list[MapItem], target: LiveTarget, runtime: int) -> Resolved:
-    for item in items:
-        if int(item.start, 16) <= runtime < int(item.end, 16):
-            static = static_of(target, runtime) if item.program else None
-            return Resolved(
-                address=hex(runtime),
-                module=item.path or None,
-                module_base=item.module_base,
-                slide=item.slide,
-                program=item.program,
-                static_address=hex_text(static),
-                function=function_ref(target, static, 0),
-                perms=item.perms,
-            )
-    return Resolved(address=hex(runtime), program=False)
 
 
 @method("live.resolve", effect=READ_ONLY, requires=REQUIRES)
@@ -174,7 +159,7 @@ def live_resolve(ws: Any, p: LiveResolveParams) -> LiveResolved:
     """Runtime addresses of the pinned process → module, slide, static address and function."""
     with _Call(ws) as target:
         items = map_items(target)
-        result = LiveResolved(items=[_resolve(items, target, int(a, 16)) for a in p.addresses])
+        result = LiveResolved(items=[resolved_at(items, target, int(a, 16), 0) for a in p.addresses])
     _bounded(result)
     return result
 
