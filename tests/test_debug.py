@@ -17,7 +17,7 @@ import pytest
 
 from binlens.api import REGISTRY, invoke
 from binlens.errors import BinlensError
-from binlens.providers.gdb import TargetIdentity
+from binlens.providers.target import TargetIdentity
 from binlens.workspace import Config, Workspace
 
 pytestmark = [

@@ -34,7 +34,8 @@ from binlens.api.registry import LIFECYCLE, READ_ONLY, CallContext, method
 from binlens.errors import BinlensError
 from binlens.jobs.state import analysis_of
 from binlens.providers import registry as providers
-from binlens.providers.gdb import KILL_COMMAND, GdbSession, TargetIdentity
+from binlens.providers.gdb import KILL_COMMAND, GdbSession
+from binlens.providers.target import TargetIdentity
 
 # --- start, attach, list --------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from binlens.api.debug_target import (
 )
 from binlens.api.models import HexAddress, Page, Params, Result
 from binlens.api.registry import READ_ONLY, method
-from binlens.providers.gdb import read_maps
+from binlens.providers.target import read_maps
 
 # --- stack, threads, maps, addresses --------------------------------------------------------------
 

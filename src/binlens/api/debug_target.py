@@ -29,7 +29,8 @@ from binlens.api.analysis import select_address
 from binlens.api.models import HexAddress, Params, Result, Selector
 from binlens.errors import BinlensError
 from binlens.jobs.state import analysis_of, function_name
-from binlens.providers.gdb import GdbSession, Mapping, TargetIdentity, read_maps
+from binlens.providers.gdb import GdbSession
+from binlens.providers.target import Mapping, TargetIdentity, read_maps
 
 SESSIONS_KEY = "debug.sessions"  # Workspace.extensions key of the `DebugSessions`
 LISTENERS_KEY = "debug.listeners"  # Workspace.extensions key of the event listeners (the servers')

@@ -36,7 +36,7 @@ from binlens.api.models import HexAddress, Page, Params, Result, Selector
 from binlens.api.registry import READ_ONLY, CallContext, method, response_size, response_too_large
 from binlens.errors import BinlensError
 from binlens.jobs.state import analysis_of
-from binlens.providers.gdb import TargetIdentity, read_maps
+from binlens.providers.target import TargetIdentity, read_maps
 
 LIVE_KEY = "live.target"  # Workspace.extensions key of the pinned `LiveTarget`
 MAX_RESPONSE = 64 * 1024

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import hashlib
 import itertools
 import logging
 import os
@@ -32,7 +31,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from binlens.errors import BinlensError
@@ -40,6 +38,7 @@ from binlens.providers.base import Availability, ToolVersions
 
 if TYPE_CHECKING:
     from binlens.loader.image import Image
+from binlens.providers.target import TargetIdentity, process_exited_error, process_start_time
 
 log = logging.getLogger("binlens")
 
@@ -97,127 +96,6 @@ def _probe(exe: str) -> Availability:
 
 
 PROVIDER = GdbProvider()
-
-
-# --- the target's identity ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TargetIdentity:
-    """What a pid must still be for a call to act on it."""
-
-    pid: int
-    start_time: int  # clock ticks after boot (/proc/PID/stat field 22)
-    exe: str
-    exe_device: int
-    exe_inode: int
-    sha256: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fields as a JSON object."""
-        return asdict(self)
-
-    @classmethod
-    def pin(cls, pid: int) -> TargetIdentity:
-        """The identity of the live process `pid` (process_exited when there is none)."""
-        start = _start_time(pid)
-        if start is None:
-            raise _exited(pid)
-        try:
-            exe = os.readlink(f"/proc/{pid}/exe")
-            st = os.stat(f"/proc/{pid}/exe")
-            digest = hashlib.sha256()
-            with open(f"/proc/{pid}/exe", "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(chunk)
-        except FileNotFoundError:
-            raise _exited(pid) from None
-        except PermissionError:
-            raise BinlensError(
-                "unavailable",
-                f"process {pid}'s executable cannot be read by the server",
-                target="/params/pid",
-                details={"reason": "permission_denied"},
-            ) from None
-        return cls(pid, start, exe.removesuffix(" (deleted)"), st.st_dev, st.st_ino, digest.hexdigest())
-
-    def check(self) -> None:
-        """Raise process_exited when the process is gone, process_changed when the pid names another
-        process or another executable."""
-        start = _start_time(self.pid)
-        if start is None:
-            raise _exited(self.pid)
-        try:
-            st = os.stat(f"/proc/{self.pid}/exe")
-        except FileNotFoundError:
-            raise _exited(self.pid) from None
-        except PermissionError:
-            st = None
-        if start != self.start_time or (st is not None and (st.st_dev, st.st_ino) != (self.exe_device, self.exe_inode)):
-            raise BinlensError(
-                "process_changed",
-                f"pid {self.pid} is no longer the process this debug session pinned",
-                details={"pid": self.pid, "pinned_start_time": self.start_time, "start_time": start},
-            )
-
-
-def _start_time(pid: int) -> int | None:
-    """A live process's start time (None when it is gone or a zombie)."""
-    try:
-        text = open(f"/proc/{pid}/stat").read()  # noqa: SIM115 - one read
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = text.rsplit(")", 1)[1].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])  # field 22 of the whole line
-
-
-def _exited(pid: int) -> BinlensError:
-    return BinlensError("process_exited", f"the target process {pid} has exited", details={"pid": pid})
-
-
-# --- memory maps ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Mapping:
-    """One line of /proc/PID/maps."""
-
-    start: int
-    end: int
-    perms: str
-    offset: int
-    device: int
-    inode: int
-    path: str
-
-
-def read_maps(pid: int) -> list[Mapping]:
-    """The process's memory mappings (process_exited when it is gone)."""
-    try:
-        lines = open(f"/proc/{pid}/maps").read().splitlines()  # noqa: SIM115 - one read
-    except (FileNotFoundError, ProcessLookupError):
-        raise _exited(pid) from None
-    out = []
-    for line in lines:
-        parts = line.split(None, 5)
-        if len(parts) < 5:
-            continue
-        lo, hi = parts[0].split("-")
-        major, minor = parts[3].split(":")
-        out.append(
-            Mapping(
-                int(lo, 16),
-                int(hi, 16),
-                parts[1],
-                int(parts[2], 16),
-                os.makedev(int(major, 16), int(minor, 16)),
-                int(parts[4]),
-                parts[5].strip() if len(parts) > 5 else "",
-            )
-        )
-    return out
 
 
 # --- the session ----------------------------------------------------------------------------------
@@ -435,7 +313,7 @@ class GdbSession:
     def check_alive(self) -> None:
         """The target is the pinned process and can be acted on (process_exited, process_changed, conflict)."""
         if self.state == "exited":
-            raise _exited(self.identity.pid if self.identity else 0)
+            raise process_exited_error(self.identity.pid if self.identity else 0)
         if self.state in ("detached", "closed", "failed", "idle"):
             raise BinlensError(
                 "conflict", f"the debug session is {self.state}", details={"state": self.state, "provider": "gdb"}
@@ -624,7 +502,7 @@ def _kill_all(proc: subprocess.Popen[bytes], targets: list[tuple[int, int]]) -> 
     """Kill gdb's process group and the targets it started that still run (at close, on a timeout,
     at server exit); a pid that names another process by now is left alone."""
     for pid, start in targets:
-        if _start_time(pid) == start:
+        if process_start_time(pid) == start:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
     if proc.poll() is None:

@@ -27,6 +27,18 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from binlens.server.asgi import AsgiEndpoint
+from binlens.server.http_io import (
+    ALLOW,
+    CORS_HEADERS,
+    cors_headers,
+    guarded,
+    header_map,
+    is_json,
+    raw_headers,
+    read_body,
+    respond,
+    start_event_stream,
+)
 from binlens.server.mcp_protocol import (
     MODERN,
     RESOURCE_NOT_FOUND,
@@ -44,107 +56,12 @@ from binlens.workspace import Workspace
 
 log = logging.getLogger("binlens.mcp")
 
-ALLOW = "POST, OPTIONS"
-CORS_HEADERS = (
-    "Content-Type, Accept, Authorization, MCP-Protocol-Version, Mcp-Method, Mcp-Name, Mcp-Session-Id, Last-Event-ID"
-)
 MAX_BODY = 4 << 20
 SSE_KEEPALIVE_S = 15.0
 MAX_SSE_SESSIONS = 64
 SSE_QUEUE = 64  # messages waiting for one legacy SSE stream; beyond, the session is dropped
 
 
-def _headers(scope: Scope) -> dict[str, str]:
-    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-
-
-def _raw_headers(scope: Scope) -> list[tuple[str, str]]:
-    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", [])]
-
-
-def _cors(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
-    origin = headers.get("origin")
-    out = [(b"access-control-allow-origin", (origin or "*").encode("latin-1"))]
-    if origin:
-        out.append((b"vary", b"Origin"))
-    out.append((b"access-control-expose-headers", b"MCP-Protocol-Version"))
-    return out
-
-
-async def _start_event_stream(send: Any, cors: list[tuple[bytes, bytes]]) -> None:
-    """Start a 200 `text/event-stream` response (no caching, no proxy buffering)."""
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": [
-                *cors,
-                (b"content-type", b"text/event-stream"),
-                (b"cache-control", b"no-cache, no-transform"),
-                (b"x-accel-buffering", b"no"),
-            ],
-        }
-    )
-
-
-async def _respond(
-    send: Send,
-    status: int,
-    body: bytes = b"",
-    content_type: str | None = None,
-    extra: list[tuple[bytes, bytes]] | None = None,
-) -> None:
-    headers = list(extra or [])
-    if content_type:
-        headers.append((b"content-type", content_type.encode()))
-    headers.append((b"content-length", str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-class _Tracked:
-    """A `send` that remembers whether the response has started (to answer a failure properly)."""
-
-    def __init__(self, send: Send) -> None:
-        self._send = send
-        self.started = False
-
-    async def __call__(self, message: Any) -> None:
-        if message["type"] == "http.response.start":
-            self.started = True
-        await self._send(message)
-
-
-async def _guarded(handler: Any, scope: Scope, receive: Receive, send: Send) -> None:
-    """Run an HTTP handler; a failure inside it is logged and answered with a JSON-RPC -32603 (500)."""
-    tracked = _Tracked(send)
-    try:
-        await handler(scope, receive, tracked)
-    except Exception:  # noqa: BLE001 - nothing internal crosses the wire, and the server keeps serving
-        log.exception("internal error serving %s %s", scope.get("method"), scope.get("path"))
-        if not tracked.started:
-            body = dump_bytes(error_response(internal_error(), None, None, identifiable=False))
-            await _respond(send, 500, body, "application/json", _cors(_headers(scope)))
-
-
-async def _read_body(receive: Receive, limit: int) -> bytes | None:
-    """The request body, or None when it exceeds `limit`."""
-    chunks = bytearray()
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            raise ConnectionResetError
-        chunks += msg.get("body", b"")
-        if len(chunks) > limit:
-            return None
-        if not msg.get("more_body"):
-            return bytes(chunks)
-
-
-def _is_json(content_type: str | None) -> bool:
-    if not content_type:
-        return False
-    return content_type.split(";", 1)[0].strip().lower() == "application/json"
 
 
 class McpEndpoint:
@@ -170,11 +87,11 @@ class McpEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one HTTP request to /mcp; a failure inside is answered with -32603."""
-        await _guarded(self._serve, scope, receive, send)
+        await guarded(self._serve, scope, receive, send)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = _headers(scope)
-        cors = _cors(headers)
+        headers = header_map(scope)
+        cors = cors_headers(headers)
         method = scope["method"]
         if method == "OPTIONS":
             extra = [
@@ -184,17 +101,17 @@ class McpEndpoint:
                 (b"access-control-max-age", b"600"),
                 (b"allow", ALLOW.encode()),
             ]
-            await _respond(send, 204, extra=extra)
+            await respond(send, 204, extra=extra)
             return
         if method != "POST":
             body = dump_bytes(
                 {"error": f"{method} is not served on /mcp: POST JSON-RPC messages (no standalone stream)"}
             )
-            await _respond(send, 405, body, "application/json", [*cors, (b"allow", ALLOW.encode())])
+            await respond(send, 405, body, "application/json", [*cors, (b"allow", ALLOW.encode())])
             return
-        if not _is_json(headers.get("content-type")):
+        if not is_json(headers.get("content-type")):
             body = dump_bytes({"error": "POST /mcp needs Content-Type: application/json"})
-            await _respond(send, 415, body, "application/json", cors)
+            await respond(send, 415, body, "application/json", cors)
             return
         try:
             await self._post(scope, receive, send, headers, cors)
@@ -208,9 +125,9 @@ class McpEndpoint:
 
         async def fail(status: int, err: RpcError, msg_id: Any = None, identifiable: bool = False) -> None:
             body = dump_bytes(error_response(err, msg_id, header_version, identifiable=identifiable))
-            await _respond(send, status, body, "application/json", cors)
+            await respond(send, status, body, "application/json", cors)
 
-        raw = await _read_body(receive, MAX_BODY)
+        raw = await read_body(receive, MAX_BODY)
         if raw is None:
             await fail(413, RpcError(INVALID_REQUEST, f"request body over {MAX_BODY} bytes"))
             return
@@ -226,7 +143,7 @@ class McpEndpoint:
             ok = valid_id(rid)
             await fail(400, err, rid, ok)
             return
-        dup = find_duplicated_routing_header(_raw_headers(scope))
+        dup = find_duplicated_routing_header(raw_headers(scope))
         if dup is not None:
             await fail(
                 400,
@@ -239,7 +156,7 @@ class McpEndpoint:
             # Notifications and responses: accepted with no body; only a cancellation acts.
             if inbound.method == "notifications/cancelled" and not modern_meta(inbound.params):
                 self._cancel(scope, headers, inbound.params)
-            await _respond(send, 202, extra=cors)
+            await respond(send, 202, extra=cors)
             return
         await self._request(scope, inbound, headers, receive, send, cors)
 
@@ -258,7 +175,7 @@ class McpEndpoint:
             version = self.core.request_version(inbound, None, headers)
         except RpcError as err:
             body = dump_bytes(error_response(err, inbound.id, header_version))
-            await _respond(send, err.http_status if err.http_status != 200 else 400, body, "application/json", cors)
+            await respond(send, err.http_status if err.http_status != 200 else 400, body, "application/json", cors)
             return
         accept = headers.get("accept", "")
         meta = (inbound.params or {}).get("_meta")
@@ -297,14 +214,14 @@ class McpEndpoint:
             await _abandoned(send, inbound.id, version, cors)
             return
         if response is _CANCELLED:  # by notifications/cancelled: no JSON-RPC response, as MCP asks
-            await _respond(send, 204, extra=cors)
+            await respond(send, 204, extra=cors)
             return
         status = 200
         if "error" in response and version == MODERN:
             status = RpcError(response["error"]["code"], "").http_status
         elif "error" in response and response["error"]["code"] == RESOURCE_NOT_FOUND:
             status = 404  # the handshake eras' unknown resource
-        await _respond(send, status, dump_bytes(response), "application/json", cors)
+        await respond(send, status, dump_bytes(response), "application/json", cors)
 
     async def _stream(
         self,
@@ -324,7 +241,7 @@ class McpEndpoint:
             async with lock:
                 if not started:
                     started = True
-                    await _start_event_stream(send, cors)
+                    await start_event_stream(send, cors)
                 chunk = b"event: message\ndata: " + dump_bytes(message) + b"\n\n"
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
@@ -337,7 +254,7 @@ class McpEndpoint:
             return
         if response is _CANCELLED:
             if not started:
-                await _respond(send, 204, extra=cors)
+                await respond(send, 204, extra=cors)
             else:  # end the stream without a response
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             return
@@ -349,7 +266,7 @@ async def _abandoned(send: Send, request_id: Any, version: str, cors: list[tuple
     """Answer a request whose connection reported a disconnect: nobody reads it if the client left,
     and when the server is stopping (the app drains open requests that way) the client gets 503."""
     err = RpcError(INTERNAL_ERROR, "the request was abandoned: the client went away or the server is stopping")
-    await _respond(send, 503, dump_bytes(error_response(err, request_id, version)), "application/json", cors)
+    await respond(send, 503, dump_bytes(error_response(err, request_id, version)), "application/json", cors)
 
 
 _GONE = object()  # the client disconnected
@@ -441,20 +358,20 @@ class LegacySse:
 
     async def sse(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The event stream: `endpoint` first, then `message` events and keep-alive comments."""
-        headers = _headers(scope)
-        cors = _cors(headers)
+        headers = header_map(scope)
+        cors = cors_headers(headers)
         if scope["method"] != "GET":
-            await _respond(send, 405, b"", None, [*cors, (b"allow", b"GET")])
+            await respond(send, 405, b"", None, [*cors, (b"allow", b"GET")])
             return
         if len(self.sessions) >= self.max_sessions:
             body = dump_bytes({"error": f"{self.max_sessions} SSE sessions are open; retry later"})
-            await _respond(send, 503, body, "application/json", [*cors, (b"retry-after", b"5")])
+            await respond(send, 503, body, "application/json", [*cors, (b"retry-after", b"5")])
             return
         sess = SseSession(self.max_queue)
         sess.session.credential = headers.get("authorization")
         self.sessions[sess.id] = sess
         root = scope.get("root_path", "")
-        await _start_event_stream(send, cors)
+        await start_event_stream(send, cors)
         endpoint = f"{root}/messages?sessionId={sess.id}"
         await send(
             {"type": "http.response.body", "body": f"event: endpoint\ndata: {endpoint}\n\n".encode(), "more_body": True}
@@ -503,13 +420,13 @@ class LegacySse:
 
     async def messages(self, scope: Scope, receive: Receive, send: Send) -> None:
         """`POST /messages?sessionId=...`: 202, the answer goes to that session's stream."""
-        await _guarded(self._messages, scope, receive, send)
+        await guarded(self._messages, scope, receive, send)
 
     async def _messages(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = _headers(scope)
-        cors = _cors(headers)
+        headers = header_map(scope)
+        cors = cors_headers(headers)
         if scope["method"] != "POST":
-            await _respond(send, 405, b"", None, [*cors, (b"allow", b"POST")])
+            await respond(send, 405, b"", None, [*cors, (b"allow", b"POST")])
             return
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         # The endpoint event names the session in the query; clients that carry it as a header
@@ -518,29 +435,29 @@ class LegacySse:
         in_header = headers.get("mcp-session-id")
         if in_query and in_header and in_query != in_header:
             body = dump_bytes({"error": "sessionId and the Mcp-Session-Id header name different sessions"})
-            await _respond(send, 400, body, "application/json", cors)
+            await respond(send, 400, body, "application/json", cors)
             return
         sid = in_query or in_header
         if not sid:
             body = dump_bytes({"error": "sessionId (query) or Mcp-Session-Id (header) is required"})
-            await _respond(send, 400, body, "application/json", cors)
+            await respond(send, 400, body, "application/json", cors)
             return
         sess = self.sessions.get(sid)
         if sess is None:
-            await _respond(send, 404, dump_bytes({"error": "no such session"}), "application/json", cors)
+            await respond(send, 404, dump_bytes({"error": "no such session"}), "application/json", cors)
             return
-        if not _is_json(headers.get("content-type")):
+        if not is_json(headers.get("content-type")):
             body = dump_bytes({"error": "POST /messages needs Content-Type: application/json"})
-            await _respond(send, 415, body, "application/json", cors)
+            await respond(send, 415, body, "application/json", cors)
             return
         try:
-            raw = await _read_body(receive, MAX_BODY)
+            raw = await read_body(receive, MAX_BODY)
         except ConnectionResetError:
             return
         version = sess.session.negotiated
         if raw is None:
             err = RpcError(INVALID_REQUEST, f"request body over {MAX_BODY} bytes")
-            await _respond(
+            await respond(
                 send, 413, dump_bytes(error_response(err, None, version, identifiable=False)), "application/json", cors
             )
             return
@@ -549,18 +466,18 @@ class LegacySse:
         except FrameError as err:
             rpc = RpcError(err.code, err.message)
             body = dump_bytes(error_response(rpc, err.id, version, identifiable=err.identifiable))
-            await _respond(send, 400, body, "application/json", cors)
+            await respond(send, 400, body, "application/json", cors)
             return
         try:
             inbound = classify(msg, version)
         except RpcError as err:
             rid = msg.get("id") if isinstance(msg, dict) else None
             ok = valid_id(rid)
-            await _respond(
+            await respond(
                 send, 400, dump_bytes(error_response(err, rid, version, identifiable=ok)), "application/json", cors
             )
             return
-        await _respond(send, 202, b"Accepted", "text/plain", cors)
+        await respond(send, 202, b"Accepted", "text/plain", cors)
         if inbound.kind == "notification":
             self.core.handle_notification(inbound, sess.session)
         elif inbound.kind == "request" and sess.session.running(inbound.id):
