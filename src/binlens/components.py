@@ -68,6 +68,7 @@ DOMAINS: tuple[str, ...] = (
     "interface",
     "journal",
     "live",
+    "live_gdb",
     "memory",
     "patch",
     "program",
