@@ -266,15 +266,20 @@ def debug_interrupt(ws: Any, p: InterruptParams) -> StepResult:
     return StepResult(state=s.state, event=event_record(entry, event) if event else None)
 
 
+def _stop_running(s: GdbSession) -> None:
+    """Stop a running target (at most 5 s) before ending its session."""
+    s.check_alive()
+    if s.state == "running":
+        s.command("-exec-interrupt --all", timeout=10)
+        s.wait_stop(5)
+
+
 @method("debug.kill", effect=LIFECYCLE, requires=REQUIRES)
 def debug_kill(ws: Any, p: DebugRef) -> DebugSessionInfo:
     """Kill the target and end the session (its `exited` event stays in the log)."""
     entry = entry_of(ws, p.debug_id)
     s = entry.session
-    s.check_alive()
-    if s.state == "running":
-        s.command("-exec-interrupt --all", timeout=10)
-        s.wait_stop(5)
+    _stop_running(s)
     if s.state == "stopped":
         s.command(KILL_COMMAND, timeout=10, check=True)
     s.mark_exited("killed by debug.kill")
@@ -287,10 +292,7 @@ def debug_detach(ws: Any, p: DebugRef) -> DebugSessionInfo:
     """Detach from the target (it keeps running) and end the session."""
     entry = entry_of(ws, p.debug_id)
     s = entry.session
-    s.check_alive()
-    if s.state == "running":
-        s.command("-exec-interrupt --all", timeout=10)
-        s.wait_stop(5)
+    _stop_running(s)
     s.command("-target-detach", timeout=10, check=True)
     s.state = "detached"
     s.close()
