@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml setup.py src/binlens/analysis/native/_x86scan
 		src/binlens/analysis/native/_predmap.h src/binlens/analysis/native/_packedrefs.h src/binlens/store/_rows.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,debug,decompile]'
+	$(PY) -m pip install -q -e '.[dev,debug,decompile,corpus]'
 	$(PY) -m compileall -q src  # an editable install has no bytecode yet (PYTHONDONTWRITEBYTECODE may be set)
 	touch $@
 
