@@ -120,6 +120,35 @@ def test_request_with_string_and_integer_ids(server: ServerProcess, sample: Path
     run(go())
 
 
+def test_journal_client_is_stable_across_connections(server: ServerProcess, sample: Path) -> None:
+    """Edits over /ws are journaled under the client's name (its User-Agent product and a digest of
+    its credential), the same on each of its connections, never under a per-connection id."""
+    secret = "Bearer ws-s3cret-" + "y" * 20
+
+    async def comment(text: str, headers: dict[str, str] | None = None) -> None:
+        agent = "probe/2.1 extra/9"
+        c = await connect(server.ws_url, open_timeout=10, user_agent_header=agent, additional_headers=headers)
+        async with c:
+            ready = await recv_json(c)
+            params = {"program": handle_of(ready, sample), "selector": {"name": "main"}, "kind": "eol", "text": text}
+            assert "error" not in await call(c, 1, "comment.upsert", params)
+
+    async def go() -> list[str]:
+        await comment("ws journal 1")
+        await comment("ws journal 2")
+        await comment("ws journal 3", {"Authorization": secret})
+        c, ready = await opened(server.ws_url)
+        async with c:
+            params = {"program": handle_of(ready, sample), "newest_first": True, "page": {"limit": 3}}
+            reply = await call(c, 2, "journal.list", params)
+            assert "s3cret" not in json.dumps(reply)
+            return [e["client"] for e in reversed(reply["result"]["items"])]
+
+    clients = run(go())
+    assert clients[:2] == ["ws:probe/2.1", "ws:probe/2.1"]
+    assert clients[2].startswith("ws:probe/2.1#") and len(clients[2]) == len("ws:probe/2.1#") + 12
+
+
 # --- errors keep the socket open ----------------------------------------------------------------
 def test_invalid_json_is_32700_with_null_id(server: ServerProcess) -> None:
     async def go() -> None:

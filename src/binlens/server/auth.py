@@ -16,6 +16,7 @@ extension, so the client sees the real status instead of a generic 403.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import json
@@ -340,3 +341,31 @@ def install_log_redaction(
         lg.addFilter(filt)
         for handler in lg.handlers:
             _guard_handler(handler, filt)
+
+
+_LABEL_TEXT = re.compile(r"[^A-Za-z0-9._+@:-]+")
+
+
+def client_label(transport: str, info: object, credential: str | None) -> str:
+    """The journal's name for a client, the same on each of its calls and connections:
+    `TRANSPORT:NAME/VERSION` from what the client says it is (MCP's clientInfo; the first product
+    of a WebSocket client's User-Agent), `TRANSPORT:unknown` without it, then `#` and 12 hex digits
+    of a digest of the credential it authenticated with, when it sent one (never the credential)."""
+    name = version = ""
+    if isinstance(info, dict):
+        name = _LABEL_TEXT.sub("_", str(info.get("name") or ""))[:64]
+        version = _LABEL_TEXT.sub("_", str(info.get("version") or ""))[:32]
+    label = f"{transport}:{name or 'unknown'}" + (f"/{version}" if version else "")
+    if credential:
+        digest = hashlib.sha256(b"binlens journal client\0" + credential.encode("utf-8", "replace")).hexdigest()
+        label += f"#{digest[:12]}"
+    return label
+
+
+def user_agent_product(user_agent: str | None) -> dict[str, str] | None:
+    """The first product of a User-Agent header (`name/version`), as `{name, version}`."""
+    first = (user_agent or "").split(" ", 1)[0].strip()
+    if not first:
+        return None
+    name, _, version = first.partition("/")
+    return {"name": name, "version": version}

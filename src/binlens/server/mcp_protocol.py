@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import hashlib
 import logging
-import re
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +38,7 @@ from pydantic import ValidationError
 
 from binlens.api.registry import CallContext, frame_size, response_too_large, retained_reference
 from binlens.errors import BinlensError
+from binlens.server.auth import client_label
 from binlens.server.mcp_tools import ResourceNotFound, ToolError, ToolSet
 from binlens.server.slots import shared_slots
 from binlens.server.wire import valid_id
@@ -446,7 +445,7 @@ class McpCore:
             progress_fn = self._progress_sender(loop, token, notify)
         info = meta.get(CLIENT_INFO_META_KEY) or (session.client_info if session is not None else None)
         ctx = CallContext(
-            client=client_label(info, session.credential if session else None),
+            client=client_label("mcp", info, session.credential if session else None),
             progress=progress_fn,
             transport="mcp",
             protocol_version=version,
@@ -520,24 +519,6 @@ class McpCore:
 
 
 CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
-_LABEL_TEXT = re.compile(r"[^A-Za-z0-9._+@:-]+")
-
-
-def client_label(info: Any, credential: str | None) -> str:
-    """The journal's name for an MCP client, the same on each of its calls: `mcp:NAME/VERSION` from
-    its clientInfo (`mcp:unknown` without one), then `#` and 12 hex digits of a digest of the
-    credential it authenticated with, when it sent one (never the credential itself)."""
-    name = version = ""
-    if isinstance(info, dict):
-        name = _LABEL_TEXT.sub("_", str(info.get("name") or ""))[:64]
-        version = _LABEL_TEXT.sub("_", str(info.get("version") or ""))[:32]
-    label = f"mcp:{name or 'unknown'}" + (f"/{version}" if version else "")
-    if credential:
-        digest = hashlib.sha256(b"binlens journal client\0" + credential.encode("utf-8", "replace")).hexdigest()
-        label += f"#{digest[:12]}"
-    return label
-
-
 def negotiate(requested: Any) -> str:
     """Handshake negotiation: the requested version when supported, else 2025-11-25."""
     return requested if requested in HANDSHAKE_VERSIONS else DEFAULT_HANDSHAKE

@@ -47,7 +47,7 @@ from binlens.api.registry import (
     retained_reference,
 )
 from binlens.errors import BinlensError
-from binlens.server.auth import refuse
+from binlens.server.auth import client_label, refuse, user_agent_product
 from binlens.server.options import ServerOptions
 from binlens.server.slots import shared_slots
 from binlens.server.wire import FrameError, decode, dumps, valid_id
@@ -197,6 +197,9 @@ class WsSession:
         self.hub = hub
         self.id = "ws-" + uuid.uuid4().hex[:16]
         self.scope = scope
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        # the journal's name for this client: stable across its connections, unlike `id`
+        self.client = client_label("ws", user_agent_product(headers.get("user-agent")), headers.get("authorization"))
         self._receive = receive
         self._send = send
         self._send_lock = asyncio.Lock()
@@ -352,7 +355,7 @@ class WsSession:
             )
             await self.send(rpc_error(msg_id, METHOD_FAILED, busy.message, busy.to_dict()))
             return
-        ctx = CallContext(client=self.id, progress=self._progress_sender(msg_id), transport="websocket")
+        ctx = CallContext(client=self.client, progress=self._progress_sender(msg_id), transport="websocket")
         self.calls[msg_id] = ctx
         task = asyncio.get_running_loop().create_task(self._call(msg_id, method, params, ctx))
         self.tasks.add(task)
