@@ -68,6 +68,16 @@ def test_ready_line_mcp_config_prefix_and_sigterm(tmp_path: Path, sample: Path) 
         srv.kill()
 
 
+def test_mcp_config_carries_the_permissions(sample: Path) -> None:
+    """The stdio entry grants what this server was started with: --allow-debug, --allow-live-pid."""
+    from binlens.cli.main import build_parser
+    from binlens.cli.serve_command import mcp_config
+
+    args = build_parser().parse_args(["serve", str(sample), "--read-only", "--allow-debug", "--allow-live-pid", "4242"])
+    stdio = mcp_config(args, "http://127.0.0.1:1", [sample])["mcpServers"]["binlens"]
+    assert stdio["args"] == ["mcp", str(sample), "--read-only", "--allow-debug", "--allow-live-pid", "4242"]
+
+
 def test_unopenable_file_exits_1(tmp_path: Path) -> None:
     junk = tmp_path / "junk.bin"
     junk.write_bytes(b"this is not an executable" * 10)

@@ -140,6 +140,8 @@ def mcp_config(args: argparse.Namespace, base: str, files: list[Path]) -> dict[s
         stdio["args"] += ["--tool-separator", args.tool_separator]
     if args.allow_debug:
         stdio["args"].append("--allow-debug")
+    if getattr(args, "allow_live_pid", None) is not None:
+        stdio["args"] += ["--allow-live-pid", str(args.allow_live_pid)]
     http: dict[str, Any] = {"type": "http", "url": f"{base}/mcp"}
     if args.token:
         http["headers"] = {"Authorization": f"Bearer ${{{TOKEN_ENV}}}"}  # never the token itself
