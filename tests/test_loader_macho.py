@@ -186,6 +186,20 @@ def test_dyld_info_stubs_are_named_after_their_imports(name):
     assert {va: thunks.get(va) for va in stubs} == {va: sym.removeprefix("_") for va, sym in stubs.items()}
 
 
+@pytest.mark.parametrize("name", ["libr_bp.dylib", "TestSocket", "SwiftUITest"])
+def test_exports_match_the_export_trie(name):
+    """Every entry of the export trie is an export at its address, as llvm-objdump reads the trie
+    (it prints virtual addresses)."""
+    path, img = dyld_info_image(name)
+    want = set()
+    for line in llvm_objdump("--exports-trie", str(path)).splitlines():
+        cols = line.split()
+        if len(cols) >= 2 and cols[0].startswith("0x"):
+            want.add((int(cols[0], 16), cols[1]))
+    assert want, f"llvm-objdump printed no exports for {name}"
+    assert {(e.address, e.raw_name) for e in img.exports} == want
+
+
 def test_a_library_path_that_is_not_utf8_keeps_its_bytes_escaped():
     """objc-crash binds from `/usr/lib/li\\xa8objc.A.dylib`: LIEF raises on that path, the
     loader reads it from the load command and escapes the byte, as it does in symbol names."""

@@ -2,4 +2,4 @@
 only reads stored analyses (the CLI, a server) checks it without importing the engine."""
 
 # What each version changed in the results: docs/ENGINE.md, "Engine versions".
-ENGINE_VERSION = "11"
+ENGINE_VERSION = "12"

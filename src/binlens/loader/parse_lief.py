@@ -384,10 +384,11 @@ def _macho_arch(b: Any) -> tuple[str, int]:
 
 def _macho_config() -> Any:
     """LIEF's quick parse plus the bind opcodes of `LC_DYLD_INFO(_ONLY)` (the imports of a file
-    without chained fixups); rebase opcodes, which binlens does not read, stay unparsed."""
+    without chained fixups) and the export trie (its exports; no measurable cost on the corpus);
+    rebase opcodes, which binlens does not read, stay unparsed."""
     cfg = lief.MachO.ParserConfig()
     cfg.parse_dyld_bindings = True
-    cfg.parse_dyld_exports = False
+    cfg.parse_dyld_exports = True
     cfg.parse_dyld_rebases = False
     cfg.fix_from_memory = False
     return cfg
@@ -435,6 +436,7 @@ def _parse_macho(data: bytes, sha: str, file_name: str, slice_name: str | None) 
     fs = function_starts.functions if function_starts is not None else []
     starts = {b.imagebase + f for f in fs}
     symbols = []
+    external: list[Export] = []
     thumb: set[int] = set()
     for sym in b.symbols:
         raw = _text(sym.name)
@@ -445,13 +447,17 @@ def _parse_macho(data: bytes, sha: str, file_name: str, slice_name: str | None) 
         binding = "global" if t & 0x01 else "local"
         kind: SymbolKind = "function" if sym.value in starts else "other"
         symbols.append(Symbol(demangle(name), raw, sym.value, 0, kind, binding, "macho"))
+        if t & 0x01 and not t & 0x10:  # N_EXT without N_PEXT: what a file without a trie exports
+            external.append(Export(demangle(name), raw, sym.value))
         if sym.description & N_ARM_THUMB_DEF and arch == "arm":
             thumb.add(sym.value)
     imports = _macho_imports(b)
     exports = []
-    for exp in b.exported_symbols:
+    for exp in b.exported_symbols:  # the export trie's (LC_DYLD_INFO or LC_DYLD_EXPORTS_TRIE)
         name = _text(exp.name)[1:] if _text(exp.name).startswith("_") else _text(exp.name)
         exports.append(Export(demangle(name), _text(exp.name), exp.value))
+    if not exports and not (b.has_dyld_info or b.has_dyld_exports_trie):
+        exports = external  # no export trie (an old or object-like file)
     hints = {"function_starts": sorted(starts)}
     if thumb:
         hints["thumb"] = sorted(thumb)
