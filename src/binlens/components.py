@@ -47,6 +47,7 @@ OPEN_HOOKS: tuple[str, ...] = (
 # where they agree: `function.list` -> `binlens.api.function`)
 DOMAINS: tuple[str, ...] = (
     "address",
+    "address_symbolize",
     "analysis",
     "annotations",
     "batch",
