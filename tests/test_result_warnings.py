@@ -32,7 +32,9 @@ def test_function_results_say_which_starts_are_guesses(workspace, builds):
         x = by_address[names[name]]
         assert x["sources"] == ["prologue"] and x["warnings"] == ["found by heuristics only: prologue"], x
     fatal = by_address[names["fatal"]]
-    assert "call" in fatal["sources"] and "warnings" not in fatal  # (absent when there is nothing to say: no bytes for the common case)
+    assert (
+        "call" in fatal["sources"] and "warnings" not in fatal
+    )  # (absent when there is nothing to say: no bytes for the common case)
     assert all(x["warnings"][0].startswith("found by heuristics only") for x in items if "warnings" in x)
     guessed = sum(1 for x in items if "warnings" in x)
     assert ctx.warnings == [f"{guessed} of these {len(items)} functions were found by heuristics only"]

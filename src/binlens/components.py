@@ -66,6 +66,7 @@ DOMAINS: tuple[str, ...] = (
     "function_edit",
     "global_variable",
     "instruction",
+    "instruction_search",
     "interface",
     "journal",
     "live",
