@@ -185,3 +185,14 @@ def test_libc_pages_through_deadlines_to_the_whole_result(workspace):
     assert joined == whole and len(whole) > 100 and reasons <= {"timeout", "range_end", "limit"}
     imm = _search(workspace, immediate="0x7fffffff")
     assert imm and all("0x7fffffff" in x["operands"] for x in imm)
+
+
+def test_a_range_that_starts_inside_an_instruction_keeps_its_bounds(opened):
+    """The blocks are decoded from their starts: a range from the middle of an instruction lists
+    the next instructions as the listing does, not bytes decoded out of step."""
+    whole = _search(opened, mnemonic="*", selector={"name": "sha1_round1"})
+    longest = max(whole[:-1], key=lambda x: len(x["operands"]))
+    i = whole.index(longest)
+    inside = hex(int(longest["address"], 16) + 1)
+    ranged = _search(opened, mnemonic="*", scan={"range": {"start": inside, "end": whole[-1]["address"]}})
+    assert ranged == whole[i + 1 : -1]

@@ -282,7 +282,8 @@ class _Generic:
 
 
 def _spans(prog: Program, view: AnalysisView, p: InstructionSearchParams, cur: int, end: int) -> list[tuple[int, int]]:
-    """The analysed code to search, merged, in address order, clipped to [cur, end)."""
+    """The analysed code to search, merged, in address order, up to `end`: the spans that reach
+    past `cur`, whole (decoded from their start, so a `cur` inside one keeps instruction bounds)."""
     if p.selector is not None:
         f = select_function(prog, view, p.selector)
         spans = _merged([(s, e) for s, e, _n, _t in view.blocks(f.address)])
@@ -290,7 +291,7 @@ def _spans(prog: Program, view: AnalysisView, p: InstructionSearchParams, cur: i
         spans, starts = _all_spans(prog, view)
         i = max(0, bisect.bisect_right(starts, cur) - 1)
         spans = spans[i : bisect.bisect_left(starts, end)]
-    return [(max(s, cur), min(e, end)) for s, e in spans if e > cur and s < end]
+    return [(s, min(e, end)) for s, e in spans if e > cur and s < end]
 
 
 def _all_spans(prog: Program, view: AnalysisView) -> tuple[list[tuple[int, int]], list[int]]:
