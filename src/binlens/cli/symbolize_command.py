@@ -49,6 +49,8 @@ def cmd_symbolize(args: argparse.Namespace) -> int:
     from binlens.cli.analysis_commands import _fail, _open_and_analyse
     from binlens.errors import BinlensError
 
+    if not args.addresses and sys.stdin.isatty():
+        sys.stderr.write("binlens: reading a stack from stdin, an address a line (end with Ctrl-D)\n")
     addresses = args.addresses or stack_addresses(sys.stdin)
     if not addresses:
         return _fail("no addresses: give them as arguments or one a line on stdin", 2)
