@@ -304,6 +304,16 @@ def _all_spans(prog: Program, view: AnalysisView) -> tuple[list[tuple[int, int]]
     return cached[1], cached[2]
 
 
+def _holding(spans: list[tuple[int, int]], addresses: list[int]) -> list[tuple[int, int]]:
+    """The spans that hold one of `addresses` (sorted)."""
+    out = []
+    for s, e in spans:
+        i = bisect.bisect_left(addresses, s)
+        if i < len(addresses) and addresses[i] < e:
+            out.append((s, e))
+    return out
+
+
 def _with_bytes(dec: Any, spans: list[tuple[int, int]], needle: bytes) -> list[tuple[int, int]]:
     """The spans that hold `needle` in their bytes (or lie outside the decoder's code regions)."""
     starts = [s for s, _e in spans]
@@ -339,6 +349,8 @@ def instruction_search(ws: Workspace, p: InstructionSearchParams, ctx: CallConte
     spans = _spans(prog, view, p, cur, end)
     # (from here: the blocks merged above are made once per analysis, the deadline bounds the scan)
     deadline = time.monotonic() + p.scan.timeout_ms / 1000
+    if crit.sources is not None:  # (only the blocks holding a reference's source are decoded)
+        spans = _holding(spans, sorted(crit.sources))
     search: _X86 | _Generic
     if hasattr(dec, "formatter") and hasattr(dec, "raw_instructions"):
         search = _X86(dec, crit)
