@@ -89,4 +89,10 @@ def test_no_call_ends_in_an_internal_error(name: str, tmp_path: Path) -> None:
     for method in ("memory_block.list", "address_space.list", "global_variable.list", "annotations.export"):
         call(method, {})
     call("memory.search", {"pattern": "c3"})
+    for search in ({"mnemonic": "call"}, {"immediate": "0x10"}, {"immediate": "0x1234"}, {"operands_regex": "r[0-9]"}):
+        call("instruction.search", {**search, "page": {"limit": 200}})
+    call("instruction.search", {"references": fns[0]["address"]})
+    starts = [int(f["address"], 16) for f in fns[:8]]
+    call("address.symbolize", {"addresses": [a + 1 for a in starts] + [0, (1 << 64) - 1], "base": "0x10000"})
+    call("address.symbolize", {"addresses": [a + 1 for a in starts], "return_addresses": True})
     assert not failures, failures

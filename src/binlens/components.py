@@ -47,6 +47,7 @@ OPEN_HOOKS: tuple[str, ...] = (
 # where they agree: `function.list` -> `binlens.api.function`)
 DOMAINS: tuple[str, ...] = (
     "address",
+    "address_symbolize",
     "analysis",
     "annotations",
     "batch",
@@ -65,6 +66,7 @@ DOMAINS: tuple[str, ...] = (
     "function_edit",
     "global_variable",
     "instruction",
+    "instruction_search",
     "interface",
     "journal",
     "live",

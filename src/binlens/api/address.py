@@ -93,3 +93,7 @@ def address_space_list(ws: Workspace, p: AddressSpaceListParams) -> AddressSpace
             )
         )
     return AddressSpaceList(items=items)
+
+
+# address.symbolize lives in its own module; importing it here registers it with its namespace
+from binlens.api import address_symbolize as _symbolize  # noqa: E402, F401

@@ -29,7 +29,20 @@ def need_view(ws: Workspace, p: NeedsAnalysis, ctx: CallContext | None) -> tuple
     """The program and its analysis view, waiting as the params say."""
     prog = ws.program(p.program)
     view = analysis_of(prog).require(ctx, wait=p.wait, timeout_s=p.timeout_ms / 1000)
+    if ctx is not None:
+        for w in run_warnings(prog, view):
+            ctx.warn(f"analysis: {w}")
     return prog, view
+
+
+def run_warnings(prog: Program, view: AnalysisView) -> list[str]:
+    """What of the program the stored analysis left out or cut (read once per analysis view)."""
+    cached = prog.extensions.get("analysis.run_warnings")
+    if cached is None or cached[0] is not view:
+        run = load_run(prog.db)
+        cached = (view, run.warnings if run is not None else [])
+        prog.extensions["analysis.run_warnings"] = cached
+    return list(cached[1])
 
 
 def select_function(prog: Program, view: AnalysisView, sel: Selector) -> FunctionRow:

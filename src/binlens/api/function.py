@@ -31,6 +31,11 @@ class FunctionItem(Result):
     instructions: int
     noreturn: bool
     thunk: str | None = Field(None, description="The import this thunk jumps to.")
+    warnings: list[str] | None = Field(
+        default=None,
+        description="Caveats of this result, e.g. that only heuristics found the function (absent when none).",
+        exclude_if=lambda v: not v,
+    )
 
 
 class SignatureName(Result):
@@ -106,17 +111,48 @@ def sources_of(prog: Program, f: FunctionRow) -> list[str]:
     return [*f.sources, "signature"] if f.address in sig else list(f.sources)
 
 
+# the sources that are guesses: code addresses taken by instructions or found in data (`pointer`)
+# and gaps that start like a function (`prologue`); a start only these found may be no function
+HEURISTIC_SOURCES = frozenset({"pointer", "prologue"})
+# the loader's tables of code pointers (`pointer` starts that are no guess): what the loader calls
+_LISTED_POINTERS = ("init_array", "fini_array", "ctor", "dtor", "opd")
+
+
+def _listed(prog: Program) -> frozenset[int]:
+    """The starts the image's own pointer tables name (`.init_array`, ...), computed once."""
+    got = prog.extensions.get("function.listed_pointers")
+    if got is None:
+        hints = prog.image.function_hints
+        got = frozenset(va for key in _LISTED_POINTERS for va in hints.get(key, ()))
+        prog.extensions["function.listed_pointers"] = got
+    return got
+
+
+def heuristic_warnings(prog: Program, address: int, sources: list[str] | tuple[str, ...]) -> list[str] | None:
+    """`["found by heuristics only: prologue"]` when every source of the function at `address` is a
+    heuristic guess (`HEURISTIC_SOURCES`, but a `pointer` the image's own tables list), else None
+    (the common case adds nothing to a result)."""
+    starts = [s for s in sources if s != "signature"]  # (a name signature.apply gave, not a start)
+    if not starts or not set(starts) <= HEURISTIC_SOURCES:
+        return None
+    if "prologue" not in starts and address in _listed(prog):
+        return None
+    return [f"found by heuristics only: {', '.join(starts)}"]
+
+
 def function_item(prog: Program, f: FunctionRow) -> FunctionItem:
     """The list item of one function."""
+    sources = sources_of(prog, f)
     return FunctionItem(
         address=hex(f.address),
         name=function_name(prog, f),
         size=f.size,
-        sources=sources_of(prog, f),
+        sources=sources,
         blocks=f.blocks,
         instructions=f.instructions,
         noreturn=f.noreturn,
         thunk=f.thunk,
+        warnings=heuristic_warnings(prog, f.address, sources),
     )
 
 
@@ -135,7 +171,11 @@ def function_list(ws: Workspace, p: FunctionListParams, ctx: CallContext) -> Lis
         pat = p.name
         funcs = [f for f in funcs if fnmatch.fnmatchcase(function_name(prog, f), pat)]
     out, cursor, report = page_by_address(prog, p, funcs, lambda f: f.address, p.page, p.scan)
-    return Listing[FunctionItem](items=[function_item(prog, f) for f in out], next_cursor=cursor, scan=report)
+    items = [function_item(prog, f) for f in out]
+    guessed = sum(1 for x in items if x.warnings)
+    if guessed:
+        ctx.warn(f"{guessed} of these {len(items)} functions were found by heuristics only")
+    return Listing[FunctionItem](items=items, next_cursor=cursor, scan=report)
 
 
 @method("function.get", effect=READ_ONLY)
@@ -144,6 +184,8 @@ def function_get(ws: Workspace, p: FunctionSelectParams, ctx: CallContext) -> Fu
     prog, view = need_view(ws, p, ctx)
     f = select_function(prog, view, p.selector)
     item = function_item(prog, f)
+    for w in item.warnings or ():
+        ctx.warn(f"function {item.address}: {w}")
     return FunctionDetail(
         **item.model_dump(),
         end=hex(f.address + f.size),

@@ -560,3 +560,7 @@ def render_text(lines: list[ListingLine], address_width: int | None = None) -> s
         address_width = max((len(ln.address) for ln in lines), default=10)
     layout = RowLayout(address_width)
     return "".join(render_row(ln, layout) for ln in lines)
+
+
+# instruction.search lives in its own module; importing it here registers it with its namespace
+from binlens.api import instruction_search as _search  # noqa: E402, F401

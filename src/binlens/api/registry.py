@@ -32,6 +32,7 @@ MUTATION = "mutation"
 DESTRUCTIVE = "destructive mutation"
 LIFECYCLE = "lifecycle"
 EFFECTS = (READ_ONLY, MUTATION, DESTRUCTIVE, LIFECYCLE)
+MAX_WARNINGS = 20  # caveats one call collects (`CallContext.warn`)
 
 
 class CallContext:
@@ -68,6 +69,16 @@ class CallContext:
         # results `charge` it as they go; batch.execute checks it before it commits anything
         self.response_budget: int | None = None
         self._charged = 0
+        # caveats of the call's result (heuristic guesses, parts of the program the analysis left
+        # out): the one-shot CLI's envelope carries them as `warnings`
+        self.warnings: list[str] = []
+
+    def warn(self, message: str) -> None:
+        """Note a caveat of this call's result (each once, at most MAX_WARNINGS, each at most 300
+        characters)."""
+        message = message if len(message) <= 300 else message[:297] + "..."
+        if message not in self.warnings and len(self.warnings) < MAX_WARNINGS:
+            self.warnings.append(message)
 
     @contextmanager
     def budget(self, limit: int) -> typing.Iterator[None]:

@@ -97,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         "binlens.cli.analysis_commands",
         "binlens.cli.debug_command",
         "binlens.cli.compare_commands",
+        "binlens.cli.symbolize_command",
         "binlens.cli.doctor",
     ):
         try:
@@ -117,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 _YIELD = 5  # the niceness a command that analyses adds to itself once its analysis process runs
 
 # Commands that need the program's analysis (which runs in its own process, see binlens.jobs).
-NEEDS_ANALYSIS = {"functions", "disasm", "strings", "xrefs", "cfg", "decompile"}
+NEEDS_ANALYSIS = {"functions", "disasm", "strings", "xrefs", "cfg", "decompile", "symbolize"}
 
 
 def _early_target(argv: list[str]) -> tuple[str, str | None, str | None] | None:
@@ -175,7 +176,14 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    # argparse takes a command's positionals in one run: those after an option (`symbolize FILE
+    # --base 0x... ADDR...`) go to the list the command names in `trailing`, if it has one
+    trailing = getattr(args, "trailing", None)
+    if rest and trailing and not any(r.startswith("-") for r in rest):
+        getattr(args, trailing).extend(rest)
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if not args.command:
         parser.print_help(sys.stderr)
         return 2

@@ -20,9 +20,15 @@ SCHEMA_VERSION = 1
 
 
 def envelope(
-    method: Any, program: dict[str, Any] | None, *, result: Any = None, error: BinlensError | None = None
+    method: Any,
+    program: dict[str, Any] | None,
+    *,
+    result: Any = None,
+    error: BinlensError | None = None,
+    warnings: list[str] | None = None,
 ) -> dict[str, Any]:
-    """The one-shot CLI's output object."""
+    """The one-shot CLI's output object; `warnings` (the call's caveats, `CallContext.warn`) only
+    when there are some."""
     out: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "binlens": __version__,
@@ -33,6 +39,8 @@ def envelope(
         out["error"] = error.to_dict()
     else:
         out["result"] = result
+    if warnings:
+        out["warnings"] = list(warnings)
     return out
 
 
@@ -75,9 +83,11 @@ def run_query(ws: Workspace, text: str, files: list[str]) -> int:
             program = program_identity(ws, method, params)
             result = invoke(ws, method, params, ctx)
     except BinlensError as err:
-        _emit(envelope(method, program, error=err))
+        _emit(envelope(method, program, error=err, warnings=ctx.warnings))
         return 2 if err.target == "/method" and err.code == "not_found" else 1
-    _emit(envelope(method, program or program_identity(ws, method, params, result), result=result))
+    _emit(
+        envelope(method, program or program_identity(ws, method, params, result), result=result, warnings=ctx.warnings)
+    )
     return 0
 
 

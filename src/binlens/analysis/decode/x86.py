@@ -447,8 +447,8 @@ class X86Backend:
                         return False  # `sub rsp, N`, `and rsp, -16`, anything else: a frame taken
         return frees
 
-    def instructions(self, start: int, end: int) -> list[Instruction]:
-        """The instruction model for [start, end)."""
+    def formatter(self) -> ix.Formatter:
+        """The Intel-syntax formatter of listings (`mov eax, [rbp - 0x14]`, lowercase 0x hex), made once."""
         if self._fmt is None:
             self._fmt = ix.Formatter(ix.FormatterSyntax.INTEL)
             self._fmt.rip_relative_addresses = False
@@ -458,7 +458,11 @@ class X86Backend:
             self._fmt.uppercase_hex = False
             self._fmt.branch_leading_zeros = False
             self._fmt.show_branch_size = False
-        fmt = self._fmt
+        return self._fmt
+
+    def instructions(self, start: int, end: int) -> list[Instruction]:
+        """The instruction model for [start, end)."""
+        fmt = self.formatter()
         out = []
         lo, hi = self._ctx[0], self._ctx[1]  # (none in position-independent ELF code: numbers there)
         for ins in self.raw_instructions(start, end):
