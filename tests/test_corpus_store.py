@@ -168,10 +168,10 @@ url, home, rec_file, pause = sys.argv[1] or None, Path(sys.argv[2]), sys.argv[3]
 rec = pickle.loads(Path(rec_file).read_bytes())
 if pause:
     real = store_mod.band_keys
-    def band_keys(minhash):  # (called once the binary and its functions are written, uncommitted)
+    def band_keys(*args):  # (called once the binary and its functions are written, uncommitted)
         print("inside", flush=True)
         time.sleep(600)
-        return real(minhash)
+        return real(*args)
     store_mod.band_keys = band_keys
 store = open_store(url, home)
 print("added" if store.add_binary("lab", rec) else "present", flush=True)

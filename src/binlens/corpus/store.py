@@ -141,7 +141,10 @@ class CorpusStore:
 
         def work(tx: Tx) -> None:
             binaries = "SELECT id FROM corpus_binary WHERE corpus_id = ?"
-            tx.execute("DELETE FROM corpus_band WHERE corpus_id = ?", (cid,))
+            tx.execute(
+                "DELETE FROM corpus_band WHERE function_id IN (SELECT id FROM corpus_function WHERE corpus_id = ?)",
+                (cid,),
+            )
             tx.execute("DELETE FROM corpus_function WHERE corpus_id = ?", (cid,))
             tx.execute(f"DELETE FROM corpus_binary_string WHERE binary_id IN ({binaries})", (cid,))
             tx.execute(f"DELETE FROM corpus_binary_import WHERE binary_id IN ({binaries})", (cid,))
@@ -207,8 +210,8 @@ class CorpusStore:
                     for fid, fp in zip(ids, functions, strict=True)
                 ],
             )
-            bands = {(cid, key, fid) for fid, fp in zip(ids, functions, strict=True) for key in band_keys(fp.minhash)}
-            tx.insert_many("corpus_band", ("corpus_id", "band", "function_id"), sorted(bands))
+            bands = {(key, fid) for fid, fp in zip(ids, functions, strict=True) for key in band_keys(fp.minhash, cid)}
+            tx.insert_many("corpus_band", ("band", "function_id"), sorted(bands))
             sids = tx.intern("corpus_string", strings)
             tx.insert_many("corpus_binary_string", ("binary_id", "string_id"), [(bid, sids[s]) for s in strings])
             iids = tx.intern("corpus_import_name", imports)
@@ -259,13 +262,13 @@ class CorpusStore:
             (cid, fp.exact, limit),
         )
         hits: dict[int, FunctionHit] = {int(r[0]): _hit(r, 1.0) for r in exact}
-        keys = band_keys(fp.minhash)
+        keys = band_keys(fp.minhash, cid)
         if keys and len(hits) < limit:
             marks = ", ".join("?" for _ in keys)
             cand = self.db.read(
-                f"SELECT function_id FROM corpus_band WHERE corpus_id = ? AND band IN ({marks}) "
+                f"SELECT function_id FROM corpus_band WHERE band IN ({marks}) "
                 "GROUP BY function_id ORDER BY COUNT(*) DESC, function_id LIMIT ?",
-                (cid, *keys, _candidates(limit)),
+                (*keys, _candidates(limit)),
             )
             ids = [int(r[0]) for r in cand if int(r[0]) not in hits]
             for start in range(0, len(ids), 500):
