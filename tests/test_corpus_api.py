@@ -3,6 +3,7 @@ and two `binlens serve` processes on two homes sharing one real PostgreSQL corpu
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from binlens.api import invoke
 from binlens.corpus.records import BinaryRecord, FileFailure
 from binlens.corpus.store import open_store
 from binlens.errors import BinlensError
+from conftest import run_cli
 from corpus_support import record_of
 from serve_support import ServerProcess, env_for, ws_reply
 
@@ -177,3 +179,26 @@ def test_two_servers_on_two_homes_share_one_postgresql_corpus(tmp_path, built, p
         reply = ws_reply(srv_a.ws_url, "corpus.get", {"corpus": "nope"})
         assert reply["error"]["data"]["code"] == "not_found" and reply["error"]["data"]["target"] == "/params/corpus"
     assert not (home_a / "corpus.sqlite").exists() and not (home_b / "corpus.sqlite").exists()
+
+
+def test_the_corpus_command_reads_the_store(tmp_path, built, postgres_server):
+    url = postgres_server.database("cli" + uuid.uuid4().hex[:8])
+    home = tmp_path / "home"
+    with open_store(url, tmp_path / "elsewhere") as store:
+        store.add_binary("lab", built["v1"][1])
+    done = run_cli("corpus", "list", "--json", "--corpus-store", url, home=home)
+    assert done.returncode == 0, done.stderr
+    assert [c["name"] for c in json.loads(done.stdout)["items"]] == ["lab"]
+    done = run_cli("corpus", "--corpus-store", url, "search-string", "bad header", "--corpus", "lab", home=home)
+    assert done.returncode == 0 and str(built["v1"][0]) in done.stdout, done.stderr
+    path = str(built["v1o3"][0])
+    done = run_cli("corpus", "search-function", path, "checksum", "--corpus", "lab", "--json", "--corpus-store", url)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["items"][0]["function"] == "checksum"
+    done = run_cli("corpus", "get", "nope", "--corpus-store", url, home=home)
+    assert done.returncode == 1 and "no corpus named 'nope'" in done.stderr
+    done = run_cli("corpus", "list", "--corpus-store", "mysql://x", home=home)
+    assert done.returncode == 2 and "--corpus-store" in done.stderr
+    done = run_cli("corpus", "remove", "lab", "--corpus-store", url, home=home)
+    assert done.returncode == 0 and "removed corpus lab: 1 binaries" in done.stdout
+    assert not (home / "corpus.sqlite").exists()
