@@ -21,10 +21,11 @@ from binlens.api.evidence import EvidenceId, LedgerName, load_evidence
 from binlens.api.fingerprints import fingerprints
 from binlens.api.models import HexAddress, Params, Result, Selector
 from binlens.api.registry import DESTRUCTIVE, READ_ONLY, CallContext, method
-from binlens.corpus.records import CorpusInfo
+from binlens.corpus.records import BinaryRecord, CorpusInfo
 from binlens.corpus.store import MAX_LIMIT, CorpusStore, open_store
 from binlens.errors import BinlensError
 from binlens.jobs.state import analysis_of
+from binlens.store.analysis import AnalysisView
 from binlens.workspace import Program, Workspace
 
 STORE_KEY = "corpus.store"  # Workspace.extensions key of the open CorpusStore
@@ -72,6 +73,24 @@ def _using(ws: Workspace, work: Callable[[CorpusStore], _T]) -> _T:
             if err.target is None:
                 raise BinlensError(err.code, err.message, target="/params/corpus", details=err.details) from None
         raise
+
+
+def binary_record(prog: Program, view: AnalysisView, seconds: float = 0.0) -> BinaryRecord:
+    """The corpus record of an open, analysed program: its identity, every function's fingerprint
+    (computed and kept in its database on first use), its distinct strings and imported names."""
+    ident = prog.image.identity
+    return BinaryRecord(
+        sha256=ident.sha256,
+        path=str(prog.path),
+        size=ident.size,
+        format=ident.format.lower(),
+        arch=ident.arch,
+        bits=ident.bits,
+        functions=fingerprints(prog, view),
+        strings=sorted({text for _a, _n, _e, text, _s, _r in view.strings()}),
+        imports=sorted({i.name for i in prog.image.imports}),
+        seconds=seconds,
+    )
 
 
 class CorpusSummary(Result):
