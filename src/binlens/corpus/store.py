@@ -41,16 +41,26 @@ def open_store(url: str | None, home: Path, *, target: str = "/corpus_store") ->
     if url is None or url == "" or url.startswith("sqlite:///"):
         path = home / STORE_FILE if not url else Path(url.removeprefix("sqlite://"))
         try:
-            return CorpusStore(open_sqlite(path))
+            db = open_sqlite(path)
         except (OSError, sqlite3.Error) as err:
             raise BinlensError("unavailable", f"could not open the corpus store {path}: {err}", target=target) from err
+        return _opened(db, target)
     if url.startswith(("postgresql://", "postgres://")):
-        return CorpusStore(open_postgresql(url, target))
+        return _opened(open_postgresql(url, target), target)
     raise invalid(
         "the corpus store is a postgresql://user@host/db URL, a sqlite:///path URL, or nothing "
         "(SQLite under $BINLENS_HOME)",
         target,
     )
+
+
+def _opened(db: Database, target: str) -> CorpusStore:
+    """The store over `db`, its schema migrated; a failure closes it and names `target`."""
+    try:
+        return CorpusStore(db)
+    except BinlensError as err:
+        db.close()
+        raise BinlensError(err.code, err.message, target=err.target or target, details=err.details) from None
 
 
 def clean(text: str) -> str:
