@@ -55,6 +55,7 @@ DOMAINS: tuple[str, ...] = (
     "breakpoint",
     "comment",
     "compare",
+    "corpus",
     "data_type",
     "debug",
     "debug_process",

@@ -98,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         "binlens.cli.debug_command",
         "binlens.cli.compare_commands",
         "binlens.cli.symbolize_command",
+        "binlens.cli.corpus_commands",
         "binlens.cli.doctor",
     ):
         try:
