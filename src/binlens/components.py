@@ -54,6 +54,8 @@ DOMAINS: tuple[str, ...] = (
     "breakpoint",
     "comment",
     "compare",
+    "compare_port",
+    "compare_sides",
     "data_type",
     "debug",
     "debug_process",

@@ -10,7 +10,7 @@ from pydantic import Field
 from binlens.analysis.fingerprint.entry import START_ROUTINES, main_from_entry
 from binlens.analysis.fingerprint.insns import ModelInstruction
 from binlens.analysis.fingerprint.matching import match_functions
-from binlens.api.compare import NeedsTwo, ProgramSpec, open_side, side_view
+from binlens.api.compare_sides import NeedsTwo, ProgramSpec, open_side, side_view
 from binlens.api.edits import check_name, edit, name_conflict, store
 from binlens.api.fingerprints import fingerprints
 from binlens.api.instruction import decoder
