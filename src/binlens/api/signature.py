@@ -191,21 +191,25 @@ def signature_apply(ws: Workspace, p: SignatureApplyParams, ctx: CallContext) ->
             )
         rview = side_view(ref, p, ctx)
         rfps = fingerprints(ref, rview)
-        names_of: dict[bytes, set[str | None]] = defaultdict(set)
-        exact_of = {f.address: f.exact for f in rfps}
+        # the same code with the same strings under several names: which one a copy is stays open
+        names_of: dict[tuple[bytes, tuple[str, ...]], set[str | None]] = defaultdict(set)
+        code_of = {f.address: (f.exact, f.strings) for f in rfps}
         for f in rfps:
-            names_of[f.exact].add(f.name)
+            names_of[f.exact, f.strings].add(f.name)
         found = match_functions(fps, rfps)
         l2r = {m.left: m.right for m in found}
-        ref_callees = {f.address: set(f.callees) for f in rfps}
+        # a shared library calls its own exports through their PLT thunks: the callee is the export
+        own = {f.symbol: f.address for f in rview.functions if f.symbol}
+        thunk_of = {f.address: own[f.thunk] for f in rview.functions if f.thunk and f.thunk in own}
+        ref_callees = {f.address: {thunk_of.get(c, c) for c in f.callees} for f in rfps}
         for m in found:
             rf = rview.by_address[m.right]
             name = rf.symbol
             if not name or m.similarity < p.min_similarity or _has_name(prog, view, m.left):
                 continue
-            if m.step not in ("name", "exact") and size_of[m.left] < _FUZZY_LEAST:
-                continue  # a few instructions alike say little of which function it is
-            if len(names_of[exact_of[m.right]]) > 1 and (
+            if m.similarity < 1.0 and size_of[m.left] < _FUZZY_LEAST:
+                continue  # a few instructions nearly alike say little of which function it is
+            if len(names_of[code_of[m.right]]) > 1 and (
                 size_of[m.left] < _FUZZY_LEAST or not _callees_agree(callees_of[m.left], ref_callees[m.right], l2r)
             ):
                 continue  # the same code goes by several names there, and its calls do not tell which
