@@ -15,7 +15,7 @@ precision = right pairs / counted pairs; recall = right pairs / names that are f
 builds. Port: the names compare.port_annotations copies to the stripped build, checked the same
 way. Time: compare.programs after both analyses (fingerprints included, computed on first use).
 
-    PYTHONPATH=src python bench/compare.py [--cache DIR] [--only lz4,brotli,zstd]
+    PYTHONPATH=src python bench/compare.py [--cache DIR] [--only lz4,brotli,zstd] [--mismatches]
 """
 
 from __future__ import annotations
@@ -172,6 +172,7 @@ class Bench:
 
         self.ws = Workspace(Config(home=home))
         self.invoke: Callable[..., Any] = lambda m, p: invoke(self.ws, m, p, max_response_bytes=1 << 30)
+        self.mismatches: list[str] = []  # the last case's wrong and missed names (--mismatches)
 
     def analysed(self, path: Path) -> str:
         h = self.invoke("program.open", {"path": str(path)})["identity"]["program"]
@@ -209,12 +210,18 @@ class Bench:
         rnames = {n: a for a, ns in rt.items() if a in rf for n in ns}
         common = {n for n in lnames if n in rnames}
         counted = right = 0
+        wrong = []
         for m in matched:
             la, ra = int(m["left"]["address"], 16), int(m["right"]["address"], 16)
             if la in lt and ra in rt:
                 counted += 1
                 right += bool(lt[la] & rt[ra])
+                if not lt[la] & rt[ra]:
+                    wrong.append(f"wrong {sorted(lt[la])} -> {sorted(rt[ra])} {m['step']} {m['similarity']:.3f}")
         pairs = {(lnames[n], rnames[n]) for n in common}
+        found = {(int(m["left"]["address"], 16), int(m["right"]["address"], 16)) for m in matched}
+        wrong += [f"missed {n}" for n in sorted(common) if (lnames[n], rnames[n]) not in found]
+        self.mismatches = wrong
         return {
             "left_functions": len(lf),
             "right_functions": len(rf),
@@ -246,6 +253,12 @@ class Bench:
         tf = self.functions(th)
         nameable = {a for a, ns in tt.items() if a in tf and ns & ref_names}
         right = sum(1 for n in r["named"] if n["name"].split(".", 1)[0] in tt.get(int(n["address"], 16), ()))
+        got = {int(n["address"], 16) for n in r["named"]}
+        self.mismatches = [
+            f"wrong {n['name']} at {n['address']} (is {sorted(tt.get(int(n['address'], 16), ()))}) {n['step']}"
+            for n in r["named"]
+            if n["name"].split(".", 1)[0] not in tt.get(int(n["address"], 16), ())
+        ] + [f"missed {sorted(tt[a] & ref_names)} at {a:#x}" for a in sorted(nameable - got)]
         named = len(r["named"])
         main = next((a for a, ns in tt.items() if "main" in ns), None)
         got_main = any(n["name"] == "main" and int(n["address"], 16) == main for n in r["named"])
@@ -272,6 +285,7 @@ def main() -> int:
         default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "binlens-bench-compare",
     )
     ap.add_argument("--only", default="", help="comma-separated library names")
+    ap.add_argument("--mismatches", action="store_true", help="list each case's wrong and missed names on stderr")
     ap.add_argument(
         "--libc", action="store_true", help="also time compare.programs of libc.so.6 against a static executable"
     )
@@ -314,6 +328,8 @@ def main() -> int:
                 cases.append((f"(b) {lib.name} {lib.releases[1]} gcc → clang", new, cl, cl_s))
             for label, left, truth, right in cases:
                 r = bench.compare(left, truth, right)
+                if args.mismatches:
+                    print(f"-- {label}", *bench.mismatches, sep="\n  ", file=sys.stderr)
                 ported, port_p = bench.port(*r["handles"], r["truth"][1])
                 print(
                     row(
@@ -341,6 +357,8 @@ def main() -> int:
                 )
                 sh("gcc", "-O2", "-static", "-o", str(hello), str(src))
             sig_rows.append((lib.name, bench.signature(exe_s, exe, [new, hello])))
+            if args.mismatches:
+                print(f"-- (c) {lib.name}", *bench.mismatches, sep="\n  ", file=sys.stderr)
         print()
         print(
             row(

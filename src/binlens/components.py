@@ -55,6 +55,8 @@ DOMAINS: tuple[str, ...] = (
     "breakpoint",
     "comment",
     "compare",
+    "compare_port",
+    "compare_sides",
     "corpus",
     "data_type",
     "debug",

@@ -88,13 +88,14 @@ def _diff(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------ port
 def _port_args(p: argparse.ArgumentParser) -> None:
-    """Copy names, prototypes, comments and typed globals from OLD to the matched functions of NEW."""
+    """Copy names, prototypes, comments, local variable names and typed globals from OLD to the matched functions
+    of NEW."""
     _two(p)
     p.add_argument("--min-similarity", type=float, default=0.6, help="only pairs at least this similar (0..1)")
     p.add_argument(
         "--kinds",
-        default="names,prototypes,comments,globals",
-        help="comma-separated: names,prototypes,comments,globals",
+        default="names,prototypes,comments,local_variables,globals",
+        help="comma-separated: names,prototypes,comments,local_variables,globals",
     )
     add_full_option(p)
 

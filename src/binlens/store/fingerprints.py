@@ -19,7 +19,7 @@ from binlens.analysis.fingerprint.model import MINHASH_BINS, Fingerprint
 from binlens.store.analysis import AnalysisView, load_run, unpack_xrefs
 from binlens.store.database import Migration, ProgramDatabase, s64, u64
 
-FINGERPRINT_VERSION = "3"  # the fingerprints' own format: a new one computes them again
+FINGERPRINT_VERSION = "4"  # the fingerprints' own format: a new one computes them again
 
 MIGRATIONS: list[Migration] = [
     """

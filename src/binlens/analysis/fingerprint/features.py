@@ -115,6 +115,15 @@ def _jaccard(a: Iterable[object], b: Iterable[object]) -> float | None:
     return len(sa & sb) / len(union) if union else None
 
 
+def shared_values(a: Fingerprint, b: Fingerprint) -> float | None:
+    """The Jaccard similarity of two functions' constants, strings and imports (None: neither has
+    any): what tells apart template instances whose code differs only in a table size or a shift."""
+    return _jaccard(
+        [*a.constants, *("s" + s for s in a.strings), *("i" + s for s in a.imports)],
+        [*b.constants, *("s" + s for s in b.strings), *("i" + s for s in b.imports)],
+    )
+
+
 def similarity(a: Fingerprint, b: Fingerprint) -> float:
     """How alike two functions are, 0..1: 1.0 exactly when their exact fingerprints agree; else a
     weighted mean of the MinHash estimate, the CFG shape, the instruction-class histogram and the
@@ -131,10 +140,7 @@ def similarity(a: Fingerprint, b: Fingerprint) -> float:
     hist = 1.0 - sum(abs(x - y) for x, y in zip(a.classes, b.classes, strict=True)) / total if total else 1.0
     mh = minhash_similarity(a.minhash, b.minhash)
     parts = [(0.4, mh), (0.2, shape), (0.25, hist)]
-    sets = _jaccard(
-        [*a.constants, *("s" + s for s in a.strings), *("i" + s for s in a.imports)],
-        [*b.constants, *("s" + s for s in b.strings), *("i" + s for s in b.imports)],
-    )
+    sets = shared_values(a, b)
     if sets is not None:
         parts.append((0.15, sets))
     score = sum(w * v for w, v in parts) / sum(w for w, _ in parts)

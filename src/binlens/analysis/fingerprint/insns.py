@@ -37,7 +37,8 @@ _IMMEDIATE = frozenset(
         _OK.IMMEDIATE32TO64,
     }
 )
-_BRANCH = frozenset({_OK.NEAR_BRANCH16, _OK.NEAR_BRANCH32, _OK.NEAR_BRANCH64, _OK.FAR_BRANCH16, _OK.FAR_BRANCH32})
+_NEAR = frozenset({_OK.NEAR_BRANCH16, _OK.NEAR_BRANCH32, _OK.NEAR_BRANCH64})
+_BRANCH = _NEAR | {_OK.FAR_BRANCH16, _OK.FAR_BRANCH32}
 _MNEMONIC_NAMES: dict[int, str] = {
     value: name.lower() for name, value in vars(ix.Mnemonic).items() if name.isupper() and isinstance(value, int)
 }
@@ -118,8 +119,11 @@ def mnemonic_class(mnemonic: str) -> int:
 
 
 class X86Features:
-    """Features of x86 and x86-64 code: the instruction bytes with branch displacements, RIP-relative
-    displacements and address-valued displacements and immediates zeroed."""
+    """Features of x86 and x86-64 code: the instruction bytes with RIP-relative displacements and
+    address-valued displacements and immediates zeroed; a relative branch or call is its mnemonic
+    alone (a short `jmp`/`jcc` and the near form are the same instruction placed elsewhere), and
+    loading a register with an address is one token whether PIC code spells it `lea r, [rip+X]` or
+    non-PIC code `mov r32, X`."""
 
     def __init__(self, bits: int, read: Callable[[int, int], bytes | None], is_address: IsAddress) -> None:
         self.bits = bits
@@ -133,6 +137,27 @@ class X86Features:
         out = (zlib.crc32(name.encode()), mnemonic_class(name) if cls is None else cls)
         self._mnemonic[m] = out
         return out
+
+    def _address_load(self, ins: ix.Instruction) -> int | None:
+        """The full register an instruction loads with an address and nothing else, or None."""
+        m = ins.mnemonic
+        if m == ix.Mnemonic.LEA:
+            if ins.is_ip_rel_memory_operand or (
+                ins.memory_base == ix.Register.NONE
+                and ins.memory_index == ix.Register.NONE
+                and self.is_address(ins.memory_displacement)
+            ):
+                return int(ix.RegisterInfo(ins.op0_register).full_register)
+            return None
+        if (
+            m == ix.Mnemonic.MOV
+            and ins.op_count == 2
+            and ins.op0_kind == ix.OpKind.REGISTER
+            and ins.op1_kind in _IMMEDIATE
+            and self.is_address(ins.immediate(1))
+        ):
+            return int(ix.RegisterInfo(ins.op0_register).full_register)
+        return None
 
     def __call__(self, start: int, end: int) -> list[InsnFeature]:
         """The features of the instructions in [start, end)."""
@@ -154,6 +179,11 @@ class X86Features:
             desc = described.get(m)
             if desc is None:
                 desc = self._describe(m, ins.flow_control)
+            reg = self._address_load(ins)
+            if reg is not None:  # `lea r, [rip+X]` (PIC) and `mov r32, X` (non-PIC): r = an address
+                mov = described.get(ix.Mnemonic.MOV) or self._describe(ix.Mnemonic.MOV, ix.FlowControl.NEXT)
+                out.append((b"\x8d\xff" + reg.to_bytes(2, "little"), mov[0], mov[1], ()))
+                continue
             offsets = dec.get_constant_offsets(ins)
             has_disp, has_imm = offsets.has_displacement, offsets.has_immediate
             if not has_disp and not has_imm:
@@ -163,19 +193,24 @@ class X86Features:
             if has_disp and (ins.is_ip_rel_memory_operand or is_address(ins.memory_displacement)):
                 mask.append((offsets.displacement_offset, offsets.displacement_size))
             consts: list[int] = []
+            relative = False
             if has_imm:
                 branch = False
                 for i in range(ins.op_count):
                     kind = ins.op_kind(i)
                     if kind in _BRANCH:
                         branch = True
+                        if kind in _NEAR:  # short and near forms alike: the distance picks the encoding
+                            raw, relative = b"\xe9" + m.to_bytes(2, "little"), True
+                            mask.clear()
+                            break
                     elif kind in _IMMEDIATE:
                         value = ins.immediate(i)
                         if is_address(value):
                             branch = True
                         elif value not in _TRIVIAL:
                             consts.append(value)
-                if branch:
+                if branch and not relative:
                     mask.append((offsets.immediate_offset, offsets.immediate_size))
                     if offsets.has_immediate2:
                         mask.append((offsets.immediate_offset2, offsets.immediate_size2))

@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
-from binlens.analysis.fingerprint.features import similarity
+from binlens.analysis.fingerprint.features import shared_values, similarity
 from binlens.analysis.fingerprint.model import EMPTY_BIN, Fingerprint
 
 # the least similarity of a pair each step accepts
@@ -23,6 +23,9 @@ LONE_MIN = 0.4  # the one unmatched callee (or caller) on each side
 FUZZY_MIN = 0.6  # candidates from shared MinHash bands
 SMALL = 10  # instructions below which a function's features say little: fuzzy needs SMALL_MIN
 SMALL_MIN = 0.85
+# a mutual-best or fuzzy pair with a rival candidate scoring within this is taken only when it
+# shares strictly more of its constants, strings and imports than every such rival
+AMBIGUOUS = 0.02
 NEIGHBOUR_WEIGHT = 0.25  # share of the fuzzy ranking given to agreeing matched callers and callees
 _BAND = 2  # MinHash bins per LSH band
 _MAX_BUCKET = 64  # a band bucket larger than this (boilerplate) adds no candidates
@@ -54,6 +57,9 @@ class Matcher:
         self.l_callers = _callers(left)
         self.r_callers = _callers(right)
         self._queue: list[Match] = []
+        self._l_order, self._r_order = sorted(self.left), sorted(self.right)
+        self._l_index = {a: i for i, a in enumerate(self._l_order)}
+        self._r_index = {a: i for i, a in enumerate(self._r_order)}
 
     # ------------------------------------------------------------------ steps
     def run(self, use_names: bool = True) -> list[Match]:
@@ -121,7 +127,10 @@ class Matcher:
             if ra not in best_r or s > best_r[ra][0]:
                 best_r[ra] = (s, la)
         for la, (s, ra) in best_l.items():
-            if best_r[ra][1] == la and s >= PROPAGATE_MIN:
+            if best_r[ra][1] != la or s < PROPAGATE_MIN:
+                continue
+            rivals = [(a, b) for (a, b), v in scores.items() if (a == la) != (b == ra) and v > s - AMBIGUOUS]
+            if self._decided(la, ra, rivals):
                 self._add(la, ra, "callgraph", s)
 
     def _fuzzy(self) -> None:
@@ -147,8 +156,47 @@ class Matcher:
             if sim >= least:
                 scored.append((sim * (1 - NEIGHBOUR_WEIGHT) + self._neighbours(la, ra) * NEIGHBOUR_WEIGHT, sim, la, ra))
         scored.sort(key=lambda t: (-t[0], t[2], t[3]))
-        for _rank, sim, la, ra in scored:
-            self._add(la, ra, "fuzzy", sim)
+        by_l: dict[int, list[tuple[float, int]]] = defaultdict(list)
+        by_r: dict[int, list[tuple[float, int]]] = defaultdict(list)
+        for rank, _sim, la, ra in scored:
+            by_l[la].append((rank, ra))
+            by_r[ra].append((rank, la))
+        open_pairs = []
+        for rank, sim, la, ra in scored:
+            if la in self.l2r or ra in self.r2l:
+                continue
+            rivals = [(la, b) for r, b in by_l[la] if b != ra and b not in self.r2l and r > rank - AMBIGUOUS]
+            rivals += [(a, ra) for r, a in by_r[ra] if a != la and a not in self.l2r and r > rank - AMBIGUOUS]
+            if self._decided(la, ra, rivals):
+                self._add(la, ra, "fuzzy", sim)
+            else:
+                open_pairs.append((sim, la, ra, rivals))
+        # what the features leave open, the address order may settle: a pair whose functions follow
+        # (or precede) a matched pair, when no rival pair does
+        for sim, la, ra, rivals in open_pairs:
+            if la in self.l2r or ra in self.r2l or not self._in_sequence(la, ra):
+                continue
+            if not any(self._in_sequence(a, b) for a, b in rivals if a not in self.l2r and b not in self.r2l):
+                self._add(la, ra, "fuzzy", sim)
+
+    def _in_sequence(self, la: int, ra: int) -> bool:
+        """Whether the functions before `la` and `ra` in address order, or those after them, are a
+        matched pair (sibling functions are laid out in source order)."""
+        i, j = self._l_index[la], self._r_index[ra]
+        for di in (-1, 1):
+            if 0 <= i + di < len(self._l_order) and 0 <= j + di < len(self._r_order):
+                m = self.l2r.get(self._l_order[i + di])
+                if m is not None and m.right == self._r_order[j + di]:
+                    return True
+        return False
+
+    def _decided(self, la: int, ra: int, rivals: list[tuple[int, int]]) -> bool:
+        """Whether (la, ra) wins over rival pairs that score nearly as high (siblings such as
+        template instances): by sharing strictly more constants, strings and imports than each."""
+        if not rivals:
+            return True
+        mine = shared_values(self.left[la], self.right[ra]) or 0.0
+        return all(mine > (shared_values(self.left[a], self.right[b]) or 0.0) for a, b in rivals)
 
     def _neighbours(self, la: int, ra: int) -> float:
         """How far the matched callers and callees of `la` are those of `ra` (Jaccard; 0.5 when
