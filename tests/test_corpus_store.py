@@ -75,6 +75,24 @@ def test_adding_the_same_binary_twice_adds_nothing(store, records):
     assert _count(store, "corpus_string") == before["corpus_string"]
 
 
+def test_a_binary_in_another_fingerprint_format_is_stale_then_replaced(store, records):
+    """Fingerprints of another format are not compared with the current ones: the binary is left
+    out of `indexed` and of searches, and adding it again replaces it whole."""
+    rec = records[("cmp_v1.c", "-O2")]
+    assert store.add_binary("lab", rec) is True
+    same = next(f for f in rec.functions if f.name == "parse_header")
+    assert store.search_function("lab", same, limit=1)[0].similarity == 1.0
+    store.db.write(lambda tx: tx.execute("UPDATE corpus_binary SET fingerprints = ?", ("old",)))
+    assert store.indexed("lab") == set() and store.stale("lab") == 1
+    assert store.search_function("lab", same, limit=5) == []
+    tables = ("corpus_binary", "corpus_function", "corpus_band", "corpus_binary_string")
+    before = {t: _count(store, t) for t in tables}
+    assert store.add_binary("lab", rec) is True
+    assert {t: _count(store, t) for t in tables} == before  # replaced, not added beside
+    assert store.indexed("lab") == {rec.sha256} and store.stale("lab") == 0
+    assert store.search_function("lab", same, limit=1)[0].similarity == 1.0
+
+
 def test_search_function_finds_the_same_function_at_other_optimisation_levels(store, records):
     for src in SOURCES:
         store.add_binary("lab", records[(src, "-O2")])

@@ -166,6 +166,10 @@ class CorpusDetail(CorpusSummary):
         description="empty: nothing indexed; indexed_with_failures: some files could not be indexed."
     )
     failed_files: list[FailureItem]
+    stale: int = Field(
+        description="Binaries stored in an older fingerprint format: searches pass over them until "
+        "`binlens corpus index` analyses them again."
+    )
 
 
 @method("corpus.get", effect=READ_ONLY)
@@ -183,6 +187,7 @@ def corpus_get(ws: Workspace, p: GetParams) -> CorpusDetail:
             store=_store_info(store),
             state=state,
             failed_files=[FailureItem(path=f.path, sha256=f.sha256, code=f.code, message=f.message) for f in failed],
+            stale=store.stale(p.corpus),
         )
 
     return _using(ws, work)

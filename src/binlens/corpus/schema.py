@@ -10,7 +10,8 @@ Tables (see docs/CORPUS.md): `corpus` (names), `corpus_binary` (one row per bina
 unique by sha256), `corpus_function` (exact fingerprint, MinHash blob, features blob),
 `corpus_band` (the LSH band keys -> function), `corpus_string`/`corpus_import_name` (each distinct
 value once, shared by every corpus) with the `corpus_binary_string`/`corpus_binary_import` links,
-and `corpus_failure` (files that could not be indexed, by path).
+and `corpus_failure` (files that could not be indexed, by path). `corpus_binary.fingerprints` is the
+fingerprint format its functions were stored in.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ MIGRATIONS: list[str] = [
     CREATE TABLE corpus_failure (
         corpus_id BIGINT NOT NULL, path TEXT NOT NULL, sha256 TEXT, code TEXT NOT NULL,
         message TEXT NOT NULL, at TEXT NOT NULL, PRIMARY KEY (corpus_id, path));
+    """,
+    # the fingerprint format a binary's functions were stored in (store/fingerprints.py's
+    # FINGERPRINT_VERSION): a binary of another format is stale, searched past and indexed again
+    """
+    ALTER TABLE corpus_binary ADD COLUMN fingerprints TEXT NOT NULL DEFAULT '';
     """,
 ]
 

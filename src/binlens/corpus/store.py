@@ -4,7 +4,9 @@ and by many indexing workers).
 
 Writes are whole: `add_binary` puts a binary, its functions, their LSH bands, its strings and imports
 in one transaction, and the `(corpus, sha256)` unique constraint with ON CONFLICT DO NOTHING makes a
-second add of the same binary (by a rerun, or by a racing worker) add nothing.
+second add of the same binary (by a rerun, or by a racing worker) add nothing. A binary stored in
+another fingerprint format (`FINGERPRINT_VERSION`) is stale: searches pass over it, `indexed` leaves
+it out so the indexer analyses it again, and that add replaces it.
 
 Function search: the query's exact fingerprint is looked up (similarity 1.0); its MinHash's band
 keys select candidates (the functions sharing most bands first, at most `_candidates(limit)`), which
@@ -25,6 +27,7 @@ from binlens.corpus.dialect import Database, Row, Tx, open_postgresql, open_sqli
 from binlens.corpus.records import BinaryHit, BinaryRecord, CorpusInfo, FileFailure, FunctionHit
 from binlens.corpus.schema import migrate
 from binlens.errors import BinlensError, invalid, not_found
+from binlens.store.fingerprints import FINGERPRINT_VERSION
 
 STORE_FILE = "corpus.sqlite"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
@@ -150,12 +153,23 @@ class CorpusStore:
         )
 
     def indexed(self, name: str) -> set[str]:
-        """The sha256 of every binary the corpus holds (empty for a corpus not created yet)."""
+        """The sha256 of every binary the corpus holds in the current fingerprint format (empty for
+        a corpus not created yet)."""
         rows = self.db.read(
-            "SELECT b.sha256 FROM corpus_binary b JOIN corpus c ON c.id = b.corpus_id WHERE c.name = ?",
-            (check_name(name),),
+            "SELECT b.sha256 FROM corpus_binary b JOIN corpus c ON c.id = b.corpus_id "
+            "WHERE c.name = ? AND b.fingerprints = ?",
+            (check_name(name), FINGERPRINT_VERSION),
         )
         return {str(r[0]) for r in rows}
+
+    def stale(self, name: str) -> int:
+        """How many of the corpus's binaries hold fingerprints of another format (indexing again
+        replaces them; searches pass over them)."""
+        cid = self._id(name)
+        rows = self.db.read(
+            "SELECT COUNT(*) FROM corpus_binary WHERE corpus_id = ? AND fingerprints <> ?", (cid, FINGERPRINT_VERSION)
+        )
+        return int(rows[0][0])
 
     def remove(self, name: str) -> CorpusInfo:
         """Delete the corpus and everything in it (one transaction); its counts before."""
@@ -192,7 +206,8 @@ class CorpusStore:
     def add_binary(self, name: str, record: BinaryRecord) -> bool:
         """Add one binary with its functions, bands, strings and imports in one transaction
         (creating the corpus if needed); False, adding nothing, when the corpus holds its sha256
-        already. A failure recorded for its path or sha256 is cleared."""
+        already in the current fingerprint format (in another, it is replaced). A failure recorded
+        for its path or sha256 is cleared."""
         check_name(name)
         functions = list(record.functions)
         strings = sorted({clean(s) for s in record.strings})
@@ -205,9 +220,15 @@ class CorpusStore:
                 "DELETE FROM corpus_failure WHERE corpus_id = ? AND (path = ? OR sha256 = ?)",
                 (cid, path, record.sha256),
             )
+            old = tx.execute(
+                "SELECT id FROM corpus_binary WHERE corpus_id = ? AND sha256 = ? AND fingerprints <> ?",
+                (cid, record.sha256, FINGERPRINT_VERSION),
+            )
+            if old:  # stored in another fingerprint format: replaced
+                _delete_binary(tx, int(old[0][0]))
             rows = tx.execute(
                 "INSERT INTO corpus_binary (corpus_id, sha256, path, size, format, arch, bits, functions, "
-                "seconds, added_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "seconds, added_at, fingerprints) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (corpus_id, sha256) DO NOTHING RETURNING id",
                 (
                     cid,
@@ -220,6 +241,7 @@ class CorpusStore:
                     len(functions),
                     float(record.seconds),
                     _now(),
+                    FINGERPRINT_VERSION,
                 ),
             )
             if not rows:
@@ -291,8 +313,8 @@ class CorpusStore:
         cols = "f.id, f.address, f.name, f.exact, f.minhash, f.features, b.sha256, b.path"
         join = "FROM corpus_function f JOIN corpus_binary b ON b.id = f.binary_id"
         exact = self.db.read(
-            f"SELECT {cols} {join} WHERE f.corpus_id = ? AND f.exact = ? ORDER BY f.id LIMIT ?",
-            (cid, fp.exact, limit),
+            f"SELECT {cols} {join} WHERE f.corpus_id = ? AND f.exact = ? AND b.fingerprints = ? ORDER BY f.id LIMIT ?",
+            (cid, fp.exact, FINGERPRINT_VERSION, limit),
         )
         hits: dict[int, FunctionHit] = {int(r[0]): _hit(r, 1.0) for r in exact}
         keys = band_keys(fp.minhash, cid)
@@ -307,7 +329,8 @@ class CorpusStore:
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
                 marks = ", ".join("?" for _ in chunk)
-                for r in self.db.read(f"SELECT {cols} {join} WHERE f.id IN ({marks})", chunk):
+                current = f"SELECT {cols} {join} WHERE f.id IN ({marks}) AND b.fingerprints = ?"
+                for r in self.db.read(current, (*chunk, FINGERPRINT_VERSION)):
                     stored = decode_fingerprint(_u64(int(r[1])), r[2], r[3], r[4], r[5])
                     score = similarity(query, stored)
                     if score >= min_similarity:
@@ -367,6 +390,17 @@ class CorpusStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _delete_binary(tx: Tx, bid: int) -> None:
+    """Delete one binary's rows: its functions' bands, its functions, its string and import links."""
+    tx.execute(
+        "DELETE FROM corpus_band WHERE function_id IN (SELECT id FROM corpus_function WHERE binary_id = ?)", (bid,)
+    )
+    tx.execute("DELETE FROM corpus_function WHERE binary_id = ?", (bid,))
+    tx.execute("DELETE FROM corpus_binary_string WHERE binary_id = ?", (bid,))
+    tx.execute("DELETE FROM corpus_binary_import WHERE binary_id = ?", (bid,))
+    tx.execute("DELETE FROM corpus_binary WHERE id = ?", (bid,))
 
 
 def _name(name: str | None) -> str | None:
