@@ -72,6 +72,7 @@ DOMAINS: tuple[str, ...] = (
     "memory",
     "patch",
     "program",
+    "program_language",
     "provider",
     "reference",
     "register",
