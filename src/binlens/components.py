@@ -52,6 +52,7 @@ DOMAINS: tuple[str, ...] = (
     "batch",
     "bookmark",
     "breakpoint",
+    "code_unit",
     "comment",
     "compare",
     "data_type",
