@@ -61,6 +61,7 @@ DOMAINS: tuple[str, ...] = (
     "decompilation",
     "disassembly",
     "evidence",
+    "flow_override",
     "function",
     "function_call",
     "function_edit",

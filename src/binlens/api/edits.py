@@ -319,7 +319,8 @@ def settle_analysis(prog: Program, ctx: CallContext | None, timeout_s: float = 6
 
 
 def sync_engine_functions(prog: Program, changes: list[dict[str, Any]], side: str) -> None:
-    """After undo/redo, bring the engine's function list to the user's definitions on `side`.
+    """After undo/redo, bring the engine's function list to the user's definitions on `side`, and
+    re-analyse the functions holding an instruction whose flow override changed.
 
     A user decision that disappears (None) is undone by the opposite engine call, since the
     engine's interface has define/undefine only.
@@ -329,6 +330,9 @@ def sync_engine_functions(prog: Program, changes: list[dict[str, Any]], side: st
         return
     other = "after" if side == "before" else "before"
     for ch in changes:
+        if ch["kind"] == "flow_override" and hasattr(analysis, "reanalyse_flow"):
+            analysis.reanalyse_flow(ch["key"][0])  # (the override row is already as `side` has it)
+            continue
         if ch["kind"] != "function":
             continue
         va = ch["key"][0]

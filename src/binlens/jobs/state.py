@@ -37,6 +37,7 @@ from binlens.store.analysis import (
     user_functions,
 )
 from binlens.store.analysis_save import replace_functions
+from binlens.store.annotations import flow_override_rows
 from binlens.workspace import Program, Workspace
 
 log = logging.getLogger("binlens.analysis")
@@ -123,6 +124,7 @@ class ProgramAnalysisState:
             data=bytes(self.prog.image.data) if with_bytes else None,
             max_file_bytes=len(self.prog.image.data),
             run_id=self.run_id,
+            flow_overrides=flow_override_rows(self.prog.db.connect()),
             **self._user_starts(),
         )
 
@@ -337,6 +339,16 @@ class ProgramAnalysisState:
         sources = {fn: view.by_address[fn].sources for fn in affected if fn in view.by_address}
         self._reanalyse(view, sorted(affected), set(view.starts) - {va}, {va} | affected, sources)
 
+    def reanalyse_flow(self, va: int, ctx: Any = None, timeout_s: float = 600.0) -> list[int]:
+        """Re-analyse the functions whose code holds the instruction at `va`, whose flow override
+        changed (the overrides are read from the database); the entries re-analysed."""
+        view = self.require(ctx, timeout_s=timeout_s)
+        affected = view.functions_containing(va)
+        if affected:
+            sources = {fn: view.by_address[fn].sources for fn in affected if fn in view.by_address}
+            self._reanalyse(view, affected, set(view.starts), set(affected), sources)
+        return affected
+
     def _reanalyse(
         self,
         view: AnalysisView,
@@ -351,7 +363,8 @@ class ProgramAnalysisState:
 
         run_id = allocate_run(self.prog.db, "local", ENGINE_VERSION)
         try:
-            functions, xrefs = analyze_functions(self.prog.image, entries, starts, noret, strings)
+            overrides = flow_override_rows(self.prog.db.connect())
+            functions, xrefs = analyze_functions(self.prog.image, entries, starts, noret, strings, overrides)
             replace_functions(self.prog.db, remove, functions, xrefs, sources, run_id)
         except BaseException:
             finish_run(self.prog.db, run_id, "failed")

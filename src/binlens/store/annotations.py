@@ -85,6 +85,11 @@ def bookmark_rows_at(conn: sqlite3.Connection, va: int) -> list[tuple[str, str]]
     return conn.execute(sql, (s64(va),)).fetchall()
 
 
+def flow_override_rows(conn: sqlite3.Connection) -> dict[int, str]:
+    """The user's flow overrides: {instruction address: kind}."""
+    return {u64(a): t for a, t in conn.execute("SELECT address, type FROM ann_flow_override")}
+
+
 def local_variable_rows(conn: sqlite3.Connection, function: int) -> dict[str, dict[str, str | None]]:
     """The user's local variable edits of the function at `function`, by storage."""
     rows = conn.execute("SELECT storage, name, type FROM ann_local_variable WHERE address=?", (s64(function),))
