@@ -156,3 +156,20 @@ def test_a_full_analysis_honours_the_overrides(fo):
     ]
     request = prog.extensions["analysis"]._request()
     assert request.flow_overrides == {site: "call_return"}
+
+
+def test_an_all_or_none_batch_that_fails_takes_the_re_analysis_back(fo):
+    ws, _prog, _path = fo
+    site = _site(ws, "outer", "call", 0)
+    before = (invoke(ws, "function.get", {"selector": {"name": "outer"}}), _state(ws, "outer", "helper"))
+    items = [
+        {"method": "flow_override.patch", "params": {"selector": {"address": site}, "type": "branch"}},
+        {"method": "comment.create", "params": {"selector": {"name": "no_such_name"}, "text": "x"}},
+    ]
+    with pytest.raises(BinlensError) as err:
+        invoke(ws, "batch.execute", {"mode": "all_or_none", "items": items})
+    assert err.value.details["rolled_back"] is True
+    after = (invoke(ws, "function.get", {"selector": {"name": "outer"}}), _state(ws, "outer", "helper"))
+    assert after == before and invoke(ws, "flow_override.list", {})["items"] == []
+    done = invoke(ws, "batch.execute", {"mode": "all_or_none", "items": items[:1]})
+    assert done["succeeded"] == 1 and _state(ws, "outer", "helper")["outer"]["callees"] == []

@@ -82,6 +82,7 @@ def test_data_units_strings_pointers_symbols_and_globals(sample):
     greeting = by_addr[prog.resolve("greeting", "/")]
     text_at = int(greeting["value"], 16)
     assert greeting["kind"] == "pointer" and greeting["length"] == 8
+    assert greeting["representation"] == f'{hex(text_at)} "binlens sample greeting"'
     assert by_addr[text_at] == {**by_addr[text_at], "kind": "string", "value": "binlens sample greeting"}
     ops = by_addr[prog.resolve("ops", "/")]
     assert ops["kind"] == "pointer" and ops["value"] == hex(prog.resolve("twice", "/"))

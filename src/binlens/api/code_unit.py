@@ -139,12 +139,13 @@ def _candidates(prog: Program, view: AnalysisView) -> list[_Candidate]:
     for a, n, enc, text, _sec, _refs in view.strings():
         out.append((a, 1, n, "string", (text, enc)))
     word = img.identity.bits // 8
+    texts = {a: text for a, _n, _e, text, _s, _r in view.strings()}
     for sec in img.sections:
         if sec.kind == "code" or not sec.size:
             continue
         for src, dst, kind, _fn in view.xrefs_between(sec.va, sec.end):
             if kind in ("pointer", "string"):
-                out.append((src, 2, word, "pointer", dst))
+                out.append((src, 2, word, "pointer", (dst, texts.get(dst))))
     for s in img.symbols:
         if s.kind == "object" and s.size and img.is_mapped(s.address):
             out.append((s.address, 3, s.size, "symbol", None))
@@ -195,6 +196,10 @@ def data_unit_at(prog: Program, view: AnalysisView, va: int) -> DataUnit | None:
     return data_unit(prog, c) if c[0] <= va < c[0] + max(c[2], 1) else None
 
 
+def _quoted(text: str) -> str:
+    return '"' + text.encode("unicode_escape").decode("ascii") + '"'
+
+
 def _byte_text(data: bytes) -> str:
     shown = ", ".join(f"0x{b:02x}" for b in data[:_SHOWN_BYTES])
     return ".byte " + shown + (", ..." if len(data) > _SHOWN_BYTES else "")
@@ -214,13 +219,14 @@ def data_unit(prog: Program, c: _Candidate) -> DataUnit:
     if kind == "string":
         text, enc = extra
         t = "unicode" if enc == "utf-16le" else "string"
-        rep = '"' + text.encode("unicode_escape").decode("ascii") + '"'
+        rep = _quoted(text)
         return DataUnit(address=hex(va), length=length, kind="string", type=t, value=text,
                         representation=rep, name=name, section=section)  # fmt: skip
     if kind == "pointer":
-        target = name_for_address(prog, extra)
-        rep = hex(extra) + (f" ({target})" if target else "")
-        return DataUnit(address=hex(va), length=length, kind="pointer", type="pointer", value=hex(extra),
+        dst, text = extra
+        target = name_for_address(prog, dst)
+        rep = hex(dst) + (f" ({target})" if target else "") + (f" {_quoted(text)}" if text is not None else "")
+        return DataUnit(address=hex(va), length=length, kind="pointer", type="pointer", value=hex(dst),
                         representation=rep, name=name, section=section)  # fmt: skip
     data = prog.image.read(va, min(length, _VALUE_BYTES)) or b""
     t = f"undefined{length}" if length in (1, 2, 4, 8) else f"byte[{length}]"

@@ -63,8 +63,12 @@ def refresh(prog: Program) -> None:
 
 
 def invalidate(prog: Program) -> None:
-    """Forget cached state (after a rolled-back batch) so the next call reloads it."""
+    """Forget cached state (after a rolled-back batch) so the next call reloads it, and have the
+    engine re-read its stored analysis (the batch's local re-analyses rolled back with it)."""
     prog.extensions["annotations.generation"] = None
+    reload = getattr(engine(prog), "reload", None)
+    if reload is not None:
+        reload()
 
 
 def types(prog: Program) -> TypeSystem:
@@ -259,7 +263,6 @@ def comments_in(prog: Program, start: int, end: int) -> dict[int, dict[str, str]
     for va, kind, text in rows:
         out.setdefault(va, {})[kind] = text
     return out
-
 
 
 def put_row(

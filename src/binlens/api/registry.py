@@ -420,7 +420,7 @@ def invoke(
 def _invoke(ws: Workspace, spec: MethodSpec, params: Any, ctx: CallContext, max_response_bytes: int | None) -> Any:
     """`invoke` of a looked-up method on its context."""
     name = spec.name
-    if ws.stopping:
+    if getattr(ws, "stopping", False):  # (session.shutdown accepted: no new work)
         raise BinlensError("unavailable", "the server is shutting down", details={"reason": "stopping"})
     unmet = first_missing(ws, spec.requires, ctx)
     if unmet is not None:

@@ -339,6 +339,17 @@ class ProgramAnalysisState:
         sources = {fn: view.by_address[fn].sources for fn in affected if fn in view.by_address}
         self._reanalyse(view, sorted(affected), set(view.starts) - {va}, {va} | affected, sources)
 
+    def reload(self) -> None:
+        """Re-read the stored analysis: a rolled-back transaction (an all_or_none batch) took back
+        the rows of the local re-analyses made inside it."""
+        with self._lock:
+            if self.status != "done":
+                return
+            self.view = AnalysisView(self.prog.db)
+            stored = load_run(self.prog.db)
+            if stored is not None and stored.run_id is not None:
+                self.run_id = stored.run_id
+
     def reanalyse_flow(self, va: int, ctx: Any = None, timeout_s: float = 600.0) -> list[int]:
         """Re-analyse the functions whose code holds the instruction at `va`, whose flow override
         changed (the overrides are read from the database); the entries re-analysed."""
