@@ -173,3 +173,19 @@ def test_an_all_or_none_batch_that_fails_takes_the_re_analysis_back(fo):
     assert after == before and invoke(ws, "flow_override.list", {})["items"] == []
     done = invoke(ws, "batch.execute", {"mode": "all_or_none", "items": items[:1]})
     assert done["succeeded"] == 1 and _state(ws, "outer", "helper")["outer"]["callees"] == []
+
+
+def test_export_and_import_carry_the_overrides_and_re_analyse(fo):
+    ws, _prog, _path = fo
+    site = _site(ws, "outer", "call", 0)
+    before = _state(ws, "outer", "helper")
+    invoke(ws, "flow_override.patch", {"selector": {"address": site}, "type": "branch"})
+    overridden = _state(ws, "outer", "helper")
+    doc = invoke(ws, "annotations.export", {})
+    assert doc["flow_overrides"] == [{"address": site, "type": "branch"}]
+    invoke(ws, "journal.undo", {})
+    assert _state(ws, "outer", "helper") == before
+    invoke(ws, "annotations.import", {"document": doc})
+    assert _state(ws, "outer", "helper") == overridden
+    invoke(ws, "annotations.import", {"document": {**doc, "flow_overrides": []}, "mode": "replace"})
+    assert _state(ws, "outer", "helper") == before and invoke(ws, "flow_override.list", {})["items"] == []
