@@ -179,7 +179,7 @@ def test_in_process_rules(workspace, compile_c):
 
 
 def test_peer_address_forms():
-    from binlens.api.registry import is_loopback_address
+    from binlens.api.requirements import is_loopback_address
     from binlens.server.auth import caller_peer
 
     assert all(map(is_loopback_address, ["127.0.0.1", "127.9.9.9", "::1", "[::1]", "localhost", "::ffff:127.0.0.1"]))

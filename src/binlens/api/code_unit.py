@@ -177,7 +177,7 @@ def _sweep(prog: Program, cands: list[_Candidate]) -> list[_Candidate]:
 
 def defined_data(prog: Program, view: AnalysisView) -> list[_Candidate]:
     """Every defined data unit of the program in address order, cached per analysis and annotations."""
-    key = (view, store(prog).generation("global"))
+    key = (view, store(prog).generation())  # (any edit: a type's change resizes the globals of that type)
     cached = prog.extensions.get("analysis.data_units")
     if cached is not None and cached[0][0] is key[0] and cached[0][1] == key[1]:
         return cached[1]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from binlens import components
-from binlens.api.requirements import Requirement, first_missing, parse
+from binlens.api.requirements import Requirement, first_missing, is_loopback_address, parse
 from binlens.errors import BinlensError, pointer
 
 if TYPE_CHECKING:
@@ -32,21 +32,6 @@ MUTATION = "mutation"
 DESTRUCTIVE = "destructive mutation"
 LIFECYCLE = "lifecycle"
 EFFECTS = (READ_ONLY, MUTATION, DESTRUCTIVE, LIFECYCLE)
-
-
-def is_loopback_address(address: str) -> bool:
-    """Whether a peer address (IPv4, IPv6, `localhost`) is this machine's loopback."""
-    import ipaddress
-
-    text = address.strip().strip("[]")
-    if text.lower() == "localhost":
-        return True
-    try:
-        ip = ipaddress.ip_address(text.partition("%")[0])
-    except ValueError:
-        return False
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
 class CallContext:

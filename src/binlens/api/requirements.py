@@ -97,6 +97,21 @@ class Requirement:
         return BinlensError("unavailable", f"{method} is unavailable: {missing.reason}", details=details)
 
 
+def is_loopback_address(address: str) -> bool:
+    """Whether a peer address (IPv4, IPv6, `localhost`) is this machine's loopback."""
+    import ipaddress
+
+    text = address.strip().strip("[]")
+    if text.lower() == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(text.partition("%")[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
 def parse(text: str) -> Requirement:
     """A requirement from its written form; ValueError for anything else."""
     if text == "writable":

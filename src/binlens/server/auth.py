@@ -27,7 +27,7 @@ from urllib.parse import parse_qsl, quote, quote_plus, unquote, unquote_plus, ur
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from binlens.api.registry import is_loopback_address
+from binlens.api.requirements import is_loopback_address
 from binlens.server.options import ServerOptions
 
 log = logging.getLogger("binlens.server")
