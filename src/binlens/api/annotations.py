@@ -190,7 +190,7 @@ def export_document(prog: Program) -> AnnotationDocument:
 
 @method("annotations.export", effect=READ_ONLY)
 def annotations_export(ws: Workspace, p: ExportParams) -> AnnotationDocument:
-    """Every annotation of a program (names, comments, bookmarks, types, globals, prototypes, patches...) as JSON."""
+    """Every annotation of a program (names, comments, bookmarks, types, globals, prototypes, patches) as JSON."""
     prog = ws.program(p.program)
     refresh(prog)
     return export_document(prog)
