@@ -3,6 +3,10 @@ graph through the engine's local re-analysis, and undo (and redo) restore them e
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from binlens.analysis import analyze
@@ -189,3 +193,35 @@ def test_export_and_import_carry_the_overrides_and_re_analyse(fo):
     assert _state(ws, "outer", "helper") == overridden
     invoke(ws, "annotations.import", {"document": {**doc, "flow_overrides": []}, "mode": "replace"})
     assert _state(ws, "outer", "helper") == before and invoke(ws, "flow_override.list", {})["items"] == []
+
+
+@pytest.mark.parametrize(
+    ("compiler", "flags"),
+    [("aarch64-linux-gnu-gcc", ()), ("arm-linux-gnueabihf-gcc", ("-mthumb",)), ("arm-linux-gnueabihf-gcc", ("-marm",))],
+    ids=["aarch64", "thumb", "arm"],
+)
+def test_overrides_on_other_architectures(workspace, tmp_path, compiler, flags):
+    """The same overrides on AArch64, Thumb-2 and ARM builds (a Thumb function is re-analysed in
+    Thumb state)."""
+    if shutil.which(compiler) is None:
+        pytest.skip(f"{compiler} is not installed")
+    out = tmp_path / "fo"
+    src = Path(__file__).parent / "fixtures" / "src" / "flow_override.c"
+    built = subprocess.run([compiler, "-O2", *flags, "-o", str(out), str(src)], capture_output=True, text=True)
+    if built.returncode:
+        pytest.skip(f"{compiler} cannot link here: {built.stderr[-200:]}")
+    workspace.open(out, check_roots=False)
+    ws = workspace
+    f = invoke(ws, "function.get", {"selector": {"name": "outer"}})
+    rng = {"start": f["address"], "end": hex(int(f["address"], 16) + f["size"])}
+    site = next(
+        u["address"] for u in invoke(ws, "code_unit.list", {"scan": {"range": rng}})["items"] if u["flow"] == "call"
+    )
+    before = _state(ws, "outer")
+    assert len(before["outer"]["callees"]) == 2 and before["outer"]["edges"]
+    invoke(ws, "flow_override.patch", {"selector": {"address": site}, "type": "call_return"})
+    after = _state(ws, "outer")["outer"]
+    assert [s for s, _n in after["callees"]] == [site] and after["edges"] == []
+    assert invoke(ws, "function.get", {"selector": {"name": "outer"}})["address"] == f["address"]
+    invoke(ws, "journal.undo", {})
+    assert _state(ws, "outer") == before

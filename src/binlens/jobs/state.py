@@ -372,10 +372,12 @@ class ProgramAnalysisState:
         strings = {a for a, *_rest in view.strings()}
         from binlens.analysis.local import analyze_functions  # (the engine loads for the first edit)
 
+        # (ARM: a Thumb function is walked again in Thumb state, named by bit 0 as a pointer to it is)
+        walked = [e | 1 if (f := view.by_address.get(e)) is not None and f.mode == "thumb" else e for e in entries]
         run_id = allocate_run(self.prog.db, "local", ENGINE_VERSION)
         try:
             overrides = flow_override_rows(self.prog.db.connect())
-            functions, xrefs = analyze_functions(self.prog.image, entries, starts, noret, strings, overrides)
+            functions, xrefs = analyze_functions(self.prog.image, walked, starts, noret, strings, overrides)
             replace_functions(self.prog.db, remove, functions, xrefs, sources, run_id)
         except BaseException:
             finish_run(self.prog.db, run_id, "failed")
