@@ -145,3 +145,24 @@ def test_address_context_gathers_comments_bookmarks_function_and_data(sample):
     with pytest.raises(BinlensError) as err:
         invoke(ws, "address.context", {"selector": {"name": "no_such_symbol"}})
     assert err.value.code == "not_found" and err.value.target == "/params/selector/name"
+
+
+def test_thread_local_symbols_are_no_data_units(workspace, tmp_path):
+    """A TLS symbol's value is an offset in the thread's block, not an address: no unit for it."""
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler (cc) on this machine")
+    src = tmp_path / "tls.c"
+    src.write_text(
+        "__thread long tls_a = 5;\n__thread long tls_b = 7;\nlong plain_counter = 6;\n"
+        "int main(void) { return (int)(tls_a + tls_b + plain_counter); }\n"
+    )
+    out = tmp_path / "tls"
+    subprocess.run([cc, "-O1", "-o", str(out), str(src)], check=True, capture_output=True)
+    prog = workspace.open(out, check_roots=False)
+    tls = [s for s in prog.image.symbols if s.name.startswith("tls_")]  # (offsets 0 and 8 in the block)
+    units = _all(workspace, "data_unit.list", {"kind": "symbol"}, 1000)
+    names = {u["name"] for u in units}
+    assert tls and prog.image.is_mapped(max(s.address for s in tls))  # (a PIE maps its headers at 0)
+    assert "plain_counter" in names and not {"tls_a", "tls_b"} & names
+    assert not {int(u["address"], 16) for u in units} & {s.address for s in tls}
