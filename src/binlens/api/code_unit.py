@@ -147,9 +147,9 @@ def _candidates(prog: Program, view: AnalysisView) -> list[_Candidate]:
             if kind in ("pointer", "string"):
                 out.append((src, 2, word, "pointer", (dst, texts.get(dst))))
     for s in img.symbols:
-        sec = img.section_at(s.address) if s.kind == "object" and s.size else None
+        home = img.section_at(s.address) if s.kind == "object" and s.size else None
         # (in a data section: a TLS symbol's value is an offset in the thread's block, not an address)
-        if sec is not None and sec.kind != "code" and img.is_mapped(s.address):
+        if home is not None and home.kind != "code" and img.is_mapped(s.address):
             out.append((s.address, 3, s.size, "symbol", None))
     out.sort(key=lambda c: (c[0], c[1]))
     return out
