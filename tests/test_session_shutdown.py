@@ -197,3 +197,45 @@ def test_peer_address_forms():
     assert caller_peer(scope({"x-forwarded-for": "127.0.0.1, 203.0.113.7"})) == "203.0.113.7"
     assert caller_peer(scope({"x-forwarded-for": "127.0.0.1"}, ("203.0.113.8", 9))) == "203.0.113.8"
     assert caller_peer(scope({"x-real-ip": "::1", "forwarded": "for=127.0.0.1"})) == "127.0.0.1"
+
+
+def test_a_running_call_gets_the_grace_and_the_server_still_exits_0(home, tmp_path):
+    """A long memory.search runs on /ws when a loopback caller shuts the server down: the search
+    ends (answered, or its socket closed with 1001 once the grace is over) and the process exits 0."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    from serve_support import build_big, long_search_params
+
+    big = build_big(tmp_path / "big")
+    server = ServerProcess(home, str(big))
+
+    async def go() -> tuple[str, float]:
+        async with connect(server.ws_url, open_timeout=10) as c:
+            ready = json.loads(await c.recv())
+            prog = ready["params"]["programs"][0]["program"]
+            params = {"program": prog, **long_search_params()}
+            await c.send(json.dumps({"jsonrpc": "2.0", "id": "long", "method": "memory.search", "params": params}))
+            while json.loads(await asyncio.wait_for(c.recv(), 30)).get("method") != "$/progress":
+                pass  # (the search runs)
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            stopped = await asyncio.to_thread(_tool_call, server.base, "shutdown", {"grace_ms": 500})
+            assert stopped.json()["result"]["structuredContent"]["stopping"] is True
+            try:
+                while True:
+                    msg = json.loads(await asyncio.wait_for(c.recv(), 30))
+                    if msg.get("id") == "long":
+                        return "answered", loop.time() - t0
+            except ConnectionClosed as closed:
+                assert closed.rcvd is not None and closed.rcvd.code == 1001
+                return "closed", loop.time() - t0
+
+    try:
+        how, after = asyncio.run(go())
+        assert how in ("answered", "closed") and after < 30
+        assert _wait_exit(server) == 0
+    finally:
+        server.kill()
