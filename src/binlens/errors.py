@@ -8,6 +8,7 @@ from typing import Any
 STATUS: dict[str, int] = {
     "invalid_argument": 400,
     "read_only": 403,
+    "permission_denied": 403,  # the caller may not do this (session.shutdown from a remote, unauthenticated peer)
     "not_found": 404,
     "conflict": 409,
     "response_too_large": 413,

@@ -237,6 +237,11 @@ class Workspace:
         self._slots = threading.BoundedSemaphore(self.config.limits.max_concurrent)
         self.version = __version__
         self.extensions: dict[str, Any] = {}  # workspace-wide state owned by other layers (the server's slots)
+        # set once session.shutdown is accepted: every later call answers `unavailable`
+        self.stopping = False
+        # what stops the serving transport, given by it (`binlens serve`, `binlens mcp`): called with
+        # the grace in seconds that in-flight calls get; None where there is no server to stop
+        self.stop_server: Callable[[float], None] | None = None
 
     @property
     def read_only(self) -> bool:

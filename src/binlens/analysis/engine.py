@@ -16,6 +16,7 @@ from binlens.analysis.decode.backend import Backend, make_backend
 from binlens.analysis.discovery.explorer import NORETURN_NAMES, Explorer
 from binlens.analysis.discovery.functions import iter_functions
 from binlens.analysis.discovery.noreturn import noret_callers, returning_functions
+from binlens.analysis.discovery.overrides import apply_overrides
 from binlens.analysis.discovery.refused import RefusedStarts, data_like_test
 from binlens.analysis.heuristics.arm import arm_labels
 from binlens.analysis.heuristics.gapmap import Gaps
@@ -88,14 +89,16 @@ def analyze(
     progress: Progress | None = None,
     extra_starts: list[int] | tuple[int, ...] = (),
     excluded_starts: list[int] | tuple[int, ...] = (),
+    flow_overrides: Mapping[int, str] | None = None,
 ) -> ProgramAnalysis:
     """Run the full analysis of `image`: functions, blocks, references, strings, call graph.
 
-    `extra_starts` are function starts a user defined; `excluded_starts` ones a user removed.
+    `extra_starts` are function starts a user defined; `excluded_starts` ones a user removed;
+    `flow_overrides` the instructions whose flow the user overrode (`discovery/overrides.py`).
     `progress(done, total, message)` is called along the way and may raise to cancel.
     """
     with gc_paused():
-        explored = explore(image, progress, extra_starts, excluded_starts)
+        explored = explore(image, progress, extra_starts, excluded_starts, flow_overrides)
         strings, refs = explored.references()
         return explored.result(explored.functions(), refs.xrefs(), strings)
 
@@ -215,6 +218,7 @@ def explore(
     progress: Progress | None = None,
     extra_starts: list[int] | tuple[int, ...] = (),
     excluded_starts: list[int] | tuple[int, ...] = (),
+    flow_overrides: Mapping[int, str] | None = None,
 ) -> Explored:
     """The engine up to the point where every function's code is found (see `Explored`); call it
     with the garbage collector paused (`gc_paused`), as `analyze` does."""
@@ -235,6 +239,7 @@ def explore(
     noret_slots, named_noret = _named_noreturn(image, codemap, thunks)
     jt_tables: dict[int, int] = {}
     explorer = make_explorer(image, codemap, backend, jt_tables)
+    apply_overrides(explorer, flow_overrides or {})
     if _EDGES_LATER is not None:
         explorer.defer_edges()  # (until discovery ends: `restore_edges`)
     reader = CodeReader(image, codemap, backend, explorer, jt_tables)

@@ -7,12 +7,14 @@ and returns their functions and the references from their code; the caller
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 
 from binlens.analysis.codemap import CodeMap
 from binlens.analysis.decode.backend import make_backend
 from binlens.analysis.discovery.explorer import NORETURN_NAMES
 from binlens.analysis.discovery.functions import iter_functions
+from binlens.analysis.discovery.overrides import apply_overrides
 from binlens.analysis.engine import gc_paused, make_explorer
 from binlens.analysis.intervals import IntervalSet
 from binlens.analysis.metadata.ehframe import parse_eh_frame
@@ -30,14 +32,16 @@ def analyze_functions(
     starts: set[int],
     noreturn: set[int],
     string_starts: AbstractSet[int] = frozenset(),
+    overrides: Mapping[int, str] | None = None,
 ) -> tuple[list[Function], list[Xref]]:
     """Local analysis: the bodies of `entries` alone, with `starts` as every other known entry.
 
-    Used when a user defines or undefines a function: only the functions around it change.
+    Used when a user defines or undefines a function or overrides an instruction's flow (`overrides`:
+    {instruction address: kind}, `discovery/overrides.py`): only the functions around it change.
     Returns those functions and the references made from their code (no data pointers).
     """
     with gc_paused():
-        return _analyze_functions(image, entries, starts, noreturn, string_starts)
+        return _analyze_functions(image, entries, starts, noreturn, string_starts, overrides or {})
 
 
 def _analyze_functions(
@@ -46,6 +50,7 @@ def _analyze_functions(
     starts: set[int],
     noreturn: set[int],
     string_starts: AbstractSet[int],
+    overrides: Mapping[int, str],
 ) -> tuple[list[Function], list[Xref]]:
     image = text_names(image)
     codemap = CodeMap(image)
@@ -66,6 +71,7 @@ def _analyze_functions(
     noret = set(noreturn) | {imp.slot for imp in image.imports if imp.name in NORETURN_NAMES}
     jt_tables: dict[int, int] = {}
     explorer = make_explorer(image, codemap, backend, jt_tables)
+    apply_overrides(explorer, overrides)
     explorer.traverse(entries, noret)
     for _ in range(4):
         more = explorer.retry_tables()

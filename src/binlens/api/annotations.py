@@ -9,7 +9,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from binlens.api.edits import EditResult, abi_of, check_name, edit, refresh, store
+from binlens.api.edits import EditResult, abi_of, check_name, edit, refresh, store, sync_engine_functions
 from binlens.api.models import Params, ProgramRef
 from binlens.api.registry import DESTRUCTIVE, READ_ONLY, CallContext, method
 from binlens.cdecl import DeclarationError, TypeSystem
@@ -117,6 +117,13 @@ class DocPatch(_Doc):
     bytes: str
 
 
+class DocFlowOverride(_Doc):
+    """An instruction's flow override (flow_override.patch)."""
+
+    address: str
+    type: Literal["branch", "call", "call_return", "return"]
+
+
 class AnnotationDocument(_Doc):
     """Every annotation of one program."""
 
@@ -132,6 +139,7 @@ class AnnotationDocument(_Doc):
     functions: list[DocFunction] = Field(default_factory=list)
     patches: list[DocPatch] = Field(default_factory=list)
     local_variables: list[DocLocalVariable] = Field(default_factory=list)
+    flow_overrides: list[DocFlowOverride] = Field(default_factory=list)
 
 
 class ExportParams(Params):
@@ -176,6 +184,7 @@ def export_document(prog: Program) -> AnnotationDocument:
         DocLocalVariable(function=hex(k[0]), storage=k[1], name=v["name"], type=v["type"])
         for k, v in st.rows("local_variable")
     ]
+    doc.flow_overrides = [DocFlowOverride(address=hex(k[0]), type=v["type"]) for k, v in st.rows("flow_override")]
     return doc
 
 
@@ -272,6 +281,10 @@ def document_rows(
                 raise BinlensError("invalid_argument", err.message, target=f"{where}/type") from None
         key = (_addr(lv.function, f"{where}/function"), lv.storage)
         out["local_variable"][key] = {"name": lv.name, "type": lv.type}
+    out["flow_override"] = {
+        (_addr(f.address, f"{base}/flow_overrides/{i}/address"),): {"type": f.type}
+        for i, f in enumerate(doc.flow_overrides)
+    }
     return out
 
 
@@ -307,4 +320,7 @@ def annotations_import(ws: Workspace, p: ImportParams, ctx: CallContext) -> Impo
         return changes
 
     entry = edit(prog, ctx, "annotations.import", f"import annotations ({p.mode})", plan)
+    if entry is not None:  # the functions holding an instruction whose flow override changed are re-analysed
+        changed = store(prog).last_edit()[1]
+        sync_engine_functions(prog, [c for c in changed if c["kind"] == "flow_override"], "after")
     return ImportResult(journal_id=entry, changes=count if entry is not None else 0)

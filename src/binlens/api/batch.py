@@ -107,7 +107,7 @@ def _params(p: BatchParams, it: BatchItem) -> dict[str, Any]:
 
 
 # methods whose edits consult the analysis (which must be saved before the batch's transaction opens)
-_CONSULT_ANALYSIS = frozenset({"function.create", "function.delete"})
+_CONSULT_ANALYSIS = frozenset({"function.create", "function.delete", "flow_override.patch"})
 
 
 class _Tally:

@@ -63,8 +63,12 @@ def refresh(prog: Program) -> None:
 
 
 def invalidate(prog: Program) -> None:
-    """Forget cached state (after a rolled-back batch) so the next call reloads it."""
+    """Forget cached state (after a rolled-back batch) so the next call reloads it, and have the
+    engine re-read its stored analysis (the batch's local re-analyses rolled back with it)."""
     prog.extensions["annotations.generation"] = None
+    reload = getattr(engine(prog), "reload", None)
+    if reload is not None:
+        reload()
 
 
 def types(prog: Program) -> TypeSystem:
@@ -261,7 +265,6 @@ def comments_in(prog: Program, start: int, end: int) -> dict[int, dict[str, str]
     return out
 
 
-
 def put_row(
     prog: Program,
     ctx: CallContext | None,
@@ -319,7 +322,8 @@ def settle_analysis(prog: Program, ctx: CallContext | None, timeout_s: float = 6
 
 
 def sync_engine_functions(prog: Program, changes: list[dict[str, Any]], side: str) -> None:
-    """After undo/redo, bring the engine's function list to the user's definitions on `side`.
+    """After undo/redo, bring the engine's function list to the user's definitions on `side`, and
+    re-analyse the functions holding an instruction whose flow override changed.
 
     A user decision that disappears (None) is undone by the opposite engine call, since the
     engine's interface has define/undefine only.
@@ -329,6 +333,9 @@ def sync_engine_functions(prog: Program, changes: list[dict[str, Any]], side: st
         return
     other = "after" if side == "before" else "before"
     for ch in changes:
+        if ch["kind"] == "flow_override" and hasattr(analysis, "reanalyse_flow"):
+            analysis.reanalyse_flow(ch["key"][0])  # (the override row is already as `side` has it)
+            continue
         if ch["kind"] != "function":
             continue
         va = ch["key"][0]

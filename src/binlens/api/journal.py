@@ -19,7 +19,9 @@ EntryState = Literal["done", "undone", "abandoned"]
 class JournalChange(Result):
     """One row's value before and after an edit."""
 
-    kind: str = Field(description="name, comment, bookmark, data_type, global, prototype, function or patch")
+    kind: str = Field(
+        description="name, comment, bookmark, data_type, global, prototype, function, flow_override or patch"
+    )
     key: list[Any]
     before: dict[str, Any] | None
     after: dict[str, Any] | None

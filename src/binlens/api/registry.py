@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from binlens import components
-from binlens.api.requirements import Requirement, first_missing, parse
+from binlens.api.requirements import Requirement, first_missing, is_loopback_address, parse
 from binlens.errors import BinlensError, pointer
 
 if TYPE_CHECKING:
@@ -46,8 +46,15 @@ class CallContext:
         transport: str = "local",
         protocol_version: str | None = None,
         client_features: frozenset[str] | None = None,
+        peer: str | None = None,
+        authenticated: bool = False,
     ) -> None:
         self.client = client
+        # where the call comes from: the client's network address (a proxy's forwarded-for address
+        # where one is named; None for an in-process or stdio caller), and whether it presented the
+        # server's token
+        self.peer = peer
+        self.authenticated = authenticated
         self._progress = progress
         # what the transport knows of the caller: its name (mcp, websocket, local), the protocol
         # version it negotiated (None where it negotiates none) and the client's declared features
@@ -98,6 +105,11 @@ class CallContext:
         self._charged += nbytes
         if self._charged > self.response_budget:
             raise too_large(self.response_budget, self._charged)
+
+    @property
+    def trusted(self) -> bool:
+        """Whether the caller is this machine (in-process, stdio, a loopback peer) or authenticated."""
+        return self.peer is None or self.authenticated or is_loopback_address(self.peer)
 
     def cancel(self) -> None:
         """Ask the running method to stop at its next check."""
@@ -404,6 +416,8 @@ def invoke(
 def _invoke(ws: Workspace, spec: MethodSpec, params: Any, ctx: CallContext, max_response_bytes: int | None) -> Any:
     """`invoke` of a looked-up method on its context."""
     name = spec.name
+    if getattr(ws, "stopping", False):  # (session.shutdown accepted: no new work)
+        raise BinlensError("unavailable", "the server is shutting down", details={"reason": "stopping"})
     unmet = first_missing(ws, spec.requires, ctx)
     if unmet is not None:
         raise unmet[0].error(name, unmet[1])

@@ -15,7 +15,9 @@ PERMISSIONS: dict[str, str] = {
     "debug": "start the server with --allow-debug",
     "live": "start the server on the program's file with --allow-live-pid PID (binlens mcp FILE --allow-live-pid PID)",
 }
-FORMS = "'provider:<id>', 'provider-kind:<kind>', 'permission:<name>', 'client:<feature>' or 'writable'"
+FORMS = (
+    "'provider:<id>', 'provider-kind:<kind>', 'permission:<name>', 'client:<feature>', 'caller:trusted' or 'writable'"
+)
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class Missing:
 class Requirement:
     """One requirement, as written in `requires=` (`provider:angr`, `permission:debug`, `writable`)."""
 
-    kind: str  # provider | provider-kind | permission | client | writable
+    kind: str  # provider | provider-kind | permission | client | caller | writable
     name: str
 
     @property
@@ -48,6 +50,13 @@ class Requirement:
             return Missing(
                 f"the client did not negotiate '{self.name}'",
                 f"use a client that declares the '{self.name}' capability when it connects",
+            )
+        if self.kind == "caller":  # trusted: this machine (in-process, stdio, loopback) or the token's holder
+            if ctx is None or getattr(ctx, "trusted", True):
+                return None
+            return Missing(
+                "the caller is neither on this machine's loopback nor authenticated with the server's token",
+                "call from the server's own machine, or start the server with --token and send it",
             )
         if self.kind == "writable":
             return Missing("the server is read-only", "start the server without --read-only") if ws.read_only else None
@@ -80,10 +89,27 @@ class Requirement:
     def error(self, method: str, missing: Missing) -> BinlensError:
         """The error a call of `method` answers while this requirement is missing."""
         details = {"requirement": self.text, "reason": missing.reason, "remediation": missing.remediation}
+        if self.kind == "caller":
+            return BinlensError("permission_denied", f"{method} is not allowed: {missing.reason}", details=details)
         if self.kind == "writable":  # (SPEC §6: a method the server cannot run now is `unavailable`)
             message = f"{method} changes the database and the server is read-only"
             return BinlensError("unavailable", message, details=details)
         return BinlensError("unavailable", f"{method} is unavailable: {missing.reason}", details=details)
+
+
+def is_loopback_address(address: str) -> bool:
+    """Whether a peer address (IPv4, IPv6, `localhost`) is this machine's loopback."""
+    import ipaddress
+
+    text = address.strip().strip("[]")
+    if text.lower() == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(text.partition("%")[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
 def parse(text: str) -> Requirement:
@@ -91,7 +117,9 @@ def parse(text: str) -> Requirement:
     if text == "writable":
         return Requirement("writable", "")
     kind, sep, name = text.partition(":")
-    if not sep or not name or kind not in ("provider", "provider-kind", "permission", "client"):
+    if kind == "caller" and name != "trusted":
+        raise ValueError(f"requirement {text!r}: the only caller requirement is 'caller:trusted'")
+    if not sep or not name or kind not in ("provider", "provider-kind", "permission", "client", "caller"):
         raise ValueError(f"requirement {text!r} is not one of {FORMS}")
     if kind == "permission" and name not in PERMISSIONS:
         raise ValueError(f"unknown permission {name!r} (known: {', '.join(sorted(PERMISSIONS))})")

@@ -1,5 +1,7 @@
 """session.*: who this server is (package, build, path, MCP SDK, catalog), what the connection
-negotiated, what is open, its limits, and which methods can run here and why not."""
+negotiated, what is open, its limits, and which methods can run here and why not; and
+`session.shutdown`, which stops the serving transport (`Workspace.stop_server`, given by `binlens
+serve` and `binlens mcp`) for a caller on this machine or holding the token."""
 
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ import binlens
 from binlens.api.common import ProgramIdentity
 from binlens.api.interface import catalog_digest
 from binlens.api.models import Params, Result
-from binlens.api.registry import READ_ONLY, REGISTRY, CallContext, method
+from binlens.api.registry import LIFECYCLE, READ_ONLY, REGISTRY, CallContext, method
 from binlens.api.requirements import first_missing
+from binlens.errors import BinlensError
 from binlens.workspace import Workspace
 
 
@@ -204,3 +207,27 @@ def session_get(ws: Workspace, p: SessionGetParams, ctx: CallContext) -> Session
         tool_availability=method_availability(ws, ctx),
         mismatches=mismatches(p, ws.version, digest),
     )
+
+
+class SessionShutdownParams(Params):
+    grace_ms: int = Field(
+        5000, ge=0, le=60000, description="How long calls already running may take to finish before they are cancelled."
+    )
+
+
+class ShutdownAccepted(Result):
+    stopping: bool = Field(description="True: the server refuses new calls and exits (status 0) after the grace.")
+    grace_ms: int
+    transport: str = Field(description="The interface that stops: mcp (stdio or HTTP) or websocket.")
+
+
+@method("session.shutdown", effect=LIFECYCLE, requires=("caller:trusted",))
+def session_shutdown(ws: Workspace, p: SessionShutdownParams, ctx: CallContext) -> ShutdownAccepted:
+    """Stop the server: refuse new calls, let running ones finish (grace_ms), close programs, exit 0."""
+    if ws.stop_server is None:
+        raise BinlensError(
+            "unsupported", "this interface has no server to stop (a one-shot call ends by itself)", target="/method"
+        )
+    ws.stopping = True
+    ws.stop_server(p.grace_ms / 1000)
+    return ShutdownAccepted(stopping=True, grace_ms=p.grace_ms, transport=ctx.transport)

@@ -8,7 +8,14 @@ import os
 import sys
 
 from binlens.cli.main import command, make_workspace
-from binlens.cli.server_args import add_mcp_options, confinement, max_response_bytes, permissions, pin_live_pid
+from binlens.cli.server_args import (
+    add_mcp_options,
+    close_all,
+    confinement,
+    max_response_bytes,
+    permissions,
+    pin_live_pid,
+)
 
 log = logging.getLogger("binlens.mcp")
 
@@ -67,6 +74,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
     asyncio.run(server.run())
     proto_out.close()
+    if ws.stopping:  # session.shutdown: close the programs (their analyses stop, databases close)
+        close_all(ws)
     if core.running:
         # A method that ignores cancellation may still be in a worker thread: do not wait for it.
         sys.stderr.flush()

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from binlens.cli.main import command, make_workspace
 from binlens.cli.server_args import (
     add_mcp_options,
+    close_all,
     confinement,
     has_password,
     max_response_bytes,
@@ -321,6 +322,12 @@ def _run_server(ws: Workspace, opts: ServerOptions, args: argparse.Namespace, op
                     signal.signal(sig, handler)
 
     server = Server(config)
+
+    def stop(grace_s: float) -> None:  # session.shutdown, from a worker thread
+        config.timeout_graceful_shutdown = max(1, round(grace_s))  # (uvicorn waits on running requests this long)
+        server.should_exit = True
+
+    ws.stop_server = stop
     try:
         server.run()
     except SystemExit as exc:  # uvicorn exits when it cannot bind or start (its error is logged above)
@@ -328,6 +335,9 @@ def _run_server(ws: Workspace, opts: ServerOptions, args: argparse.Namespace, op
             sys.stderr.write(f"binlens serve: error: could not listen on {opts.host}:{opts.port}\n")
             hub.pool.shutdown(wait=False)
             return 1
+    ws.stop_server = None
+    if ws.stopping:  # session.shutdown: close the programs (their analyses stop, databases close)
+        close_all(ws)
     sys.stderr.write("binlens serve: stopped\n")
     sys.stderr.flush()
     hub.pool.shutdown(wait=False, cancel_futures=True)

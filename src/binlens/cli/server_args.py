@@ -189,3 +189,16 @@ def add_mcp_options(p: argparse.ArgumentParser, *, root_help: str, frame_help: s
         help="the most bytes one response may take, measured on the whole frame (K, M, G suffixes; "
         "default $BINLENS_MAX_RESPONSE_BYTES or 32M); a bigger result answers response_too_large",
     )
+
+
+def close_all(ws: Any) -> None:
+    """Close every open program (after session.shutdown): analyses stop, databases close; what
+    could not be released in time is logged to stderr."""
+    for handle in list(ws.programs):
+        try:
+            left = ws.close(handle)
+        except Exception as err:  # noqa: BLE001 - the server is exiting; say so and close the rest
+            sys.stderr.write(f"binlens: warning: closing {handle}: {type(err).__name__}\n")
+            continue
+        for what in left:
+            sys.stderr.write(f"binlens: warning: still running at exit: {what}\n")

@@ -81,7 +81,7 @@ def analyse_and_save(req: AnalysisRequest, send: Callable[[Any], None]) -> None:
     """In the analysis process: load, analyse, save, and report through `send`."""
     send(("progress", 0, None, "loading the image"))
     image = _load(req)
-    _save(req, analyse(image, _throttled(send), req.extra_starts, req.excluded_starts), send)
+    _save(req, analyse(image, _throttled(send), req.extra_starts, req.excluded_starts, req.flow_overrides), send)
 
 
 def analyse_early(req: AnalysisRequest, stdin: Any, send: Callable[[Any], None]) -> None:
@@ -109,7 +109,7 @@ def analyse_early(req: AnalysisRequest, stdin: Any, send: Callable[[Any], None])
     if full.sha256 != ident.sha256:
         raise BinlensError("conflict", f"{req.path} changed on disk since it was opened")
     full.data = image.data
-    if rows is None or (full.extra_starts, full.excluded_starts) != (extra, excluded):
+    if rows is None or (full.extra_starts, full.excluded_starts) != (extra, excluded) or full.flow_overrides:
         analyse_and_save(full, send)
         return
     _save(full, rows, send)

@@ -23,6 +23,7 @@ class AnalysisRequest:
     slice_name: str | None = None
     extra_starts: list[int] = field(default_factory=list)
     excluded_starts: list[int] = field(default_factory=list)
+    flow_overrides: dict[int, str] = field(default_factory=dict)  # the user's, {instruction address: kind}
     parse_timeout_s: float = 8.0
     data: bytes | None = None  # the bytes themselves, when the file changed on disk since it was opened
     home: str | None = None  # an early start (the CLI, before it opened the program): the database's home

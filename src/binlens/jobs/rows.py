@@ -30,7 +30,9 @@ class Rows:
     warnings: list[str] = field(default_factory=list)  # what of the image was not analysed, and why
 
 
-def analyse(image: Any, progress: Progress, extra: list[int], excluded: list[int]) -> Rows:
+def analyse(
+    image: Any, progress: Progress, extra: list[int], excluded: list[int], overrides: dict[int, str] | None = None
+) -> Rows:
     """The analysis of `image` as rows to store.
 
     Once every function's code is found (`explore`), what remains splits into independent parts:
@@ -42,7 +44,7 @@ def analyse(image: Any, progress: Progress, extra: list[int], excluded: list[int
 
     retained.clear()  # (an earlier analysis in this process, whose user starts were not the caller's)
     with gc_paused():  # the rows are acyclic tuples; collections would re-scan the whole analysis
-        explored = explore(image, progress, extra, excluded)
+        explored = explore(image, progress, extra, excluded, overrides)
         retained.append(explored)
         if parallel():
             strings, refs, frows = in_two_processes(explored, retained.append)

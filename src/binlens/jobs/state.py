@@ -37,6 +37,7 @@ from binlens.store.analysis import (
     user_functions,
 )
 from binlens.store.analysis_save import replace_functions
+from binlens.store.annotations import flow_override_rows
 from binlens.workspace import Program, Workspace
 
 log = logging.getLogger("binlens.analysis")
@@ -123,6 +124,7 @@ class ProgramAnalysisState:
             data=bytes(self.prog.image.data) if with_bytes else None,
             max_file_bytes=len(self.prog.image.data),
             run_id=self.run_id,
+            flow_overrides=flow_override_rows(self.prog.db.connect()),
             **self._user_starts(),
         )
 
@@ -337,6 +339,27 @@ class ProgramAnalysisState:
         sources = {fn: view.by_address[fn].sources for fn in affected if fn in view.by_address}
         self._reanalyse(view, sorted(affected), set(view.starts) - {va}, {va} | affected, sources)
 
+    def reload(self) -> None:
+        """Re-read the stored analysis: a rolled-back transaction (an all_or_none batch) took back
+        the rows of the local re-analyses made inside it."""
+        with self._lock:
+            if self.status != "done":
+                return
+            self.view = AnalysisView(self.prog.db)
+            stored = load_run(self.prog.db)
+            if stored is not None and stored.run_id is not None:
+                self.run_id = stored.run_id
+
+    def reanalyse_flow(self, va: int, ctx: Any = None, timeout_s: float = 600.0) -> list[int]:
+        """Re-analyse the functions whose code holds the instruction at `va`, whose flow override
+        changed (the overrides are read from the database); the entries re-analysed."""
+        view = self.require(ctx, timeout_s=timeout_s)
+        affected = view.functions_containing(va)
+        if affected:
+            sources = {fn: view.by_address[fn].sources for fn in affected if fn in view.by_address}
+            self._reanalyse(view, affected, set(view.starts), set(affected), sources)
+        return affected
+
     def _reanalyse(
         self,
         view: AnalysisView,
@@ -349,9 +372,12 @@ class ProgramAnalysisState:
         strings = {a for a, *_rest in view.strings()}
         from binlens.analysis.local import analyze_functions  # (the engine loads for the first edit)
 
+        # (ARM: a Thumb function is walked again in Thumb state, named by bit 0 as a pointer to it is)
+        walked = [e | 1 if (f := view.by_address.get(e)) is not None and f.mode == "thumb" else e for e in entries]
         run_id = allocate_run(self.prog.db, "local", ENGINE_VERSION)
         try:
-            functions, xrefs = analyze_functions(self.prog.image, entries, starts, noret, strings)
+            overrides = flow_override_rows(self.prog.db.connect())
+            functions, xrefs = analyze_functions(self.prog.image, walked, starts, noret, strings, overrides)
             replace_functions(self.prog.db, remove, functions, xrefs, sources, run_id)
         except BaseException:
             finish_run(self.prog.db, run_id, "failed")

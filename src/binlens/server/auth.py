@@ -28,6 +28,7 @@ from urllib.parse import parse_qsl, quote, quote_plus, unquote, unquote_plus, ur
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from binlens.api.requirements import is_loopback_address
 from binlens.server.options import ServerOptions
 
 log = logging.getLogger("binlens.server")
@@ -172,6 +173,24 @@ class Guard:
         if not self.authorized(headers.get("authorization")):
             return 401, "missing or wrong bearer token", [(b"www-authenticate", b'Bearer realm="binlens"')]
         return None
+
+
+_FORWARDED_FOR = re.compile(r'(?i)(?:^|[;,\s])for="?\[?([^\]";,]+)')
+
+
+def caller_peer(scope: Scope) -> str:
+    """The address a request comes from, for trust decisions: the socket's peer, unless a proxy
+    names a client (`Forwarded: for=`, `X-Forwarded-For`, `X-Real-IP`, every hop) that is not on
+    loopback: then the first such one. A forwarded address can only make a caller less trusted
+    (a client cannot claim loopback by sending one). A request with no peer is `unknown`."""
+    headers = _header_map(scope.get("headers", []))
+    named = _FORWARDED_FOR.findall(headers.get("forwarded", ""))
+    named += headers.get("x-forwarded-for", "").split(",") + headers.get("x-real-ip", "").split(",")
+    for address in (a.strip() for a in named):
+        if address and not is_loopback_address(address):
+            return address
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
 
 
 def _header_map(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:

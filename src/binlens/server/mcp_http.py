@@ -27,6 +27,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from binlens.server.asgi import AsgiEndpoint
+from binlens.server.auth import caller_peer
 from binlens.server.http_io import (
     ALLOW,
     CORS_HEADERS,
@@ -183,7 +184,9 @@ class McpEndpoint:
             inbound.method == "tools/call" and isinstance(meta, dict) and meta.get("progressToken") is not None
         )
         key = self._caller(scope, headers, inbound.id)
-        session = Session(credential=headers.get("authorization"))
+        session = Session(
+            credential=headers.get("authorization"), peer=caller_peer(scope), authenticated=self.core.token_checked
+        )
         self.inflight.setdefault(key, []).append(session)
         try:
             if wants_progress and "text/event-stream" in accept:
@@ -369,6 +372,8 @@ class LegacySse:
             return
         sess = SseSession(self.max_queue)
         sess.session.credential = headers.get("authorization")
+        sess.session.peer = caller_peer(scope)
+        sess.session.authenticated = self.core.token_checked
         self.sessions[sess.id] = sess
         root = scope.get("root_path", "")
         await start_event_stream(send, cors)
@@ -516,6 +521,7 @@ def mcp_routes(ws: Workspace, opts: ServerOptions) -> list[Route]:
         max_concurrent=getattr(opts, "max_concurrent", None) or ws.limits.max_concurrent,
         separator=getattr(opts, "tool_separator", "_"),
     )
+    core.token_checked = bool(getattr(opts, "token", None))  # (the security middleware checked every request's)
     legacy = LegacySse(
         core,
         keepalive_s=getattr(opts, "sse_keepalive_s", SSE_KEEPALIVE_S),

@@ -189,6 +189,10 @@ class Session:
     # (Authorization header) it connected with on HTTP
     client_info: Any = None
     credential: str | None = None
+    # the HTTP peer (`auth.caller_peer`; None on stdio, this machine's own process) and whether the
+    # server checked its token (`session.shutdown` needs one or the other)
+    peer: str | None = None
+    authenticated: bool = False
     client_capabilities: dict[str, Any] | None = None  # what initialize declared (session.get reports them)
     # request id -> (the call's context once its tool runs, the task serving it)
     inflight: dict[Any, tuple[CallContext | None, asyncio.Task[Any] | None]] = field(default_factory=dict)
@@ -244,6 +248,7 @@ class McpCore:
         self.ws = ws
         self.tools = ToolSet(ws, prefix, separator)
         self.slots = shared_slots(ws, max_concurrent or ws.limits.max_concurrent)
+        self.token_checked = False  # every HTTP request carried the server's token (`binlens serve --token`)
         self.max_concurrent = self.slots.limit
         self.pool = concurrent.futures.ThreadPoolExecutor(self.max_concurrent, thread_name_prefix="binlens-mcp")
         self.server_info = {"name": "binlens", "version": ws.version, "title": "binlens binary analysis"}
@@ -450,6 +455,8 @@ class McpCore:
             transport="mcp",
             protocol_version=version,
             client_features=client_features(session, meta),
+            peer=session.peer if session is not None else None,
+            authenticated=session.authenticated if session is not None else False,
         )
         if not self.slots.try_take():
             busy = BinlensError(

@@ -2,7 +2,8 @@
 
 A reader thread cuts stdin into frames (refusing any over the limit and draining it to the next
 newline); every request runs as its own task so `notifications/cancelled` can stop it; EOF cancels
-whatever is still running and ends the loop.
+whatever is still running and ends the loop. `session.shutdown` (`Workspace.stop_server`) ends it
+too: no frame is read after it, and the calls already running get the grace to finish.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ log = logging.getLogger("binlens.mcp")
 _CONCURRENT = frozenset({"tools/call", "resources/read"})
 _EOF = object()
 _OVERSIZE = object()
+_STOP = object()  # session.shutdown: (_STOP, grace in seconds) ends the loop like EOF, after the grace
 
 
 def _reader(fd: int, limit: int, put: Callable[[list[Any]], None]) -> None:
@@ -129,10 +131,16 @@ class StdioServer:
 
         pushers = debug_listeners(self.core.ws)
         pushers.append(push)
+
+        def stop(grace_s: float) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, [(_STOP, grace_s)])
+
+        self.core.ws.stop_server = stop
         try:
             while await self._items(await queue.get()):
                 pass
         finally:
+            self.core.ws.stop_server = None
             pushers.remove(push)
         self.session.cancel_all()
         if self._tasks:
@@ -142,6 +150,10 @@ class StdioServer:
         """Serve the frames of one read in order; False at EOF."""
         for item in items:
             if item is _EOF:
+                return False
+            if isinstance(item, tuple) and item[0] is _STOP:
+                if self._tasks:  # (the shutdown call's own task among them: its answer goes out first)
+                    await asyncio.wait(set(self._tasks), timeout=item[1])
                 return False
             if item is _OVERSIZE:
                 err = RpcError(INVALID_REQUEST, f"frame over the {self.limit}-byte limit; dropped up to the newline")

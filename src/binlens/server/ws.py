@@ -47,7 +47,7 @@ from binlens.api.registry import (
     retained_reference,
 )
 from binlens.errors import BinlensError
-from binlens.server.auth import client_label, refuse, user_agent_product
+from binlens.server.auth import caller_peer, client_label, refuse, user_agent_product
 from binlens.server.options import ServerOptions
 from binlens.server.slots import shared_slots
 from binlens.server.wire import FrameError, decode, dumps, valid_id
@@ -355,7 +355,13 @@ class WsSession:
             )
             await self.send(rpc_error(msg_id, METHOD_FAILED, busy.message, busy.to_dict()))
             return
-        ctx = CallContext(client=self.client, progress=self._progress_sender(msg_id), transport="websocket")
+        ctx = CallContext(
+            client=self.client,
+            progress=self._progress_sender(msg_id),
+            transport="websocket",
+            peer=caller_peer(self.scope),
+            authenticated=bool(self.hub.opts.token),  # (the handshake's token was checked)
+        )
         self.calls[msg_id] = ctx
         task = asyncio.get_running_loop().create_task(self._call(msg_id, method, params, ctx))
         self.tasks.add(task)

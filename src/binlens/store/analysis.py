@@ -362,6 +362,17 @@ class AnalysisView:
         b = self.block_at(va)
         return self.by_address.get(b[0]) if b is not None else None
 
+    def functions_containing(self, va: int) -> list[int]:
+        """The entries of every function with a block containing `va` (a block functions share is in each)."""
+        idx = self._blocks_by_start()
+        out: set[int] = set()
+        i = bisect.bisect_right(idx.starts, va) - 1
+        while i >= 0 and idx.reach[i] > va:
+            if idx.ends[i] > va:
+                out.add(idx.fns[i])
+            i -= 1
+        return sorted(out)
+
     def blocks(self, fn: int) -> list[tuple[int, int, int, str]]:
         """(start, end, instructions, terminator) of a function's blocks, by address."""
         rows = self._q("SELECT data, terms FROM func_blocks WHERE address=?", (s64(fn),))

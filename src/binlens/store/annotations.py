@@ -30,7 +30,7 @@ from binlens.store.database import ProgramDatabase, s64, u64
 # converts at its boundary: callers give and get unsigned addresses, rows come in address order.
 _HIGH = 1 << 63
 _ADDRESS_KEYED = frozenset(
-    {"name", "comment", "bookmark", "global", "prototype", "function", "signature", "local_variable"}
+    {"name", "comment", "bookmark", "global", "prototype", "function", "signature", "local_variable", "flow_override"}
 )
 
 
@@ -77,6 +77,17 @@ def comment_rows_at(conn: sqlite3.Connection, va: int) -> dict[str, str]:
 def comment_rows_in(conn: sqlite3.Connection, start: int, end: int) -> list[tuple[Any, ...]]:
     """(address, kind, text) of every user comment in [start, end), in address order."""
     return in_spans(conn, "SELECT address, kind, text FROM ann_comment WHERE {span}", start, end)
+
+
+def bookmark_rows_at(conn: sqlite3.Connection, va: int) -> list[tuple[str, str]]:
+    """(category, note) of the user's bookmarks at `va`, by category."""
+    sql = "SELECT category, note FROM ann_bookmark WHERE address=? ORDER BY category"
+    return conn.execute(sql, (s64(va),)).fetchall()
+
+
+def flow_override_rows(conn: sqlite3.Connection) -> dict[int, str]:
+    """The user's flow overrides: {instruction address: kind}."""
+    return {u64(a): t for a, t in conn.execute("SELECT address, type FROM ann_flow_override")}
 
 
 def local_variable_rows(conn: sqlite3.Connection, function: int) -> dict[str, dict[str, str | None]]:
@@ -142,6 +153,11 @@ MIGRATIONS = [
     CREATE TABLE IF NOT EXISTS ann_local_variable (
         address INTEGER NOT NULL, storage TEXT NOT NULL, name TEXT, type TEXT, PRIMARY KEY (address, storage));
     """,
+    # how the user says an instruction's flow differs from its decoding (`flow_override.patch`):
+    # a call taken as a jump, a jump as a call, a call that does not return
+    """
+    CREATE TABLE IF NOT EXISTS ann_flow_override (address INTEGER PRIMARY KEY, type TEXT NOT NULL);
+    """,
 ]
 
 
@@ -164,6 +180,7 @@ TABLES: dict[str, Table] = {
     "function": Table("ann_function", ("address",), ("state",)),
     "signature": Table("ann_signature", ("address",), ("name", "score", "reference")),
     "local_variable": Table("ann_local_variable", ("address", "storage"), ("name", "type")),
+    "flow_override": Table("ann_flow_override", ("address",), ("type",)),
 }
 KINDS = (*TABLES, "patch")
 _PATCH_BYTES = "SELECT address, value FROM ann_patch WHERE {span} ORDER BY address"

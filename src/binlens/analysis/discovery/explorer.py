@@ -145,6 +145,8 @@ class Explorer(SwitchResolution):
         self._reached: set[int] = set()
         self._calls: set[int] = set()
         self.unproven: set[int] = set()  # gap-trial starts not proven entries: still open to a data pointer
+        # addresses the bodies' walks take as starts that are no functions (`overrides.NO_RETURN`)
+        self.stops: frozenset[int] = frozenset()
 
     # ------------------------------------------------------------------ chunks
     def chunk(self, va: int) -> Chunk | None:
@@ -371,9 +373,14 @@ class Explorer(SwitchResolution):
         """Each function's body; also the new function starts found as tail-call targets (with
         `accept`: those it accepted, added as starts and partitioned in turn until none is new).
         Bodies are reused where nothing they depend on changed since the last call (`partition.py`)."""
-        out = self._parts.run(self, starts, extents, fragments, noret, self._dirty, accept)
+        if self.stops:
+            starts = starts | self.stops
+        bodies, new = self._parts.run(self, starts, extents, fragments, noret, self._dirty, accept)
         self._dirty = set()
-        return out
+        for s in self.stops:  # (a walk ends there; no function is there)
+            bodies.pop(s, None)
+            new.discard(s)
+        return bodies, new
 
     def walk_body(
         self,
