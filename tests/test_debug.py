@@ -36,6 +36,7 @@ DEBUG_DOMAINS = (
     "thread",
     "memory_map",
     "debug_address",
+    "debug_variable",
 )
 
 

@@ -57,6 +57,7 @@ DOMAINS: tuple[str, ...] = (
     "data_type",
     "debug",
     "debug_process",
+    "debug_variable",
     "decompilation",
     "disassembly",
     "evidence",

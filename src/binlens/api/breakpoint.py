@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from pydantic import Field
@@ -14,6 +13,7 @@ from binlens.api.debug_target import (
     FunctionRef,
     PlaceParams,
     RuntimeAddress,
+    assigns,
     entry_of,
     function_ref,
     hex_text,
@@ -57,12 +57,9 @@ class Breakpoint(Result):
     hits: int | None = None
 
 
-_ASSIGNS = re.compile(r"(?<![=!<>])=(?!=)|\+\+|--")
-
-
 def _check_condition(ws: Any, condition: str | None) -> None:
     """A read-only server refuses conditions that assign (a write the write methods would refuse)."""
-    if condition and ws.read_only and _ASSIGNS.search(condition):
+    if condition and ws.read_only and assigns(condition):
         raise BinlensError(
             "read_only",
             "the condition assigns, and the server is read-only",

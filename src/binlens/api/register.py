@@ -14,6 +14,7 @@ from binlens.api.debug_target import (
     PlaceParams,
     RuntimeAddress,
     entry_of,
+    frame_options,
     hex_text,
     runtime_of,
     static_of,
@@ -74,15 +75,6 @@ def _general_registers(entry: DebugEntry) -> list[int]:
     return entry.general_registers
 
 
-def _where(entry: DebugEntry, thread: int | None, frame: int) -> str:
-    """MI's thread and frame options (gdb takes --frame only with --thread: the current one by default)."""
-    if thread is None and frame == 0:
-        return ""
-    if thread is None:
-        thread = (entry.session.last_stop or {}).get("thread") or 1
-    return f" --thread {thread} --frame {frame}"
-
-
 @method("register.get", effect=READ_ONLY, requires=REQUIRES)
 def register_get(ws: Any, p: RegisterGetParams) -> Registers:
     """Register values of the stopped target (a thread and frame; default the current thread, frame 0)."""
@@ -95,7 +87,7 @@ def register_get(ws: Any, p: RegisterGetParams) -> Registers:
             if name not in names:
                 raise BinlensError("not_found", f"no register {name!r}", target=f"/params/names/{i}")
             numbers.append(names.index(name))
-    where = _where(entry, p.thread, p.frame)
+    where = frame_options(entry, p.thread, p.frame)
     got = entry.session.command(
         f"-data-list-register-values{where} --skip-unavailable x {' '.join(map(str, numbers))}".rstrip(),
         timeout=10,
@@ -128,7 +120,7 @@ def register_set(ws: Any, p: RegisterSetParams) -> Registers:
     entry.session.require_stopped()
     if p.name not in _register_names(entry):
         raise BinlensError("not_found", f"no register {p.name!r}", target="/params/name")
-    where = _where(entry, p.thread, p.frame)
+    where = frame_options(entry, p.thread, p.frame)
     entry.session.command(
         f"-data-evaluate-expression{where} {mi_quote(f'${p.name}={p.value}')}", timeout=10, check=True
     )

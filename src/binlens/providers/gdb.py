@@ -153,7 +153,13 @@ class GdbSession:
         )
         self._finalizer = weakref.finalize(self, _kill_all, self._proc, self._targets)
         threading.Thread(target=self._read_loop, args=(self._proc,), daemon=True, name="gdb-mi").start()
-        for command in ("-gdb-set mi-async on", "-gdb-set pagination off", "-gdb-set confirm off"):
+        # (may-call-functions off: evaluating an expression or a condition never runs the target's code)
+        for command in (
+            "-gdb-set mi-async on",
+            "-gdb-set pagination off",
+            "-gdb-set confirm off",
+            "-gdb-set may-call-functions off",
+        ):
             self.command(command, timeout=timeout)
 
     def start(
