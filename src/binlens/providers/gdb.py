@@ -328,7 +328,9 @@ class GdbSession:
             self.identity.check()
 
     def _gone(self) -> BinlensError:
-        if self.state in ("exited", "detached", "closed"):
+        if self.state == "exited":  # (gdb is closed once its target exited: the exit is the answer)
+            return process_exited_error(self.identity.pid if self.identity else 0)
+        if self.state in ("detached", "closed"):
             return BinlensError("conflict", f"the debug session is {self.state}", details={"state": self.state})
         self.state = "failed"
         return BinlensError("internal", "gdb exited", details={"provider": "gdb", "reason": "crashed"})
