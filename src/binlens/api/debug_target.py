@@ -93,6 +93,7 @@ class DebugEntry(Located):
     breakpoints: dict[int, dict[str, Any]] = field(default_factory=dict)
     register_names: list[str] | None = None
     general_registers: list[int] | None = None  # gdb's `general` register group, by number
+    maps_at: tuple[int, list[Mapping]] | None = None  # (the stop's event seq, the target's maps then)
 
     @property
     def identity(self) -> TargetIdentity | None:

@@ -176,6 +176,8 @@ class Repl:
             row = data[off : off + 16]
             text = "".join(chr(b) if 32 <= b < 127 else "." for b in row)
             self.say(f"{base + off:#018x}  {row.hex(' '):<47}  {text}")
+        for gap in got.get("unreadable") or []:
+            self.say(f"(unreadable: {gap['size']} bytes at {gap['address']})")
 
     def cmd_bt(self, _verb: str, _rest: list[str]) -> None:
         for f in self.call("backtrace.get")["frames"]:
