@@ -137,7 +137,11 @@ def test_a_reused_pid_of_a_debug_target_is_never_acted_on(how: str, looping: Any
         with pytest.raises(BinlensError) as caught:
             invoke(ws, method, {"debug_id": d, **params})
         assert caught.value.code in ("process_exited", "process_changed"), (method, caught.value.to_dict())
-    assert call(ws, "debug.get", debug_id=d)["state"] == "exited"
+    # gdb reports the exit (it may reap the pid before it says so: the pid check covers that window)
+    deadline = time.monotonic() + 60
+    while call(ws, "debug.get", debug_id=d)["state"] != "exited":
+        assert time.monotonic() < deadline, "gdb never reported the exit"
+        call(ws, "debug.wait", debug_id=d, timeout_ms=1000)
     close_all(ws)
     time.sleep(0.2)
     assert second.poll() is None  # not killed as if it were the session's target
