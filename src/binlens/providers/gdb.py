@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from binlens.errors import BinlensError
 from binlens.providers.base import Availability, ToolVersions
+from binlens.providers.gdb_mi import parse_record
 
 if TYPE_CHECKING:
     from binlens.loader.image import Image
@@ -347,15 +348,13 @@ class GdbSession:
 
     # --- events ---------------------------------------------------------------------------
     def _read_loop(self, proc: subprocess.Popen[bytes]) -> None:
-        from pygdbmi.gdbmiparser import parse_response
-
         assert proc.stdout is not None
         for raw in proc.stdout:
             line = raw.decode("utf-8", "replace").rstrip("\r\n")
             if not line or line.startswith("(gdb)"):
                 continue
             try:
-                record = parse_response(line)
+                record = parse_record(line)
             except Exception:  # noqa: BLE001 - a line the parser does not know is skipped
                 log.debug("gdb: unparsed MI line %r", line[:200])
                 continue
