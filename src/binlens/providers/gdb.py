@@ -129,6 +129,7 @@ class GdbSession:
         self._cmd_lock = threading.Lock()
         self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_EVENTS)
         self._seq = 0
+        self._unheard: list[dict[str, Any]] = []  # stop events the listener has not been given yet
         self._tmp = tempfile.TemporaryDirectory(prefix="binlens-debug-")
         self._output = os.path.join(self._tmp.name, "output")
         self._finalizer: weakref.finalize[Any, Any] | None = None
@@ -371,10 +372,26 @@ class GdbSession:
                 elif kind == "console" and self._console is not None and len(self._console) < 100000:
                     self._console.append(str(record.get("payload") or ""))
                 self._cond.notify_all()
+            if self._unheard:
+                self._hear()
         with self._cond:
             if self.state in ("stopped", "running", "idle"):
                 self.state = "failed"
             self._cond.notify_all()
+
+    def _hear(self) -> None:
+        """Give the listener the stop events it has not heard (outside the lock, after the callers
+        waiting for them were woken: a server's push never delays an answer)."""
+        with self._cond:
+            unheard, self._unheard = self._unheard, []
+        listener = self.listener
+        if listener is None:
+            return
+        for event in unheard:
+            try:
+                listener(event)
+            except Exception:  # noqa: BLE001 - a listener's failure never stops the reader
+                log.exception("debug event listener failed")
 
     def _stopped(self, payload: dict[str, Any]) -> None:
         """Turn a *stopped record into an event (under the condition's lock)."""
@@ -425,12 +442,7 @@ class GdbSession:
         event["seq"] = self._seq
         self._events.append(event)
         self.last_stop = event
-        listener = self.listener
-        if listener is not None:
-            try:
-                listener(event)
-            except Exception:  # noqa: BLE001 - a listener's failure never stops the reader
-                log.exception("debug event listener failed")
+        self._unheard.append(event)  # (the listener hears it once the waiting caller is woken)
 
     def events(self, after: int, limit: int) -> tuple[list[dict[str, Any]], int, int]:
         """Events with seq > `after` (at most `limit`), the seq of the last one given (or `after`),
@@ -494,6 +506,7 @@ class GdbSession:
             if self.state == "exited":
                 return
             self._stopped({"reason": "exited-signalled", "signal-name": "SIGKILL", "signal-meaning": reason})
+        self._hear()
 
 
 def _int(value: Any, base: int = 10) -> int | None:
