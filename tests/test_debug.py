@@ -273,12 +273,14 @@ def test_the_debug_command_reads_commands_from_stdin(debuggee: Any, tmp_path: Pa
 
     path, syms = debuggee
     work = f"sub_{syms['work']:x}"
-    script = f"b {work} if $rdi == 2\nr\nregs rdi\nbt\nx {work} 4\nfinish\ndelete 1\nc\nbogus\ninfo\n"
+    script = f"b {work} if $rdi == 2\nr\nregs rdi\nbt\nx {work} 4\nlocals\np $rdi + 1\n"
+    script += "finish\ndelete 1\nc\nbogus\ninfo\n"
     done = run_cli("debug", str(path), "--", "3", home=tmp_path, stdin=script, timeout=120)
     out = done.stdout
     assert done.returncode == 0, done.stderr
     assert re.search(rf"\[breakpoint 1\] 0x[0-9a-f]+ \(static {hex(syms['work'])}, {work}\)", out), out
     assert "rdi 0x2" in out and re.search(rf"#0 +0x[0-9a-f]+ \(static {hex(syms['work'])}, {work}\)", out)
+    assert "(no debug information for this frame)" in out and "$rdi + 1 = 3" in out
     assert "[exited with code 30]" in out and "unknown command 'bogus'" in out and "total 30" in out
 
 
