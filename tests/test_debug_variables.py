@@ -85,6 +85,9 @@ def test_a_stripped_pie_reads_an_argument_and_locals_from_its_debug_file(home: P
     assert call(ws, "debug_variable.evaluate", debug_id=d, expression="i * 10")["value"] == "20"
 
     assert fails("invalid_argument", ws, "debug_variable.list", debug_id=d, frame=99).target == "/params/frame"
+    assert fails("invalid_argument", ws, "debug_variable.list", debug_id=d, thread=9).target == "/params/thread"
+    err = fails("invalid_argument", ws, "debug_variable.evaluate", debug_id=d, expression="thread + frame")
+    assert err.target == "/params/expression"  # gdb's "No symbol "thread" ...": the expression's fault
     err = fails("invalid_argument", ws, "debug_variable.evaluate", debug_id=d, expression="i = 5")
     assert err.target == "/params/expression" and err.details["reason"] == "assigns"
     assert fails("invalid_argument", ws, "debug_variable.evaluate", debug_id=d, expression="i <<= 1").target

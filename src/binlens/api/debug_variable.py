@@ -85,10 +85,10 @@ def _cut(text: Any, limit: int) -> tuple[str | None, bool]:
 
 def _frame_error(err: BinlensError) -> BinlensError:
     """gdb's refusals of a thread or frame as errors at the params that named them."""
-    message = err.message.lower()
-    if "thread" in message:
+    message = err.message.removeprefix("gdb: ")
+    if message.startswith(("Invalid thread id", "Unknown thread")):
         err.target = "/params/thread"
-    elif "frame" in message or "stack" in message:
+    elif message.startswith(("Invalid frame id", "No frame at level")):
         err.target = "/params/frame"
     return err
 
