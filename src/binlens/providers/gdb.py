@@ -34,7 +34,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from binlens.errors import BinlensError
+from binlens.providers import gdb_emulated
 from binlens.providers.base import Availability, ToolVersions
+from binlens.providers.gdb_emulated import Emulator
 from binlens.providers.gdb_mi import parse_record
 
 if TYPE_CHECKING:
@@ -81,7 +83,11 @@ class GdbProvider:
         return self._versions.check(self.executable())
 
     def open_session(self, image: Image) -> GdbSession:
-        """A debug session for a target running `image` (gdb starts with `start` or `attach`)."""
+        """A debug session for a target running `image` (gdb starts with `start` or `attach`); a
+        program of another architecture is debugged by gdb-multiarch under its emulator."""
+        emulator = gdb_emulated.emulator_for(image)
+        if emulator is not None:
+            return GdbSession(emulator.gdb, image.identity.sha256, emulator)
         return GdbSession(self.executable() or "gdb", image.identity.sha256)
 
 
@@ -113,8 +119,10 @@ def mi_quote(text: str) -> str:
 class GdbSession:
     """One gdb process debugging one target (started or attached), its event log and its identity."""
 
-    def __init__(self, executable: str, sha256: str) -> None:
+    def __init__(self, executable: str, sha256: str, emulator: Emulator | None = None) -> None:
         self.executable = executable
+        self.emulator = emulator  # a target of another architecture runs under this emulator
+        self._emulated: subprocess.Popen[bytes] | None = None
         self.sha256 = sha256  # the program's; the target's executable must have these bytes
         self.state = "idle"  # idle | stopped | running | exited | detached | failed | closed
         self.identity: TargetIdentity | None = None
@@ -175,11 +183,14 @@ class GdbSession:
             stdin_path = os.path.join(self._tmp.name, "stdin")
             with open(stdin_path, "wb") as f:
                 f.write(stdin)
-        self.command(f"-file-exec-and-symbols {mi_quote(path)}", timeout=timeout)
-        line = " ".join(shlex.quote(a) for a in args)
         os.mkfifo(self._output, 0o600)  # read by a thread keeping its end: no output can fill a disk
         self._drain = threading.Thread(target=self._drain_output, daemon=True, name="gdb-target-output")
         self._drain.start()
+        if self.emulator is not None:
+            self._start_emulated(self.emulator, path, args, env, cwd, stdin_path, timeout)
+            return
+        self.command(f"-file-exec-and-symbols {mi_quote(path)}", timeout=timeout)
+        line = " ".join(shlex.quote(a) for a in args)
         line += f" < {shlex.quote(stdin_path)} > {shlex.quote(self._output)} 2>&1"
         self.command(f"-exec-arguments {line}", timeout=timeout)
         for name, value in env.items():
@@ -197,8 +208,47 @@ class GdbSession:
         assert self.identity is not None
         self._targets.append((pid, self.identity.start_time))
 
+    def _start_emulated(
+        self,
+        emulator: Emulator,
+        path: str,
+        args: list[str],
+        env: dict[str, str],
+        cwd: str | None,
+        stdin_path: str,
+        timeout: float,
+    ) -> None:
+        """Start the program under its emulator, stopped before its first instruction, and connect
+        gdb to the emulator's gdb stub (a Unix socket of the session's directory)."""
+        socket = os.path.join(self._tmp.name, "gdb.sock")
+        self.started = True
+        qemu = self._emulated = gdb_emulated.spawn(
+            emulator, path, args, env, cwd, stdin_path, self._output, socket, timeout
+        )
+        start = process_start_time(qemu.pid)
+        if start is not None:
+            self._targets.append((qemu.pid, start))
+        if emulator.sysroot is not None:
+            self.command(f"-gdb-set sysroot {mi_quote(emulator.sysroot)}", timeout=timeout)
+        self.command(f"-file-exec-and-symbols {mi_quote(path)}", timeout=timeout)
+        self.command(f"-target-select remote {socket}", timeout=timeout)
+        if self.wait_stop(timeout) is None:
+            self.close()
+            raise BinlensError("unavailable", "the target did not start", details={"reason": "start_failed"})
+        ident = gdb_emulated.pin(qemu.pid, path, emulator)
+        if ident.sha256 != self.sha256:
+            self.close()
+            raise BinlensError("conflict", f"{path}'s bytes are not the program's", details={"reason": "exe_mismatch"})
+        self.identity = ident
+
     def attach(self, pid: int, timeout: float) -> None:
         """Start gdb and attach it to `pid` (stopped once attached)."""
+        if self.emulator is not None:
+            raise BinlensError(
+                "unsupported",
+                f"an emulated {self.emulator.arch} process cannot be attached to; start it with debug.start",
+                target="/params/pid",
+            )
         self._spawn(timeout)
         self.command(f"-target-attach {pid}", timeout=timeout)
         if self.wait_stop(timeout) is None:
@@ -244,6 +294,9 @@ class GdbSession:
         if self.started:  # a reader still waiting for a writer (a target that never ran) is let go
             with contextlib.suppress(OSError):
                 os.close(os.open(self._output, os.O_WRONLY | os.O_NONBLOCK))
+        if self._emulated is not None:  # (killed with the targets: reaped here)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._emulated.wait(CLOSE_WAIT_S)
         if self._drain is not None:
             self._drain.join(CLOSE_WAIT_S)  # (the target is gone: its last output is on the way)
         if self._final_output is None:
