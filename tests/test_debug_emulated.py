@@ -85,3 +85,19 @@ def test_an_aarch64_pie_is_debugged_under_qemu(home: Path, a64: Any) -> None:
     call(ws, "debug.continue", debug_id=running["debug_id"], wait_ms=0)
     close_all(ws)
     assert _gone(running["pid"])
+
+
+def test_without_qemu_an_aarch64_start_says_what_to_install(
+    home: Path, a64: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gdb").symlink_to(shutil.which("gdb") or "gdb")  # gdb alone: no qemu-aarch64, no gdb-multiarch
+    monkeypatch.setenv("PATH", str(bin_dir))
+    ws = make_ws(home)
+    ws.open(a64[0])
+    err = fails("unavailable", ws, "debug.start", timeout_ms=60000)
+    assert err.details["reason"] == "emulator_missing" and "qemu-user" in err.details["remediation"]
+    assert "qemu-aarch64 and gdb-multiarch" in err.message
+    assert call(ws, "debug.list")["items"] == []
+    close_all(ws)
