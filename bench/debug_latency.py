@@ -8,7 +8,11 @@ and stopped in its `work` function. Cases, taking turns so that they share the m
     for its *stopped record);
   - ws: `binlens serve FILE --allow-debug`, JSON-RPC over /ws (debug.next {wait_ms}, register.get,
     debug_memory.read);
-  - stdio: `binlens mcp FILE --allow-debug`, tools/call over stdin/stdout.
+  - stdio: `binlens mcp FILE --allow-debug`, tools/call over stdin/stdout;
+  - in-process: the same methods called in this process (`binlens.api.invoke`): binlens's own cost
+    without a transport.
+A no-op row (raw: `-gdb-set confirm off`; binlens: `program.list`, 0.03 ms in-process) measures
+each transport's round trip alone.
 Stop → event: the pushed `{prefix}.debug.event` notification of each step, received at the client,
 minus the event's `time` (taken by the server's reader thread when gdb's *stopped record arrived;
 one machine, one clock).
@@ -113,6 +117,7 @@ def raw_ops(g: RawGdb, registers: list[str]) -> dict[str, Any]:
         "step": lambda: g.cmd("-exec-next-instruction", stop=True),
         "registers": lambda: g.cmd(f"-data-list-register-values x {numbers}"),
         "memory 4 KiB": lambda: g.cmd("-data-read-memory-bytes $sp-4096 4096"),
+        "no-op": lambda: g.cmd("-gdb-set confirm off"),
     }
 
 
@@ -166,6 +171,27 @@ class WsClient:
         self.proc.wait(15)
 
 
+class InProcess:
+    """The methods called in this process, on a workspace of its own (no transport)."""
+
+    def __init__(self, path: Path, home: Path) -> None:
+        sys.path.insert(0, str(ROOT / "src"))
+        from binlens.api import invoke
+        from binlens.workspace import Config, Workspace
+
+        self.ws = Workspace(Config(home=home, permissions=frozenset({"debug"})))
+        self.ws.open(path)
+        self.invoke = invoke
+        self.lags: list[float] = []
+
+    def call(self, method: str, params: dict[str, Any]) -> Any:
+        return self.invoke(self.ws, method, params)
+
+    def close(self) -> None:
+        for handle in list(self.ws.programs):
+            self.ws.close(handle)
+
+
 class StdioClient:
     """`binlens mcp FILE --allow-debug` over pipes."""
 
@@ -202,7 +228,7 @@ class StdioClient:
         domain, _, operation = method.partition(".")
         self.id += 1
         args = {"operation": operation, "params": params}
-        call = {"name": f"binlens.{domain}", "arguments": args}
+        call = {"name": f"binlens_{domain}", "arguments": args}
         self._send({"jsonrpc": "2.0", "id": self.id, "method": "tools/call", "params": call})
         result = self._answer(self.id)
         if result.get("isError"):
@@ -228,6 +254,7 @@ def binlens_ops(client: Any, work: int) -> dict[str, Any]:
         "step": lambda: client.call("debug.next", {"debug_id": d, "wait_ms": 10000}),
         "registers": lambda: client.call("register.get", {"debug_id": d}),
         "memory 4 KiB": lambda: client.call("debug_memory.read", {"debug_id": d, "address": below, "size": 4096}),
+        "no-op": lambda: client.call("program.list", {}),
     }
 
 
@@ -241,9 +268,15 @@ def main() -> int:
         raw = RawGdb(path, work)
         ws = WsClient(path, work_dir / "home-ws")
         stdio = StdioClient(path, work_dir / "home-stdio")
-        ws_ops, stdio_ops = binlens_ops(ws, work), binlens_ops(stdio, work)
+        local = InProcess(path, work_dir / "home-local")
+        ws_ops, stdio_ops, local_ops = binlens_ops(ws, work), binlens_ops(stdio, work), binlens_ops(local, work)
         registers = [r["name"] for r in ws_ops["registers"]()["registers"]]
-        cases = {"raw GDB/MI": raw_ops(raw, registers), "binlens /ws": ws_ops, "binlens stdio": stdio_ops}
+        cases = {
+            "raw GDB/MI": raw_ops(raw, registers),
+            "binlens /ws": ws_ops,
+            "binlens stdio": stdio_ops,
+            "in-process": local_ops,
+        }
         times: dict[str, dict[str, list[float]]] = {c: {op: [] for op in ops} for c, ops in cases.items()}
         for _ in range(args.rounds):
             for case, ops in cases.items():
@@ -255,6 +288,7 @@ def main() -> int:
         raw.close()
         ws.close()
         stdio.close()
+        local.close()
         ws.loop.close()
     print(f"# debugger latency, {args.rounds} rounds (ms)\n")
     print("| operation | " + " | ".join(f"{c} p50 | {c} p95" for c in cases) + " | p50 / raw p50 |")

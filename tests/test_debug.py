@@ -36,6 +36,7 @@ DEBUG_DOMAINS = (
     "thread",
     "memory_map",
     "debug_address",
+    "debug_variable",
 )
 
 
@@ -272,12 +273,14 @@ def test_the_debug_command_reads_commands_from_stdin(debuggee: Any, tmp_path: Pa
 
     path, syms = debuggee
     work = f"sub_{syms['work']:x}"
-    script = f"b {work} if $rdi == 2\nr\nregs rdi\nbt\nx {work} 4\nfinish\ndelete 1\nc\nbogus\ninfo\n"
+    script = f"b {work} if $rdi == 2\nr\nregs rdi\nbt\nx {work} 4\nlocals\np $rdi + 1\n"
+    script += "finish\ndelete 1\nc\nbogus\ninfo\n"
     done = run_cli("debug", str(path), "--", "3", home=tmp_path, stdin=script, timeout=120)
     out = done.stdout
     assert done.returncode == 0, done.stderr
     assert re.search(rf"\[breakpoint 1\] 0x[0-9a-f]+ \(static {hex(syms['work'])}, {work}\)", out), out
     assert "rdi 0x2" in out and re.search(rf"#0 +0x[0-9a-f]+ \(static {hex(syms['work'])}, {work}\)", out)
+    assert "(no debug information for this frame)" in out and "$rdi + 1 = 3" in out
     assert "[exited with code 30]" in out and "unknown command 'bogus'" in out and "total 30" in out
 
 
@@ -328,4 +331,44 @@ def test_a_gdb_that_does_not_answer_times_out_and_is_killed(
     assert err.details["reason"] == "timeout"
     assert _gone(int((fake.parent / "gdb.pid").read_text()))  # its process group was killed
     assert call(ws, "debug.list")["items"] == []
+    close_all(ws)
+
+
+def test_a_read_across_the_end_of_a_mapping_answers_the_readable_part(home: Path, debuggee: Any) -> None:
+    ws = make_ws(home)
+    ws.open(debuggee[0])
+    d = call(ws, "debug.start", args=["1"], timeout_ms=60000)["debug_id"]
+    maps = call(ws, "memory_map.list", debug_id=d, page={"limit": 1000})["items"]
+    below, above = next(
+        (a, b)
+        for a, b in zip(maps, maps[1:], strict=False)
+        if a["end"] != b["start"] and a["path"].startswith("/") and b["path"] == "[stack]"
+    )  # (ld.so's data, then the gap below the stack)
+    end, start = int(below["end"], 16), int(above["start"], 16)
+    pid = call(ws, "debug.get", debug_id=d)["pid"]
+    with open(f"/proc/{pid}/mem", "rb") as mem:
+        mem.seek(end - 8)
+        last = mem.read(8)
+        mem.seek(start)
+        first = mem.read(8)
+
+    # from a mapped page into an unmapped one: the readable prefix, and the bytes past it named
+    got = call(ws, "debug_memory.read", debug_id=d, address=hex(end - 8), size=24)
+    assert (got["size"], bytes.fromhex(got["bytes"]), got["complete"]) == (8, last, False)
+    assert got["unreadable"] == [{"address": hex(end), "size": 16}]
+    assert got["segments"] == [{"address": hex(end - 8), "static_address": got["static_address"], "size": 8,
+                                "bytes": last.hex()}]  # fmt: skip
+    # one byte past the end (gdb alone answers a byte that is not there)
+    one = call(ws, "debug_memory.read", debug_id=d, address=hex(end - 8), size=9)
+    assert one["size"] == 8 and one["unreadable"] == [{"address": hex(end), "size": 1}]
+    # from an unmapped page into a mapped one: no prefix, the readable run after the gap
+    into = call(ws, "debug_memory.read", debug_id=d, address=hex(start - 8), size=16)
+    assert (into["size"], into["bytes"], into["complete"]) == (0, "", False)
+    assert into["unreadable"] == [{"address": hex(start - 8), "size": 8}]
+    assert [(s["address"], s["bytes"]) for s in into["segments"]] == [(hex(start), first.hex())]
+    # a range wholly unmapped is an error at the address
+    err = fails("invalid_argument", ws, "debug_memory.read", debug_id=d, address=hex(end + 0x100), size=16)
+    assert err.target == "/params/address" and err.details["reason"] == "unreadable"
+    whole = call(ws, "debug_memory.read", debug_id=d, address=hex(end - 16), size=16)
+    assert whole["complete"] and whole["unreadable"] == [] and whole["segments"] is None
     close_all(ws)

@@ -60,6 +60,7 @@ def test_stop_events_are_pushed_over_websocket_and_legacy_sse(tmp_path: Path, co
             await call("debug.continue", {"debug_id": d, "wait_ms": 0})
             while not any(f.get("params", {}).get("kind") == "breakpoint" for f in pushed):
                 pushed.append(json.loads(await asyncio.wait_for(c.recv(), 60)))
+            assert (await call("debug_variable.evaluate", {"debug_id": d, "expression": "$rdi"}))["value"] == "1"
             await call("breakpoint.delete", {"debug_id": d, "id": 1})
             await call("debug.continue", {"debug_id": d, "wait_ms": 0})
             while not any(f.get("params", {}).get("kind") == "exited" for f in pushed):
@@ -103,6 +104,9 @@ def test_stop_events_are_pushed_over_stdio_mcp(tmp_path: Path, compile_c: Any) -
         d = call("dbg_debug", "start", {"args": ["1"], "timeout_ms": 60000})["debug_id"]
         call("dbg_breakpoint", "create", {"debug_id": d, "selector": {"name": f"sub_{work:x}"}})
         call("dbg_debug", "continue", {"debug_id": d, "wait_ms": 30000})
+        frame = call("dbg_debug_variable", "list", {"debug_id": d})  # (no debug file: no variables)
+        assert frame["debug_info"] is False and frame["static_address"] == hex(work)
+        assert call("dbg_debug_variable", "evaluate", {"debug_id": d, "expression": "$rdi"})["value"] == "1"
         call("dbg_debug", "kill", {"debug_id": d})
         pushed = [f["params"] for f in client.seen if f.get("method") == "dbg.debug.event"]
         assert [e["kind"] for e in pushed][-2:] == ["breakpoint", "exited"]

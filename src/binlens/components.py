@@ -62,6 +62,7 @@ DOMAINS: tuple[str, ...] = (
     "data_type",
     "debug",
     "debug_process",
+    "debug_variable",
     "decompilation",
     "disassembly",
     "evidence",

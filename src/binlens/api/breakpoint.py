@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from pydantic import Field
@@ -14,6 +13,7 @@ from binlens.api.debug_target import (
     FunctionRef,
     PlaceParams,
     RuntimeAddress,
+    assigns,
     entry_of,
     function_ref,
     hex_text,
@@ -57,17 +57,27 @@ class Breakpoint(Result):
     hits: int | None = None
 
 
-_ASSIGNS = re.compile(r"(?<![=!<>])=(?!=)|\+\+|--")
-
-
 def _check_condition(ws: Any, condition: str | None) -> None:
     """A read-only server refuses conditions that assign (a write the write methods would refuse)."""
-    if condition and ws.read_only and _ASSIGNS.search(condition):
+    if condition and ws.read_only and assigns(condition):
         raise BinlensError(
             "read_only",
             "the condition assigns, and the server is read-only",
             target="/params/condition",
             details={"requirement": "writable", "reason": "the server is read-only"},
+        )
+
+
+def _no_debug_registers(entry: DebugEntry, target: str) -> None:
+    """An emulated target has no debug registers (QEMU's gdb stub answers no hardware breakpoint
+    or watchpoint): `unsupported`, rather than a resume that fails."""
+    emulator = entry.session.emulator
+    if emulator is not None:
+        raise BinlensError(
+            "unsupported",
+            f"the {emulator.arch} target runs under QEMU, whose gdb stub has no hardware breakpoints or watchpoints",
+            target=target,
+            details={"reason": "emulated", "arch": emulator.arch},
         )
 
 
@@ -87,6 +97,8 @@ def _hits(entry: DebugEntry) -> dict[int, int]:
 def breakpoint_create(ws: Any, p: BreakpointCreateParams) -> Breakpoint:
     """Set a software, hardware or conditional breakpoint by selector (static, through the slide) or runtime address."""
     entry = entry_of(ws, p.debug_id)
+    if p.hardware:
+        _no_debug_registers(entry, "/params/hardware")
     entry.session.check_alive()
     _check_condition(ws, p.condition)
     runtime = runtime_of(ws, entry, p.address, p.selector, "selector")
@@ -186,6 +198,7 @@ def watchpoint_create(ws: Any, p: WatchpointCreateParams) -> Breakpoint:
     """Stop when the target writes (or reads, or accesses) 1-8 bytes at a place."""
     entry = entry_of(ws, p.debug_id)
     entry.session.require_stopped()
+    _no_debug_registers(entry, "/params/debug_id")
     _check_condition(ws, p.condition)
     runtime = runtime_of(ws, entry, p.address, p.selector, "selector")
     flag = {"write": "", "read": " -r", "access": " -a"}[p.access]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,6 +57,8 @@ class PlaceParams(Params):
         if (self.selector is None) == (self.address is None):
             raise ValueError("give exactly one of 'selector' or 'address'")
         return self
+
+
 WaitMs = Annotated[
     int, Field(ge=0, le=60000, description="How long to wait for the target to stop before answering (0: at once).")
 ]
@@ -90,6 +93,7 @@ class DebugEntry(Located):
     breakpoints: dict[int, dict[str, Any]] = field(default_factory=dict)
     register_names: list[str] | None = None
     general_registers: list[int] | None = None  # gdb's `general` register group, by number
+    maps_at: tuple[int, list[Mapping]] | None = None  # (the stop's event seq, the target's maps then)
 
     @property
     def identity(self) -> TargetIdentity | None:
@@ -223,6 +227,23 @@ def function_ref(entry: Located, static: int | None, wait: float = ANALYSIS_WAIT
         sym, off = near
         return FunctionRef(address=hex(sym.address), name=prog.name_at(sym.address) or sym.name, offset=off)
     return None
+
+
+_ASSIGNS = re.compile(r"(?:<<|>>)=|(?<![=!<>])=(?!=)|\+\+|--")
+
+
+def assigns(expression: str) -> bool:
+    """The gdb expression assigns (=, op=, ++, --): a write to the target."""
+    return _ASSIGNS.search(expression) is not None
+
+
+def frame_options(entry: DebugEntry, thread: int | None, frame: int) -> str:
+    """MI's thread and frame options (gdb takes --frame only with --thread: the current one by default)."""
+    if thread is None and frame == 0:
+        return ""
+    if thread is None:
+        thread = (entry.session.last_stop or {}).get("thread") or 1
+    return f" --thread {thread} --frame {frame}"
 
 
 def hex_text(value: int | None) -> str | None:

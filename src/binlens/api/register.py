@@ -14,6 +14,7 @@ from binlens.api.debug_target import (
     PlaceParams,
     RuntimeAddress,
     entry_of,
+    frame_options,
     hex_text,
     runtime_of,
     static_of,
@@ -22,6 +23,7 @@ from binlens.api.models import HexAddress, Params, Result, Selector
 from binlens.api.registry import MUTATION, READ_ONLY, method
 from binlens.errors import BinlensError
 from binlens.providers.gdb import mi_quote
+from binlens.providers.target import read_maps
 
 # --- registers and memory -------------------------------------------------------------------------
 
@@ -74,15 +76,6 @@ def _general_registers(entry: DebugEntry) -> list[int]:
     return entry.general_registers
 
 
-def _where(entry: DebugEntry, thread: int | None, frame: int) -> str:
-    """MI's thread and frame options (gdb takes --frame only with --thread: the current one by default)."""
-    if thread is None and frame == 0:
-        return ""
-    if thread is None:
-        thread = (entry.session.last_stop or {}).get("thread") or 1
-    return f" --thread {thread} --frame {frame}"
-
-
 @method("register.get", effect=READ_ONLY, requires=REQUIRES)
 def register_get(ws: Any, p: RegisterGetParams) -> Registers:
     """Register values of the stopped target (a thread and frame; default the current thread, frame 0)."""
@@ -95,7 +88,7 @@ def register_get(ws: Any, p: RegisterGetParams) -> Registers:
             if name not in names:
                 raise BinlensError("not_found", f"no register {name!r}", target=f"/params/names/{i}")
             numbers.append(names.index(name))
-    where = _where(entry, p.thread, p.frame)
+    where = frame_options(entry, p.thread, p.frame)
     got = entry.session.command(
         f"-data-list-register-values{where} --skip-unavailable x {' '.join(map(str, numbers))}".rstrip(),
         timeout=10,
@@ -128,7 +121,7 @@ def register_set(ws: Any, p: RegisterSetParams) -> Registers:
     entry.session.require_stopped()
     if p.name not in _register_names(entry):
         raise BinlensError("not_found", f"no register {p.name!r}", target="/params/name")
-    where = _where(entry, p.thread, p.frame)
+    where = frame_options(entry, p.thread, p.frame)
     entry.session.command(
         f"-data-evaluate-expression{where} {mi_quote(f'${p.name}={p.value}')}", timeout=10, check=True
     )
@@ -144,13 +137,36 @@ class MemoryReadParams(PlaceParams):
     size: int = Field(ge=1, le=MAX_READ)
 
 
-class MemoryBytes(Result):
-    """Bytes read from the target."""
+class MemoryRange(Result):
+    """Bytes of the target's memory that could not be read (no mapping there, or one gdb cannot read)."""
+
+    address: HexAddress
+    size: int
+
+
+class MemorySegment(Result):
+    """A readable run of bytes of a partly readable range."""
 
     address: HexAddress
     static_address: HexAddress | None = None
     size: int
     bytes: str = Field(description="Hex bytes.")
+
+
+class MemoryBytes(Result):
+    """Bytes read from (or written to) the target."""
+
+    address: HexAddress
+    static_address: HexAddress | None = None
+    size: int = Field(description="Bytes in `bytes`: the requested size, or the readable prefix's.")
+    bytes: str = Field(description="Hex bytes from `address` up to the first unreadable byte.")
+    complete: bool = Field(True, description="False: part of the range is unreadable (`unreadable`).")
+    unreadable: list[MemoryRange] = Field(
+        default_factory=list, description="The runtime ranges that could not be read, in address order."
+    )
+    segments: list[MemorySegment] | None = Field(
+        None, description="When incomplete: every readable run, in address order (the prefix is the first one)."
+    )
 
 
 def _memory_error(err: BinlensError, where: str) -> BinlensError:
@@ -159,25 +175,86 @@ def _memory_error(err: BinlensError, where: str) -> BinlensError:
     return err
 
 
+def _read_blocks(entry: DebugEntry, address: int, size: int) -> list[tuple[int, bytes]]:
+    """gdb's readable blocks of [address, address + size): (start, bytes), clipped to the range
+    (an unreadable range answers no blocks)."""
+    try:
+        got = entry.session.command(f"-data-read-memory-bytes {hex(address)} {size}", timeout=10, check=True)
+    except BinlensError as err:
+        if err.code != "invalid_argument":
+            raise
+        return []
+    blocks = []
+    for b in got.get("memory") or []:
+        if isinstance(b, dict) and isinstance(b.get("begin"), str):
+            start, data = int(b["begin"], 16), bytes.fromhex(str(b.get("contents", "")))
+            lo, hi = max(start, address), min(start + len(data), address + size)
+            if lo < hi:
+                blocks.append((lo, data[lo - start : hi - start]))
+    return blocks
+
+
+def _mapped(entry: DebugEntry, address: int, size: int) -> list[tuple[int, int]]:
+    """The pieces (start, end) of [address, address + size) inside the target's mappings, in order
+    (the mappings are read once per stop: they change only while the target runs)."""
+    ident = entry.identity
+    assert ident is not None
+    seq = entry.session.seq
+    if entry.maps_at is None or entry.maps_at[0] != seq:
+        entry.maps_at = (seq, read_maps(ident.pid))
+    end = address + size
+    pieces: list[tuple[int, int]] = []
+    for m in entry.maps_at[1]:
+        lo, hi = max(m.start, address), min(m.end, end)
+        if lo < hi:
+            if pieces and pieces[-1][1] == lo:  # adjacent mappings: one piece
+                pieces[-1] = (pieces[-1][0], hi)
+            else:
+                pieces.append((lo, hi))
+    return pieces
+
+
 @method("debug_memory.read", effect=READ_ONLY, requires=REQUIRES)
 def debug_memory_read(ws: Any, p: MemoryReadParams) -> MemoryBytes:
-    """Read up to 64 KiB of the stopped target's memory at a runtime address or a static selector."""
+    """Read up to 64 KiB of the stopped target's memory at a runtime address or a static selector.
+    A range that is partly unreadable answers its readable prefix and says which bytes were not
+    read (`complete: false`, `unreadable`, `segments`); one that is wholly unreadable is an error."""
     entry = entry_of(ws, p.debug_id)
     entry.session.require_stopped()
     where = "address" if p.address is not None else "selector"
     runtime = runtime_of(ws, entry, p.address, p.selector, where)
-    try:
-        got = entry.session.command(f"-data-read-memory-bytes {hex(runtime)} {p.size}", timeout=10, check=True)
-    except BinlensError as err:
-        raise _memory_error(err, where) from None
-    blocks = got.get("memory") or []
-    data = "".join(str(b.get("contents", "")) for b in blocks if isinstance(b, dict))
-    if len(data) != 2 * p.size:
-        raise BinlensError(
-            "invalid_argument", f"cannot read {p.size} bytes at {hex(runtime)}", target=f"/params/{where}"
-        )
     static = hex_text(static_of(entry, runtime))
-    return MemoryBytes(address=hex(runtime), static_address=static, size=p.size, bytes=data)
+    # (gdb reads only inside the mappings: past a mapping's end it can answer bytes that are not there)
+    blocks = [b for lo, hi in _mapped(entry, runtime, p.size) for b in _read_blocks(entry, lo, hi - lo)]
+    if len(blocks) == 1 and blocks[0][0] == runtime and len(blocks[0][1]) == p.size:
+        return MemoryBytes(address=hex(runtime), static_address=static, size=p.size, bytes=blocks[0][1].hex())
+    gaps, at = [], runtime
+    for start, data in blocks:
+        if start > at:
+            gaps.append(MemoryRange(address=hex(at), size=start - at))
+        at = start + len(data)
+    if at < runtime + p.size:
+        gaps.append(MemoryRange(address=hex(at), size=runtime + p.size - at))
+    if not blocks:
+        raise BinlensError(
+            "invalid_argument",
+            f"cannot read the {p.size} bytes at {hex(runtime)}: nothing there is readable",
+            target=f"/params/{where}",
+            details={"reason": "unreadable", "address": hex(runtime), "size": p.size},
+        )
+    prefix = blocks[0][1] if blocks[0][0] == runtime else b""
+    return MemoryBytes(
+        address=hex(runtime),
+        static_address=static,
+        size=len(prefix),
+        bytes=prefix.hex(),
+        complete=False,
+        unreadable=gaps,
+        segments=[
+            MemorySegment(address=hex(a), static_address=hex_text(static_of(entry, a)), size=len(d), bytes=d.hex())
+            for a, d in blocks
+        ],
+    )
 
 
 class MemoryWriteParams(PlaceParams):

@@ -23,6 +23,7 @@ HELP = """commands (places: a name, sub_1240, 0x1240 (static), *0x5555... (runti
   regs [NAME...]            registers                               x PLACE [SIZE]       memory (hex dump)
   bt                        backtrace                               threads / maps       threads, mappings
   delete ID                 delete a breakpoint or watchpoint       info / events        the session, its stops
+  locals [FRAME]            arguments and locals (debug info)       print|p EXPR         an expression's value
   kill                      kill the target                         quit|q               kill and leave"""
 
 
@@ -111,6 +112,7 @@ class Repl:
                 "ni": "next",
                 "until": "until",
                 "hbreak": "break",
+                "p": "print",
             }.get(verb, verb),
             None,
         )
@@ -176,6 +178,24 @@ class Repl:
             row = data[off : off + 16]
             text = "".join(chr(b) if 32 <= b < 127 else "." for b in row)
             self.say(f"{base + off:#018x}  {row.hex(' '):<47}  {text}")
+        for gap in got.get("unreadable") or []:
+            self.say(f"(unreadable: {gap['size']} bytes at {gap['address']})")
+
+    def cmd_locals(self, _verb: str, rest: list[str]) -> None:
+        got = self.call("debug_variable.list", frame=int(rest[0], 0) if rest else 0)
+        where = f" at {got['source']['file']}:{got['source']['line']}" if got.get("source") else ""
+        self.say(f"frame {got['level']}: {_where(got)}{where}")
+        if not got["debug_info"]:
+            self.say("  (no debug information for this frame)")
+        for v in got["items"]:
+            self.say(f"  {v['kind'][:3]} {v['type'] or '?'} {v['name']} = {v['value']}")
+
+    def cmd_print(self, _verb: str, rest: list[str]) -> None:
+        if not rest:
+            self.say("print EXPR")
+            return
+        got = self.call("debug_variable.evaluate", expression=" ".join(rest))
+        self.say(f"{got['expression']} = {got['value']}" + (f"  ({got['type']})" if got.get("type") else ""))
 
     def cmd_bt(self, _verb: str, _rest: list[str]) -> None:
         for f in self.call("backtrace.get")["frames"]:

@@ -34,7 +34,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from binlens.errors import BinlensError
+from binlens.providers import gdb_emulated
 from binlens.providers.base import Availability, ToolVersions
+from binlens.providers.gdb_emulated import Emulator
+from binlens.providers.gdb_mi import parse_record
 
 if TYPE_CHECKING:
     from binlens.loader.image import Image
@@ -80,7 +83,11 @@ class GdbProvider:
         return self._versions.check(self.executable())
 
     def open_session(self, image: Image) -> GdbSession:
-        """A debug session for a target running `image` (gdb starts with `start` or `attach`)."""
+        """A debug session for a target running `image` (gdb starts with `start` or `attach`); a
+        program of another architecture is debugged by gdb-multiarch under its emulator."""
+        emulator = gdb_emulated.emulator_for(image)
+        if emulator is not None:
+            return GdbSession(emulator.gdb, image.identity.sha256, emulator)
         return GdbSession(self.executable() or "gdb", image.identity.sha256)
 
 
@@ -112,8 +119,10 @@ def mi_quote(text: str) -> str:
 class GdbSession:
     """One gdb process debugging one target (started or attached), its event log and its identity."""
 
-    def __init__(self, executable: str, sha256: str) -> None:
+    def __init__(self, executable: str, sha256: str, emulator: Emulator | None = None) -> None:
         self.executable = executable
+        self.emulator = emulator  # a target of another architecture runs under this emulator
+        self._emulated: subprocess.Popen[bytes] | None = None
         self.sha256 = sha256  # the program's; the target's executable must have these bytes
         self.state = "idle"  # idle | stopped | running | exited | detached | failed | closed
         self.identity: TargetIdentity | None = None
@@ -128,6 +137,7 @@ class GdbSession:
         self._cmd_lock = threading.Lock()
         self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_EVENTS)
         self._seq = 0
+        self._unheard: list[dict[str, Any]] = []  # stop events the listener has not been given yet
         self._tmp = tempfile.TemporaryDirectory(prefix="binlens-debug-")
         self._output = os.path.join(self._tmp.name, "output")
         self._finalizer: weakref.finalize[Any, Any] | None = None
@@ -153,7 +163,13 @@ class GdbSession:
         )
         self._finalizer = weakref.finalize(self, _kill_all, self._proc, self._targets)
         threading.Thread(target=self._read_loop, args=(self._proc,), daemon=True, name="gdb-mi").start()
-        for command in ("-gdb-set mi-async on", "-gdb-set pagination off", "-gdb-set confirm off"):
+        # (may-call-functions off: evaluating an expression or a condition never runs the target's code)
+        for command in (
+            "-gdb-set mi-async on",
+            "-gdb-set pagination off",
+            "-gdb-set confirm off",
+            "-gdb-set may-call-functions off",
+        ):
             self.command(command, timeout=timeout)
 
     def start(
@@ -167,11 +183,14 @@ class GdbSession:
             stdin_path = os.path.join(self._tmp.name, "stdin")
             with open(stdin_path, "wb") as f:
                 f.write(stdin)
-        self.command(f"-file-exec-and-symbols {mi_quote(path)}", timeout=timeout)
-        line = " ".join(shlex.quote(a) for a in args)
         os.mkfifo(self._output, 0o600)  # read by a thread keeping its end: no output can fill a disk
         self._drain = threading.Thread(target=self._drain_output, daemon=True, name="gdb-target-output")
         self._drain.start()
+        if self.emulator is not None:
+            self._start_emulated(self.emulator, path, args, env, cwd, stdin_path, timeout)
+            return
+        self.command(f"-file-exec-and-symbols {mi_quote(path)}", timeout=timeout)
+        line = " ".join(shlex.quote(a) for a in args)
         line += f" < {shlex.quote(stdin_path)} > {shlex.quote(self._output)} 2>&1"
         self.command(f"-exec-arguments {line}", timeout=timeout)
         for name, value in env.items():
@@ -189,8 +208,47 @@ class GdbSession:
         assert self.identity is not None
         self._targets.append((pid, self.identity.start_time))
 
+    def _start_emulated(
+        self,
+        emulator: Emulator,
+        path: str,
+        args: list[str],
+        env: dict[str, str],
+        cwd: str | None,
+        stdin_path: str,
+        timeout: float,
+    ) -> None:
+        """Start the program under its emulator, stopped before its first instruction, and connect
+        gdb to the emulator's gdb stub (a Unix socket of the session's directory)."""
+        socket = os.path.join(self._tmp.name, "gdb.sock")
+        self.started = True
+        qemu = self._emulated = gdb_emulated.spawn(
+            emulator, path, args, env, cwd, stdin_path, self._output, socket, timeout
+        )
+        start = process_start_time(qemu.pid)
+        if start is not None:
+            self._targets.append((qemu.pid, start))
+        if emulator.sysroot is not None:
+            self.command(f"-gdb-set sysroot {mi_quote(emulator.sysroot)}", timeout=timeout)
+        self.command(f"-file-exec-and-symbols {mi_quote(path)}", timeout=timeout)
+        self.command(f"-target-select remote {socket}", timeout=timeout)
+        if self.wait_stop(timeout) is None:
+            self.close()
+            raise BinlensError("unavailable", "the target did not start", details={"reason": "start_failed"})
+        ident = gdb_emulated.pin(qemu.pid, path, emulator)
+        if ident.sha256 != self.sha256:
+            self.close()
+            raise BinlensError("conflict", f"{path}'s bytes are not the program's", details={"reason": "exe_mismatch"})
+        self.identity = ident
+
     def attach(self, pid: int, timeout: float) -> None:
         """Start gdb and attach it to `pid` (stopped once attached)."""
+        if self.emulator is not None:
+            raise BinlensError(
+                "unsupported",
+                f"an emulated {self.emulator.arch} process cannot be attached to; start it with debug.start",
+                target="/params/pid",
+            )
         self._spawn(timeout)
         self.command(f"-target-attach {pid}", timeout=timeout)
         if self.wait_stop(timeout) is None:
@@ -236,6 +294,9 @@ class GdbSession:
         if self.started:  # a reader still waiting for a writer (a target that never ran) is let go
             with contextlib.suppress(OSError):
                 os.close(os.open(self._output, os.O_WRONLY | os.O_NONBLOCK))
+        if self._emulated is not None:  # (killed with the targets: reaped here)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._emulated.wait(CLOSE_WAIT_S)
         if self._drain is not None:
             self._drain.join(CLOSE_WAIT_S)  # (the target is gone: its last output is on the way)
         if self._final_output is None:
@@ -322,7 +383,9 @@ class GdbSession:
             self.identity.check()
 
     def _gone(self) -> BinlensError:
-        if self.state in ("exited", "detached", "closed"):
+        if self.state == "exited":  # (gdb is closed once its target exited: the exit is the answer)
+            return process_exited_error(self.identity.pid if self.identity else 0)
+        if self.state in ("detached", "closed"):
             return BinlensError("conflict", f"the debug session is {self.state}", details={"state": self.state})
         self.state = "failed"
         return BinlensError("internal", "gdb exited", details={"provider": "gdb", "reason": "crashed"})
@@ -339,15 +402,13 @@ class GdbSession:
 
     # --- events ---------------------------------------------------------------------------
     def _read_loop(self, proc: subprocess.Popen[bytes]) -> None:
-        from pygdbmi.gdbmiparser import parse_response
-
         assert proc.stdout is not None
         for raw in proc.stdout:
             line = raw.decode("utf-8", "replace").rstrip("\r\n")
             if not line or line.startswith("(gdb)"):
                 continue
             try:
-                record = parse_response(line)
+                record = parse_record(line)
             except Exception:  # noqa: BLE001 - a line the parser does not know is skipped
                 log.debug("gdb: unparsed MI line %r", line[:200])
                 continue
@@ -364,10 +425,26 @@ class GdbSession:
                 elif kind == "console" and self._console is not None and len(self._console) < 100000:
                     self._console.append(str(record.get("payload") or ""))
                 self._cond.notify_all()
+            if self._unheard:
+                self._hear()
         with self._cond:
             if self.state in ("stopped", "running", "idle"):
                 self.state = "failed"
             self._cond.notify_all()
+
+    def _hear(self) -> None:
+        """Give the listener the stop events it has not heard (outside the lock, after the callers
+        waiting for them were woken: a server's push never delays an answer)."""
+        with self._cond:
+            unheard, self._unheard = self._unheard, []
+        listener = self.listener
+        if listener is None:
+            return
+        for event in unheard:
+            try:
+                listener(event)
+            except Exception:  # noqa: BLE001 - a listener's failure never stops the reader
+                log.exception("debug event listener failed")
 
     def _stopped(self, payload: dict[str, Any]) -> None:
         """Turn a *stopped record into an event (under the condition's lock)."""
@@ -418,12 +495,7 @@ class GdbSession:
         event["seq"] = self._seq
         self._events.append(event)
         self.last_stop = event
-        listener = self.listener
-        if listener is not None:
-            try:
-                listener(event)
-            except Exception:  # noqa: BLE001 - a listener's failure never stops the reader
-                log.exception("debug event listener failed")
+        self._unheard.append(event)  # (the listener hears it once the waiting caller is woken)
 
     def events(self, after: int, limit: int) -> tuple[list[dict[str, Any]], int, int]:
         """Events with seq > `after` (at most `limit`), the seq of the last one given (or `after`),
@@ -487,6 +559,7 @@ class GdbSession:
             if self.state == "exited":
                 return
             self._stopped({"reason": "exited-signalled", "signal-name": "SIGKILL", "signal-meaning": reason})
+        self._hear()
 
 
 def _int(value: Any, base: int = 10) -> int | None:

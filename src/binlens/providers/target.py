@@ -27,6 +27,9 @@ class TargetIdentity:
     exe_device: int
     exe_inode: int
     sha256: str
+    emulator: str | None = None  # an emulated target: the emulator's executable (/proc/PID/exe)
+    emulator_device: int | None = None
+    emulator_inode: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON object."""
@@ -68,12 +71,25 @@ class TargetIdentity:
             raise process_exited_error(self.pid) from None
         except PermissionError:
             st = None
-        if start != self.start_time or (st is not None and (st.st_dev, st.st_ino) != (self.exe_device, self.exe_inode)):
+        exe = (
+            (self.exe_device, self.exe_inode) if self.emulator is None else (self.emulator_device, self.emulator_inode)
+        )
+        if start != self.start_time or (st is not None and (st.st_dev, st.st_ino) != exe):
             raise BinlensError(
                 "process_changed",
                 f"pid {self.pid} is no longer the process this debug session pinned",
                 details={"pid": self.pid, "pinned_start_time": self.start_time, "start_time": start},
             )
+
+
+def file_identity(path: str) -> tuple[str, int, int, str]:
+    """A program file's (path, device, inode, sha256)."""
+    st = os.stat(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return path, st.st_dev, st.st_ino, digest.hexdigest()
 
 
 def process_start_time(pid: int) -> int | None:
