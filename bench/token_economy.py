@@ -5,9 +5,10 @@ BINLENS_HOME): tools/list, help, find a usage string, its references, the functi
 that function's listing, its CFG, its callers, the caller's listing, and a rename. For each step
 it prints the bytes of the text block a model reads (`text`) and of the whole tool result on the
 wire (`wire`: the text plus `structuredContent`), and for each listing the bytes `objdump -d`
-prints for the same function (its instruction lines only).
+prints for the same function (its instruction lines only). tools/list is counted as the server
+writes it (compact JSON, UTF-8); `--tools` adds its bytes per tool.
 
-Usage: python bench/token_economy.py [--binary /usr/bin/ssh] [--string "usage:"] [--json]
+Usage: python bench/token_economy.py [--binary /usr/bin/ssh] [--string "usage:"] [--json] [--tools]
 Default binary: /usr/bin/ssh when present, else a small C program compiled here (needs cc).
 """
 
@@ -95,12 +96,31 @@ def objdump_bytes(binary: Path, start: int, end: int) -> int | None:
     return sum(len(ln) + 1 for ln in body)
 
 
+def _compact(data: Any) -> bytes:
+    """JSON as the server writes it: no spaces, UTF-8."""
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def tool_cost(tool: dict[str, Any]) -> dict[str, Any]:
+    """What one tool of tools/list costs: its operations and the bytes of each part."""
+    schema = tool.get("inputSchema", {})
+    return {
+        "tool": tool["name"],
+        "operations": len(schema.get("properties", {}).get("operation", {}).get("enum", [])),
+        "description": len(tool.get("description", "").encode()),
+        "inputSchema": len(_compact(schema)),
+        "annotations": len(_compact(tool.get("annotations", {}))),
+        "total": len(_compact(tool)),
+    }
+
+
 class Replay:
-    """One investigation over one client: each step's costs in `rows`."""
+    """One investigation over one client: each step's costs in `rows`, tools/list's per tool in `tools`."""
 
     def __init__(self, client: Client) -> None:
         self.client = client
         self.rows: list[dict[str, Any]] = []
+        self.tools: list[dict[str, Any]] = []
 
     async def call(self, step: str, tool: str, operation: str, params: dict[str, Any]) -> Any:
         """One tool call, recorded; returns its structured result (raises on a method error)."""
@@ -115,15 +135,17 @@ class Replay:
         return res.structured_content
 
 
-async def investigate(binary: Path, needle: str, home: str) -> list[dict[str, Any]]:
-    """The replay itself; returns its rows."""
+async def investigate(binary: Path, needle: str, home: str) -> Replay:
+    """The replay itself; returns its rows and tools/list's cost per tool."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), BINLENS_HOME=home, BINLENS_TOOL_SEPARATOR="_")
     params = StdioServerParameters(command=sys.executable, args=["-m", "binlens", "mcp", str(binary)], env=env)
     async with Client(params, mode="2026-07-28") as client:
         r = Replay(client)
         tools = await client.list_tools()
-        listed = json.dumps([t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools.tools])
-        r.rows.append({"step": "list the tools", "method": "tools/list", "text": len(listed), "wire": len(listed)})
+        dumped = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools.tools]
+        size = len(_compact(dumped))
+        r.rows.append({"step": "list the tools", "method": "tools/list", "text": size, "wire": size})
+        r.tools = [tool_cost(t) for t in dumped]
         help_res = await client.call_tool("binlens_help", {})
         size = len(help_res.content[0].text)
         r.rows.append({"step": "list the domains", "method": "help", "text": size, "wire": size})
@@ -185,7 +207,7 @@ async def investigate(binary: Path, needle: str, home: str) -> list[dict[str, An
             r.rows[-1]["instructions"] = mfn["instructions"]
             r.rows[-1]["pages"] = "whole" if mlist["next_offset"] is None else "first page"
         await r.call("rename it", "binlens_function", "patch", {"selector": sel, "name": "usage_demo"})
-        return r.rows
+        return r
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -205,21 +227,44 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def tools_table(tools: list[dict[str, Any]]) -> str:
+    """tools/list's bytes per tool as a Markdown table, largest first."""
+    out = [
+        "| tool | operations | description | inputSchema | annotations | total |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for t in sorted(tools, key=lambda t: -t["total"]):
+        out.append(
+            f"| `{t['tool']}` | {t['operations']} | {t['description']} | {t['inputSchema']} | "
+            f"{t['annotations']} | {t['total']} |"
+        )
+    sums = {k: sum(t[k] for t in tools) for k in ("operations", "description", "inputSchema", "annotations", "total")}
+    out.append(
+        f"| **{len(tools)} tools** | **{sums['operations']}** | **{sums['description']}** | "
+        f"**{sums['inputSchema']}** | **{sums['annotations']}** | **{sums['total']}** |"
+    )
+    return "\n".join(out)
+
+
 def main() -> int:
     """Run the replay and print its table (or JSON)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--binary", type=Path, default=None)
     ap.add_argument("--string", default="usage:", help="text of the string to start from (default 'usage:')")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    ap.add_argument("--tools", action="store_true", help="also print tools/list's bytes per tool")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as work:
         binary = args.binary or default_binary(Path(work))
-        rows = asyncio.run(investigate(binary, args.string, str(Path(work) / "home")))
+        replay = asyncio.run(investigate(binary, args.string, str(Path(work) / "home")))
     if args.json:
-        print(json.dumps({"binary": str(binary), "rows": rows}, indent=1))
+        print(json.dumps({"binary": str(binary), "rows": replay.rows, "tools": replay.tools}, indent=1))
     else:
         print(f"binary: {binary} ({binary.stat().st_size} bytes)\n")
-        print(table(rows))
+        print(table(replay.rows))
+        if args.tools:
+            print()
+            print(tools_table(replay.tools))
     return 0
 
 

@@ -1,10 +1,9 @@
 """listing.get as an agent reads it (issue 23): text by default, pages by byte offset that join to
 one unbounded call, string comments for references into a shared string tail, and range listings
-that name each line's function; plus the `selector` aliases and the tool descriptions."""
+that name each line's function; plus the `selector` aliases."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -158,20 +157,6 @@ def test_selector_aliases_of_address_methods(ws: Any) -> None:
     with pytest.raises(BinlensError) as err:
         invoke(ws, "function_parameter.delete", {"ordinal": 0})
     assert err.value.target == "/params/selector"
-
-
-def test_tool_descriptions_one_line_per_operation(ws: Any) -> None:
-    from binlens.server.mcp_tools import ToolSet
-
-    tools = ToolSet(ws)
-    for tool in tools.list_tools():
-        desc = tool["description"]
-        assert not re.search(r"\.\.|[.;:,]\s*[.;,]", desc), (tool["name"], desc)
-        if tool["name"] == tools.help_name:
-            continue
-        ops = tools.domains[tool["name"].split("_", 1)[1]]
-        bullets = [ln for ln in desc.splitlines() if ln.startswith("- ")]
-        assert [b.split(":")[0][2:] for b in bullets] == [s.operation for s in ops]
 
 
 def test_fixture_is_what_the_tests_expect(compile_c: Any) -> None:

@@ -287,7 +287,7 @@ def method(
     """Register `func(ws, params, ctx?)` as the dotted method `name`.
 
     The params model and result type come from the function's annotations; the docstring's
-    first line is the summary unless given. `requires` names what the method needs to run
+    first paragraph, as one line, is the summary unless given. `requires` names what the method needs to run
     (`provider:<id>`, `provider-kind:<kind>`, `permission:<name>`, `client:<feature>`; a mutation needs `writable`
     without saying so): while one is missing the method stays in the catalog and a call answers
     `unavailable` (`read_only` for `writable`) with the reason and the remedy.
@@ -308,7 +308,7 @@ def method(
         params_model = hints[arg_names[1]]
         result_type = hints["return"]
         doc = (func.__doc__ or "").strip()
-        first = summary or doc.split("\n", 1)[0].strip()
+        first = summary or " ".join(doc.split("\n\n", 1)[0].split())
         if not first:
             raise ValueError(f"method {name} needs a summary or docstring")
         if dict.__contains__(REGISTRY, name):  # (not `in`: that would import the other domains)

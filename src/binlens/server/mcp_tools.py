@@ -69,20 +69,42 @@ def _sentence(text: str) -> str:
     return line + "."
 
 
+_ASIDE_RE = re.compile(r"\s*\([^()]*\)")
+
+
+def brief(summary: str) -> str:
+    """A summary's main clause for a tool description line: asides in parentheses and everything after
+    the first `; ` dropped (help keeps the whole summary), ending in exactly one full stop."""
+    line = _ASIDE_RE.sub("", " ".join(summary.split()))
+    line = re.split(r";\s|\s\(", line, maxsplit=1)[0]
+    return _sentence(line)
+
+
+def required_params(spec: MethodSpec) -> list[str]:
+    """The params an operation cannot be called without, as the wire names them."""
+    return [f.alias or name for name, f in spec.params_model.model_fields.items() if f.is_required()]
+
+
+def operation_line(spec: MethodSpec) -> str:
+    """One line of a domain tool's description: `- op(required, params): what it does.`"""
+    needs = required_params(spec)
+    signature = f"{spec.operation}({', '.join(needs)})" if needs else spec.operation
+    return f"- {signature}: {brief(spec.summary)}"
+
+
 def _json_text(data: Any) -> str:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
 
 def annotations_for(specs: list[MethodSpec]) -> dict[str, Any]:
-    """Tool annotations from the effects of a domain's operations."""
+    """Tool annotations from the effects of a domain's operations, without the hints that carry no
+    information: `destructiveHint` and `idempotentHint` mean something only when `readOnlyHint` is
+    false, and a mutating domain is never idempotent as a whole (the spec's default)."""
     effects = {s.effect for s in specs}
-    read_only = effects == {READ_ONLY}
-    return {
-        "readOnlyHint": read_only,
-        "destructiveHint": DESTRUCTIVE in effects,
-        "idempotentHint": read_only,
-        "openWorldHint": False,  # every method works on the local image and database only
-    }
+    if effects == {READ_ONLY}:
+        return {"readOnlyHint": True, "openWorldHint": False}
+    # openWorldHint: every method works on the local image and database only
+    return {"readOnlyHint": False, "destructiveHint": DESTRUCTIVE in effects, "openWorldHint": False}
 
 
 class ToolSet:
@@ -124,52 +146,37 @@ class ToolSet:
     def _help_tool(self) -> dict[str, Any]:
         return {
             "name": self.help_name,
-            "title": "binlens: help",
             "description": (
-                "Navigate the binlens API. No arguments: the domain tools. `domain`: that domain's operations. "
-                "`domain` + `operation`: the method's description, effect and input/output JSON Schemas."
+                "Every other binlens tool takes `operation` and its `params`; its description lists "
+                '`- operation(required params): summary`. `selector` is {"address": "0x401000"} or '
+                '{"name": "main+0x10"}; `program` may be left out while one program is open; lists take '
+                "`page` {limit, cursor}. This tool: no arguments, the domains; `domain`, its operations; "
+                "`domain` + `operation`, that operation's input and output JSON Schemas."
             ),
             "inputSchema": {
                 "type": "object",
                 "properties": {
-                    "domain": {
-                        "type": "string",
-                        "description": f"A domain (`symbol`) or its tool (`{self.tool(self.prefix, 'symbol')}`).",
-                    },
-                    "operation": {"type": "string", "description": "An operation of that domain."},
+                    "domain": {"type": "string", "description": f"`symbol` or `{self.tool(self.prefix, 'symbol')}`."},
+                    "operation": {"type": "string"},
                 },
-                "additionalProperties": False,
             },
-            "annotations": {
-                "title": "binlens help",
-                "readOnlyHint": True,
-                "destructiveHint": False,
-                "idempotentHint": True,
-                "openWorldHint": False,
-            },
+            "annotations": {"readOnlyHint": True, "openWorldHint": False},
         }
 
     def _domain_tool(self, domain: str, specs: list[MethodSpec]) -> dict[str, Any]:
-        ops = "\n".join(f"- {s.operation}: {_sentence(s.summary)}" for s in specs)
-        ann = annotations_for(specs)
-        ann["title"] = f"binlens {domain}"
+        # The description is one line per operation; the params' schemas are left to help (which says so).
         return {
             "name": self.tool(self.prefix, domain),
-            "title": f"binlens: {domain}",
-            "description": (
-                f"The {domain} operations: pass `operation` and its `params` "
-                f"({self.help_name} with domain {domain!r} gives their JSON Schemas).\n{ops}"
-            ),
+            "description": "\n".join(operation_line(s) for s in specs),
             "inputSchema": {
                 "type": "object",
                 "properties": {
                     "operation": {"type": "string", "enum": [s.operation for s in specs]},
-                    "params": {"type": "object", "description": "The operation's parameters (see help)."},
+                    "params": {"type": "object"},
                 },
                 "required": ["operation"],
-                "additionalProperties": False,
             },
-            "annotations": ann,
+            "annotations": annotations_for(specs),
         }
 
     def list_tools(self) -> list[dict[str, Any]]:
