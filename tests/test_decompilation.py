@@ -372,3 +372,80 @@ def test_local_variable_edits_travel_in_annotation_documents(ws: Workspace) -> N
     err = fails("invalid_argument", ws, "annotations.import", {"document": bad, "mode": "merge"})
     assert err.target == "/params/document/local_variables/0/name"
     undo(ws)
+
+
+def _ws_request(url: str, method: str, params: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """One request over its own /ws connection: (the progress messages, the response)."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+
+    async def go() -> tuple[list[str], dict[str, Any]]:
+        async with connect(url, open_timeout=30) as c:
+            json.loads(await c.recv())  # ready
+            await c.send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+            messages: list[str] = []
+            while True:
+                msg = json.loads(await asyncio.wait_for(c.recv(), 240))
+                if msg.get("method") == "$/progress":
+                    messages.append(msg["params"].get("message", ""))
+                elif msg.get("id") == 1:
+                    return messages, msg
+
+    return asyncio.run(go())
+
+
+def _provider_children(server_pid: int) -> list[int]:
+    """The server's angr provider processes."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == server_pid and b"binlens.providers.child" in cmdline and b"angr" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_concurrent_calls_on_one_program_take_turns_over_a_real_server(binary: Path, tmp_path: Path) -> None:
+    """Two clients asking for two functions of one program at once both get their code, from the
+    one warm angr process, the second after saying it waits; a third whose timeout passes while it
+    waits answers `timeout` (reason `queued`) and leaves the others' process running."""
+    import threading
+    import time
+
+    from serve_support import ServerProcess, env_for
+
+    home = tmp_path / "home"
+    with ServerProcess(home, str(binary), "--ws-clients", "4", env=env_for(home)) as srv:
+        _, analysed = _ws_request(srv.ws_url, "analysis.start", {"wait": True, "timeout_ms": 240000})
+        assert "result" in analysed, analysed
+        answers: dict[str, tuple[list[str], dict[str, Any]]] = {}
+
+        def call(key: str, name: str) -> None:
+            params = {"selector": {"name": name}, "timeout_ms": 240000}
+            answers[key] = _ws_request(srv.ws_url, "decompilation.get", params)
+
+        first = threading.Thread(target=call, args=("first", "score_items"))
+        first.start()
+        deadline = time.monotonic() + 120
+        while not _provider_children(srv.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)  # the first call holds the session once its process exists
+        [child] = _provider_children(srv.proc.pid)
+        second = threading.Thread(target=call, args=("second", "mix_value"))
+        second.start()
+        time.sleep(0.3)
+        _, late = _ws_request(srv.ws_url, "decompilation.get", {"selector": {"name": "read_limit"}, "timeout_ms": 300})
+        assert late["error"]["data"]["code"] == "timeout", late
+        assert late["error"]["data"]["details"]["reason"] == "queued"
+        first.join(240)
+        second.join(240)
+        for key, name in (("first", "score_items"), ("second", "mix_value")):
+            _progress, reply = answers[key]
+            assert reply["result"]["cached"] is False and f"{name}(" in reply["result"]["code"], reply
+        assert any(m.startswith("waiting for the angr session: ") for m in answers["second"][0]), answers["second"][0]
+        assert _provider_children(srv.proc.pid) == [child]
+        _, again = _ws_request(srv.ws_url, "decompilation.get", {"selector": {"name": "read_limit"}})
+        assert "read_limit(" in again["result"]["code"] and _provider_children(srv.proc.pid) == [child]
