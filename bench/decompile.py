@@ -41,9 +41,17 @@ ROOT = Path(__file__).resolve().parent.parent
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6:getenv"
 FIXTURE = ROOT / "tests" / "fixtures" / "src" / "decompile.c"
 GOTO = re.compile(r"\bgoto\b")
-# What angr's output uses without declaring it; gcc then checks the rest (-w: implicit declarations
-# of callees are warnings in gnu17, the default)
-PRELUDE = "#include <stdbool.h>\n#include <stddef.h>\n#include <stdint.h>\n"
+# What angr's output uses without declaring it: the standard headers of its C types, and the types
+# angr's type classes print by a name of their own (SimTypeFd as fd_t, SimTypeInt128 as int128_t,
+# SimTypeString as string_t, ...; the wider integers as opaque byte arrays). gcc then checks the
+# rest (-w: implicit declarations of callees are warnings in gnu17, the default).
+PRELUDE = (
+    "#include <stdbool.h>\n#include <stddef.h>\n#include <stdint.h>\n"
+    "typedef int fd_t;\ntypedef char *string_t;\ntypedef wchar_t *wstring_t;\n"
+    "typedef __int128 int128_t;\ntypedef unsigned __int128 uint128_t;\n"
+    "typedef struct { unsigned char b[32]; } int256_t, uint256_t;\n"
+    "typedef struct { unsigned char b[64]; } int512_t, uint512_t;\n"
+)
 
 
 def syntax_ok(code: str) -> bool:

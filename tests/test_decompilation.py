@@ -449,3 +449,56 @@ def test_concurrent_calls_on_one_program_take_turns_over_a_real_server(binary: P
         assert _provider_children(srv.proc.pid) == [child]
         _, again = _ws_request(srv.ws_url, "decompilation.get", {"selector": {"name": "read_limit"}})
         assert "read_limit(" in again["result"]["code"] and _provider_children(srv.proc.pid) == [child]
+
+
+def _gcc_accepts(code: str) -> bool:
+    """gcc -fsyntax-only accepts the code after the standard headers angr's types need."""
+    import subprocess
+
+    prelude = "#include <stdbool.h>\n#include <stddef.h>\n#include <stdint.h>\n"
+    done = subprocess.run(
+        ["cc", "-fsyntax-only", "-w", "-x", "c", "-"], input=prelude + code, capture_output=True, text=True
+    )
+    return done.returncode == 0
+
+
+def test_names_that_are_not_c_identifiers_are_spelled_as_identifiers(
+    compile_c: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A callee named like a compiler clone (`scale.part.0`) and a global named `counter.v2` show as
+    C identifiers (`scale_part_0`, `counter_v2`), so the code parses as C; a warning gives each
+    spelling, and the result still names the function by its symbol."""
+    binary = compile_c("decompile_names.c", "-O2")
+    monkeypatch.setenv("BINLENS_HOME", str(tmp_path))
+    workspace = Workspace(Config(home=tmp_path))
+    prog = workspace.open(binary, check_roots=False)
+    try:
+        r = invoke(workspace, "decompilation.get", {"selector": {"name": "use_clone"}, "timeout_ms": 120000})
+        assert "scale_part_0(" in r["code"] and "scale.part" not in r["code"], r["code"]
+        assert "counter_v2" in r["code"] and "counter.v2" not in r["code"], r["code"]
+        assert any("scale.part.0 -> scale_part_0" in w for w in r["warnings"]), r["warnings"]
+        assert _gcc_accepts(r["code"]), r["code"]
+        clone = invoke(workspace, "decompilation.get", {"selector": {"name": "scale.part.0"}, "timeout_ms": 120000})
+        assert clone["name"] == "scale.part.0" and "scale_part_0(" in clone["code"]
+    finally:
+        workspace.close(prog.handle)
+
+
+def test_a_function_angr_types_as_returning_an_array_returns_a_pointer() -> None:
+    """angr prints `unsigned int [4] init_rand(...)` (not C) for bashbot's init_rand and
+    rand_cmwc; the provider returns a pointer to the element type instead, and the code parses."""
+    from conftest import corpus_dir
+
+    path = corpus_dir("elf") / "bashbot.x86_64.O0.elf"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent")
+    home = Path(os.environ.get("TMPDIR", "/tmp")) / f"binlens-array-{os.getpid()}"
+    workspace = Workspace(Config(home=home))
+    prog = workspace.open(path, check_roots=False)
+    try:
+        for name in ("init_rand", "rand_cmwc"):
+            r = invoke(workspace, "decompilation.get", {"selector": {"name": name}, "timeout_ms": 120000})
+            assert re.search(r"^unsigned int \*\s*" + name + r"\(", r["code"], re.M), r["code"]
+            assert _gcc_accepts(r["code"]), r["code"]
+    finally:
+        workspace.close(prog.handle)

@@ -38,7 +38,7 @@ MAX_CALLEES = 16  # callees whose code goes to the provider with the function
 MAX_CALLEE_BYTES = 64 * 1024
 # Part of every request, so of the cache key: bump it when what the provider does with a request
 # changes (a stored result of the older code is then decompiled again).
-REQUEST_FORMAT = 4
+REQUEST_FORMAT = 5
 _STORAGE = r"^[\x21-\x7e]{1,64}$"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
 
