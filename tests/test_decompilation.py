@@ -502,3 +502,30 @@ def test_a_function_angr_types_as_returning_an_array_returns_a_pointer() -> None
             assert _gcc_accepts(r["code"]), r["code"]
     finally:
         workspace.close(prog.handle)
+
+
+def test_a_call_that_waited_for_the_same_function_gets_the_stored_result(
+    binary: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two calls for one function at once: the first decompiles, the second waits its turn and
+    then answers from the result the first stored (`cached: true`) instead of decompiling again."""
+    import threading
+
+    monkeypatch.setenv("BINLENS_HOME", str(tmp_path))
+    workspace = Workspace(Config(home=tmp_path))
+    prog = workspace.open(binary, check_roots=False)
+    try:
+        invoke(workspace, "analysis.start", {"wait": True, "timeout_ms": 120000})
+        answers: list[dict[str, Any]] = []
+        calls = [
+            threading.Thread(target=lambda: answers.append(get(workspace, selector={"name": "read_limit"})))
+            for _ in range(2)
+        ]
+        for t in calls:
+            t.start()
+        for t in calls:
+            t.join(240)
+        assert sorted(a["cached"] for a in answers) == [False, True]
+        assert answers[0]["code"] == answers[1]["code"]
+    finally:
+        workspace.close(prog.handle)

@@ -198,9 +198,24 @@ def decompile(
     if hit is not None:
         return hit, binding, True
     session = cast(DecompilerSession, providers.session(prog, provider))
-    result = _clean(session.decompile(request, timeout=timeout_s, ctx=ctx))
-    cache.store(prog.db, f.address, provider.id, version, inputs, result)
-    return result, binding, False
+    stored: list[dict[str, Any]] = []
+    made: list[dict[str, Any]] = []
+
+    def reuse() -> dict[str, Any] | None:
+        # a call for the same function and inputs that ran while this one waited stored its result
+        hit = cache.cached(prog.db, f.address, provider.id, version, inputs)
+        if hit is not None:
+            stored.append(hit)
+        return hit
+
+    def keep(answer: dict[str, Any]) -> None:
+        made.append(_clean(answer))
+        cache.store(prog.db, f.address, provider.id, version, inputs, made[0])
+
+    session.decompile(request, timeout=timeout_s, ctx=ctx, reuse=reuse, keep=keep)
+    if stored:
+        return stored[0], binding, True
+    return made[0], binding, False
 
 
 def _with_comments(code: str, lines: list[list[Any]], notes: dict[int, dict[str, str]]) -> tuple[str, list[list[Any]]]:

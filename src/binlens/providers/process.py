@@ -27,6 +27,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from binlens.errors import STATUS, BinlensError
@@ -105,13 +106,21 @@ class ProcessSession:
         *,
         timeout: float,
         ctx: Cancellable | None = None,
+        reuse: Callable[[], dict[str, Any] | None] | None = None,
+        keep: Callable[[dict[str, Any]], None] | None = None,
     ) -> tuple[dict[str, Any], bytes]:
         """Send request `op` and return the child's (result, blob) within `timeout` seconds, the wait
         for the session's turn included (starting the process, when it is not running, has its own
-        bound: `start_timeout`)."""
+        bound: `start_timeout`). `keep(result)` runs before the turn passes on (to store it where
+        the calls waiting can find it); a call that had to wait first asks `reuse` for such an
+        answer and returns it, with no blob, instead of sending `op`."""
         deadline = time.monotonic() + timeout
-        self._take_turn(deadline, ctx, timeout)
+        waited = self._take_turn(deadline, ctx, timeout)
         try:
+            if waited and reuse is not None and not self._closed:
+                answer = reuse()
+                if answer is not None:
+                    return answer, b""
             if self._closed:
                 raise BinlensError(
                     "unavailable",
@@ -121,19 +130,22 @@ class ProcessSession:
             started = time.monotonic()
             self._ensure_started(ctx)
             deadline += time.monotonic() - started
-            return self._exchange(op, args, blob, deadline, ctx, timeout)
+            result, answer_blob = self._exchange(op, args, blob, deadline, ctx, timeout)
+            if keep is not None:
+                keep(result)
+            return result, answer_blob
         finally:
             self._end_turn()
 
-    def _take_turn(self, deadline: float, ctx: Cancellable | None, timeout: float) -> None:
+    def _take_turn(self, deadline: float, ctx: Cancellable | None, timeout: float) -> bool:
         """Wait until this call may talk to the child: at once when nobody does, else in the queue
         (`busy` when it is full) until the calls ahead are done, the deadline passes (`timeout`),
-        the call is cancelled or the session closes (`unavailable`)."""
+        the call is cancelled or the session closes (`unavailable`). True when it waited."""
         ticket = object()
         with self._turn:
             if not self._serving and not self._queue:
                 self._serving = True
-                return
+                return False
             if len(self._queue) >= self.max_waiting:
                 raise BinlensError(
                     "busy",
@@ -156,7 +168,7 @@ class ProcessSession:
                         self._queue.popleft()
                         self._serving = True
                         self._turn.notify_all()
-                        return
+                        return True
                     ahead = self._queue.index(ticket) + (1 if self._serving else 0)
                     left = deadline - time.monotonic()
                     if left <= 0:
