@@ -18,8 +18,11 @@ the code after a prelude of the standard headers angr's types need. Prints a Mar
     .venv/bin/python bench/decompile.py --program /usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0:PyObject_Repr
     .venv/bin/python bench/decompile.py --sample 20 --timeout 900
 
-A program is `PATH[:FIRST_FUNCTION]`; the sample adds the next functions (by address) of 32..2048
-bytes that both binlens and the symbol table know, up to `--sample`.
+A program is `PATH[:FIRST_FUNCTION]`; the sample adds functions of 32..2048 bytes spread evenly
+(by address) over the symbol table, up to `--sample` (`.cold` parts of other functions left out).
+The bench corpus's builds (bench/corpus.py) go by their unstripped file:
+
+    .venv/bin/python bench/decompile.py --sample 30 --program bench/work/bin/zlib-gcc-O2-pie-eh/unstripped
 """
 
 from __future__ import annotations
@@ -41,9 +44,17 @@ ROOT = Path(__file__).resolve().parent.parent
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6:getenv"
 FIXTURE = ROOT / "tests" / "fixtures" / "src" / "decompile.c"
 GOTO = re.compile(r"\bgoto\b")
-# What angr's output uses without declaring it; gcc then checks the rest (-w: implicit declarations
-# of callees are warnings in gnu17, the default)
-PRELUDE = "#include <stdbool.h>\n#include <stddef.h>\n#include <stdint.h>\n"
+# What angr's output uses without declaring it: the standard headers of its C types, and the types
+# angr's type classes print by a name of their own (SimTypeFd as fd_t, SimTypeInt128 as int128_t,
+# SimTypeString as string_t, ...; the wider integers as opaque byte arrays). gcc then checks the
+# rest (-w: implicit declarations of callees are warnings in gnu17, the default).
+PRELUDE = (
+    "#include <stdbool.h>\n#include <stddef.h>\n#include <stdint.h>\n"
+    "typedef int fd_t;\ntypedef char *string_t;\ntypedef wchar_t *wstring_t;\n"
+    "typedef __int128 int128_t;\ntypedef unsigned __int128 uint128_t;\n"
+    "typedef struct { unsigned char b[32]; } int256_t, uint256_t;\n"
+    "typedef struct { unsigned char b[64]; } int512_t, uint512_t;\n"
+)
 
 
 def syntax_ok(code: str) -> bool:
@@ -145,7 +156,8 @@ def sample_names(path: str, first: str | None, count: int) -> list[str]:
             continue
         name = parts[3].split("@")[0]
         size = int(parts[1], 16)
-        if 32 <= size <= 2048 and name not in seen and not name.startswith(("_", ".")):
+        # (a `.cold` symbol is a split-off part of another function, not a function of its own)
+        if 32 <= size <= 2048 and name not in seen and not name.startswith(("_", ".")) and ".cold" not in name:
             seen.add(name)
             names.append((int(parts[0], 16), name))
     names.sort()
@@ -220,7 +232,10 @@ def main() -> int:
         for side in [x for x in ("binlens", "stock") if x in a.sides.split(",")]:
             r = run_side(side, path, names, a.timeout, a.per_function)
             s = summary(r)
-            label = f"{Path(path).name} ({names[0]})"
+            file = Path(path)
+            # (bench/corpus.py names its builds by their folder: VARIANT/stripped, VARIANT/unstripped)
+            shown = file.parent.name if file.name in ("stripped", "unstripped") else file.name
+            label = f"{shown} ({names[0]})"
             print(
                 f"| {label} | {'binlens + angr' if side == 'binlens' else 'stock angr'} | {s['first']} | {s['rate']} "
                 f"| {s['median']} | {s['p95']} | {s['cached']} | {s['gotos']} | {s['syntax']} |",

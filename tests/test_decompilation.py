@@ -372,3 +372,160 @@ def test_local_variable_edits_travel_in_annotation_documents(ws: Workspace) -> N
     err = fails("invalid_argument", ws, "annotations.import", {"document": bad, "mode": "merge"})
     assert err.target == "/params/document/local_variables/0/name"
     undo(ws)
+
+
+def _ws_request(url: str, method: str, params: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """One request over its own /ws connection: (the progress messages, the response)."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+
+    async def go() -> tuple[list[str], dict[str, Any]]:
+        async with connect(url, open_timeout=30) as c:
+            json.loads(await c.recv())  # ready
+            await c.send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+            messages: list[str] = []
+            while True:
+                msg = json.loads(await asyncio.wait_for(c.recv(), 240))
+                if msg.get("method") == "$/progress":
+                    messages.append(msg["params"].get("message", ""))
+                elif msg.get("id") == 1:
+                    return messages, msg
+
+    return asyncio.run(go())
+
+
+def _provider_children(server_pid: int) -> list[int]:
+    """The server's angr provider processes."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == server_pid and b"binlens.providers.child" in cmdline and b"angr" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_concurrent_calls_on_one_program_take_turns_over_a_real_server(binary: Path, tmp_path: Path) -> None:
+    """Two clients asking for two functions of one program at once both get their code, from the
+    one warm angr process, the second after saying it waits; a third whose timeout passes while it
+    waits answers `timeout` (reason `queued`) and leaves the others' process running."""
+    import threading
+    import time
+
+    from serve_support import ServerProcess, env_for
+
+    home = tmp_path / "home"
+    with ServerProcess(home, str(binary), "--ws-clients", "4", env=env_for(home)) as srv:
+        _, analysed = _ws_request(srv.ws_url, "analysis.start", {"wait": True, "timeout_ms": 240000})
+        assert "result" in analysed, analysed
+        answers: dict[str, tuple[list[str], dict[str, Any]]] = {}
+
+        def call(key: str, name: str) -> None:
+            params = {"selector": {"name": name}, "timeout_ms": 240000}
+            answers[key] = _ws_request(srv.ws_url, "decompilation.get", params)
+
+        first = threading.Thread(target=call, args=("first", "score_items"))
+        first.start()
+        deadline = time.monotonic() + 120
+        while not _provider_children(srv.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)  # the first call holds the session once its process exists
+        [child] = _provider_children(srv.proc.pid)
+        second = threading.Thread(target=call, args=("second", "mix_value"))
+        second.start()
+        time.sleep(0.3)
+        _, late = _ws_request(srv.ws_url, "decompilation.get", {"selector": {"name": "read_limit"}, "timeout_ms": 300})
+        assert late["error"]["data"]["code"] == "timeout", late
+        assert late["error"]["data"]["details"]["reason"] == "queued"
+        first.join(240)
+        second.join(240)
+        for key, name in (("first", "score_items"), ("second", "mix_value")):
+            _progress, reply = answers[key]
+            assert reply["result"]["cached"] is False and f"{name}(" in reply["result"]["code"], reply
+        assert any(m.startswith("waiting for the angr session: ") for m in answers["second"][0]), answers["second"][0]
+        assert _provider_children(srv.proc.pid) == [child]
+        _, again = _ws_request(srv.ws_url, "decompilation.get", {"selector": {"name": "read_limit"}})
+        assert "read_limit(" in again["result"]["code"] and _provider_children(srv.proc.pid) == [child]
+
+
+def _gcc_accepts(code: str) -> bool:
+    """gcc -fsyntax-only accepts the code after the standard headers angr's types need."""
+    import subprocess
+
+    prelude = "#include <stdbool.h>\n#include <stddef.h>\n#include <stdint.h>\n"
+    done = subprocess.run(
+        ["cc", "-fsyntax-only", "-w", "-x", "c", "-"], input=prelude + code, capture_output=True, text=True
+    )
+    return done.returncode == 0
+
+
+def test_names_that_are_not_c_identifiers_are_spelled_as_identifiers(
+    compile_c: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A callee named like a compiler clone (`scale.part.0`) and a global named `counter.v2` show as
+    C identifiers (`scale_part_0`, `counter_v2`), so the code parses as C; a warning gives each
+    spelling, and the result still names the function by its symbol."""
+    binary = compile_c("decompile_names.c", "-O2")
+    monkeypatch.setenv("BINLENS_HOME", str(tmp_path))
+    workspace = Workspace(Config(home=tmp_path))
+    prog = workspace.open(binary, check_roots=False)
+    try:
+        r = invoke(workspace, "decompilation.get", {"selector": {"name": "use_clone"}, "timeout_ms": 120000})
+        assert "scale_part_0(" in r["code"] and "scale.part" not in r["code"], r["code"]
+        assert "counter_v2" in r["code"] and "counter.v2" not in r["code"], r["code"]
+        assert any("scale.part.0 -> scale_part_0" in w for w in r["warnings"]), r["warnings"]
+        assert _gcc_accepts(r["code"]), r["code"]
+        clone = invoke(workspace, "decompilation.get", {"selector": {"name": "scale.part.0"}, "timeout_ms": 120000})
+        assert clone["name"] == "scale.part.0" and "scale_part_0(" in clone["code"]
+    finally:
+        workspace.close(prog.handle)
+
+
+def test_a_function_angr_types_as_returning_an_array_returns_a_pointer() -> None:
+    """angr prints `unsigned int [4] init_rand(...)` (not C) for bashbot's init_rand and
+    rand_cmwc; the provider returns a pointer to the element type instead, and the code parses."""
+    from conftest import corpus_dir
+
+    path = corpus_dir("elf") / "bashbot.x86_64.O0.elf"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent")
+    home = Path(os.environ.get("TMPDIR", "/tmp")) / f"binlens-array-{os.getpid()}"
+    workspace = Workspace(Config(home=home))
+    prog = workspace.open(path, check_roots=False)
+    try:
+        for name in ("init_rand", "rand_cmwc"):
+            r = invoke(workspace, "decompilation.get", {"selector": {"name": name}, "timeout_ms": 120000})
+            assert re.search(r"^unsigned int \*\s*" + name + r"\(", r["code"], re.M), r["code"]
+            assert _gcc_accepts(r["code"]), r["code"]
+    finally:
+        workspace.close(prog.handle)
+
+
+def test_a_call_that_waited_for_the_same_function_gets_the_stored_result(
+    binary: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two calls for one function at once: the first decompiles, the second waits its turn and
+    then answers from the result the first stored (`cached: true`) instead of decompiling again."""
+    import threading
+
+    monkeypatch.setenv("BINLENS_HOME", str(tmp_path))
+    workspace = Workspace(Config(home=tmp_path))
+    prog = workspace.open(binary, check_roots=False)
+    try:
+        invoke(workspace, "analysis.start", {"wait": True, "timeout_ms": 120000})
+        answers: list[dict[str, Any]] = []
+        calls = [
+            threading.Thread(target=lambda: answers.append(get(workspace, selector={"name": "read_limit"})))
+            for _ in range(2)
+        ]
+        for t in calls:
+            t.start()
+        for t in calls:
+            t.join(240)
+        assert sorted(a["cached"] for a in answers) == [False, True]
+        assert answers[0]["code"] == answers[1]["code"]
+    finally:
+        workspace.close(prog.handle)

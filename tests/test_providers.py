@@ -216,18 +216,6 @@ def test_cancellation_kills_the_request(session: ProcessSession, tmp_path: Path)
     alive_again(session)
 
 
-def test_one_request_at_a_time_else_busy(session: ProcessSession, tmp_path: Path) -> None:
-    """A second call while one runs answers `busy` at once (no queue)."""
-    session.call("echo", {}, timeout=60)
-    t = threading.Thread(
-        target=lambda: fails("timeout", session.call, "hang", {"pidfile": str(tmp_path / "p")}, timeout=3.0)
-    )
-    t.start()
-    time.sleep(0.5)
-    fails("busy", session.call, "echo", {}, timeout=10)
-    t.join()
-
-
 def test_handler_failures_pass_their_code_and_hide_internal_text(session: ProcessSession) -> None:
     """A ProviderFailure keeps its code and details; any other exception is `internal` without its text."""
     err = fails("unsupported", session.call, "refuse", {}, timeout=60)

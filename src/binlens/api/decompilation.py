@@ -38,7 +38,7 @@ MAX_CALLEES = 16  # callees whose code goes to the provider with the function
 MAX_CALLEE_BYTES = 64 * 1024
 # Part of every request, so of the cache key: bump it when what the provider does with a request
 # changes (a stored result of the older code is then decompiled again).
-REQUEST_FORMAT = 4
+REQUEST_FORMAT = 5
 _STORAGE = r"^[\x21-\x7e]{1,64}$"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
 
@@ -198,9 +198,24 @@ def decompile(
     if hit is not None:
         return hit, binding, True
     session = cast(DecompilerSession, providers.session(prog, provider))
-    result = _clean(session.decompile(request, timeout=timeout_s, ctx=ctx))
-    cache.store(prog.db, f.address, provider.id, version, inputs, result)
-    return result, binding, False
+    stored: list[dict[str, Any]] = []
+    made: list[dict[str, Any]] = []
+
+    def reuse() -> dict[str, Any] | None:
+        # a call for the same function and inputs that ran while this one waited stored its result
+        hit = cache.cached(prog.db, f.address, provider.id, version, inputs)
+        if hit is not None:
+            stored.append(hit)
+        return hit
+
+    def keep(answer: dict[str, Any]) -> None:
+        made.append(_clean(answer))
+        cache.store(prog.db, f.address, provider.id, version, inputs, made[0])
+
+    session.decompile(request, timeout=timeout_s, ctx=ctx, reuse=reuse, keep=keep)
+    if stored:
+        return stored[0], binding, True
+    return made[0], binding, False
 
 
 def _with_comments(code: str, lines: list[list[Any]], notes: dict[int, dict[str, str]]) -> tuple[str, list[list[Any]]]:

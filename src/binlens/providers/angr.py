@@ -13,6 +13,7 @@ import importlib.metadata
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from binlens.providers.base import Availability, Cancellable
@@ -106,10 +107,19 @@ class AngrSession(ProcessSession):
             start_timeout=START_TIMEOUT,
         )
 
-    def decompile(self, request: dict[str, Any], *, timeout: float, ctx: Cancellable | None = None) -> dict[str, Any]:
+    def decompile(
+        self,
+        request: dict[str, Any],
+        *,
+        timeout: float,
+        ctx: Cancellable | None = None,
+        reuse: Callable[[], dict[str, Any] | None] | None = None,
+        keep: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
         """Decompile one function: `request` is `{address, regions, names, prototypes, variables}`
-        (see `angr_child.AngrHandler.decompile`); the answer is `{code, lines, variables, warnings}`."""
-        result, _ = self.call("decompile", request, timeout=timeout, ctx=ctx)
+        (see `angr_child.AngrHandler.decompile`); the answer is `{code, lines, variables, warnings}`
+        (`keep` and `reuse`: `ProcessSession.call`)."""
+        result, _ = self.call("decompile", request, timeout=timeout, ctx=ctx, reuse=reuse, keep=keep)
         return result
 
 

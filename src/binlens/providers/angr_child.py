@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import io
 import logging
+import re
 from typing import Any
 
 from binlens.providers.base import Progress, ProviderFailure
@@ -23,6 +24,9 @@ from binlens.providers.base import Progress, ProviderFailure
 logging.disable(logging.CRITICAL)  # angr logs per function (and on import) to stderr: the server's log
 
 APPROXIMATE = "decompiled code is approximate: angr's output can be wrong (loop bounds, signedness, types)"
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NOT_IDENT = re.compile(r"[^A-Za-z0-9_]")
+MAX_RENAMES_SHOWN = 8
 
 
 class AngrHandler:
@@ -53,6 +57,7 @@ class AngrHandler:
         import angr
 
         _region_only_data_pass()
+        _array_pointers_as_element_pointers()
         progress(1, 4, "loading the program in angr")
         try:
             self.project = angr.Project(
@@ -85,6 +90,8 @@ class AngrHandler:
             raise ProviderFailure("not_found", f"angr found no function at {hex(addr)}")
         _callee_conventions(proj, [c for c, _r in callees if c in functions], warnings)
         _name_functions(proj, args, warnings)
+        spelled: dict[str, str] = {}
+        _spell_function_names(proj, spelled)
         progress(3, 4, "decompiling")
         dec = proj.analyses.Decompiler(functions[addr], cfg=cfg.model)
         codegen = dec.codegen
@@ -93,6 +100,11 @@ class AngrHandler:
             raise ProviderFailure("internal", f"angr's decompiler produced no code{': ' + what if what else ''}")
         wanted = {int(a, 16): g for a, g in (args.get("globals") or {}).items() if isinstance(g, dict)}
         renamed = _annotate_globals(proj, codegen, wanted, warnings)
+        renamed = _spell_global_names(codegen, spelled) or renamed
+        if spelled:
+            shown = ", ".join(f"{a} -> {b}" for a, b in list(spelled.items())[:MAX_RENAMES_SHOWN])
+            more = f" and {len(spelled) - MAX_RENAMES_SHOWN} more" if len(spelled) > MAX_RENAMES_SHOWN else ""
+            warnings.append(f"names that are not C identifiers are spelled with '_' in the code: {shown}{more}")
         variables = _variables(proj, codegen, args.get("variables") or {}, warnings, renamed)
         return {
             "code": codegen.text,
@@ -155,6 +167,69 @@ def _name_functions(proj: Any, args: dict[str, Any], warnings: list[str]) -> Non
             func.prototype_source = PrototypeSource.USER  # (else the decompiler's own analysis replaces it)
         except Exception as err:  # noqa: BLE001 - a prototype angr's parser refuses is reported, not fatal
             warnings.append(f"angr did not take the prototype at {text_addr}: {type(err).__name__}")
+
+
+def c_identifier(name: str) -> str:
+    """`name` as a C identifier: its other characters as '_' (a compiler's clone suffix
+    `f.isra.0`, a symbol version `GLIBC_2.3`); a mangled C++ name stays (angr demangles it)."""
+    if _IDENT.fullmatch(name) or name.startswith("_Z"):
+        return name
+    out = _NOT_IDENT.sub("_", name)
+    return out if out and not out[0].isdigit() else "_" + out
+
+
+def _spell_function_names(proj: Any, spelled: dict[str, str]) -> None:
+    """Give the functions angr will print names that are C identifiers (recording each change)."""
+    for func in list(proj.kb.functions.values()):
+        name = str(func.name)
+        new = c_identifier(name)
+        if new != name:
+            func.name = new
+            spelled[name] = new
+
+
+def _spell_global_names(codegen: Any, spelled: dict[str, str]) -> bool:
+    """Give the global variables in the code names that are C identifiers; True when any changed."""
+    from angr.sim_variable import SimMemoryVariable, SimStackVariable
+
+    changed = False
+    for var in list(codegen.cfunc.variables_in_use):
+        if not isinstance(var, SimMemoryVariable) or isinstance(var, SimStackVariable) or not var.name:
+            continue
+        name = str(var.name)
+        new = c_identifier(name)
+        if new != name:
+            var.name = new
+            var.renamed = True
+            spelled[name] = new
+            changed = True
+    return changed
+
+
+def _array_pointers_as_element_pointers() -> None:
+    """Print a pointer to an array of T as a pointer to T.
+
+    angr prints a pointer to `T[N]` as the array itself (`unsigned int v2[4]` for a register,
+    `unsigned int [4] f(...)` for a return type, `(unsigned int [4])0x20b260` for a cast), which
+    is not C: an array cannot be assigned, returned or cast to. A pointer to its first element
+    holds the same address and indexes the same way, and C accepts it everywhere."""
+    from angr.sim_type import SimTypeArray, SimTypePointer
+
+    if getattr(SimTypePointer.c_repr, "_binlens_element_pointer", False):
+        return
+    plain = SimTypePointer.c_repr
+
+    def element_pointer(
+        self: Any, name: Any = None, full: int = 0, memo: Any = None, indent: int = 0, **kw: Any
+    ) -> Any:
+        if isinstance(self.pts_to, SimTypeArray) and (self.label is None or name is None):
+            quals = " ".join(self.qualifier) if self.qualifier else ""
+            inner = f"*{quals} {name}" if quals and name else f"*{quals}" if quals else f"*{name}" if name else "*"
+            return self.pts_to.elem_type.c_repr(inner, full, memo, indent)
+        return plain(self, name, full, memo, indent, **kw)
+
+    element_pointer._binlens_element_pointer = True  # type: ignore[attr-defined]
+    setattr(SimTypePointer, "c_repr", element_pointer)  # noqa: B010 - (angr's class, patched in this child only)
 
 
 def _region_only_data_pass() -> None:

@@ -65,9 +65,19 @@ class DisassemblerSession(Session, Protocol):
 class DecompilerSession(Session, Protocol):
     """The session of a provider of kind `decompiler`."""
 
-    def decompile(self, request: dict[str, Any], *, timeout: float, ctx: Cancellable | None = None) -> dict[str, Any]:
+    def decompile(
+        self,
+        request: dict[str, Any],
+        *,
+        timeout: float,
+        ctx: Cancellable | None = None,
+        reuse: Callable[[], dict[str, Any] | None] | None = None,
+        keep: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
         """One function decompiled: `request` names it, its blocks and the user's annotations;
-        the answer is `{code, lines, variables, warnings}`, within `timeout` seconds."""
+        the answer is `{code, lines, variables, warnings}`, within `timeout` seconds. `keep(answer)`
+        runs before the next call on the session starts, and a call that waited for another first
+        takes `reuse()`'s answer when it gives one."""
         ...
 
 

@@ -7,6 +7,11 @@ cancelled call kills it too (`cancelled`), a child that dies (a crash, a signal)
 memory is `internal` with the reason, and a child that cannot start is `unavailable`. The server
 never dies with its provider: the next call starts a fresh process and opens the program again;
 the failed call's failure is its result, never retried behind the client's back.
+
+Calls on one session take turns, first come first served: a call that finds the process serving
+another waits in a short queue (`max_waiting` calls; one more is `busy`), within its own timeout
+(past it, `timeout` without touching the running call) and cancellation, reporting as progress
+how many calls are ahead of it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import sys
 import threading
 import time
 import weakref
+from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from binlens.errors import STATUS, BinlensError
@@ -35,6 +42,7 @@ DEFAULT_MEMORY_LIMIT = 2 << 30
 DEFAULT_START_TIMEOUT = 30.0
 DEFAULT_MAX_ANSWER = 256 << 20  # bytes of one answer frame the server reads; a bigger one is refused unread
 CLOSE_WAIT_S = 2.0
+DEFAULT_MAX_WAITING = 4  # calls queued behind the running one; one more is `busy`
 MAX_MESSAGE = 2000  # characters of a child's error message passed on
 
 
@@ -68,6 +76,7 @@ class ProcessSession:
         memory_limit: int = DEFAULT_MEMORY_LIMIT,
         start_timeout: float = DEFAULT_START_TIMEOUT,
         max_answer_bytes: int = DEFAULT_MAX_ANSWER,
+        max_waiting: int = DEFAULT_MAX_WAITING,
     ) -> None:
         self.provider = provider
         self.handler = handler
@@ -76,9 +85,14 @@ class ProcessSession:
         self.memory_limit = memory_limit
         self.start_timeout = start_timeout
         self.max_answer_bytes = max_answer_bytes
+        self.max_waiting = max_waiting
         self.starts = 0  # processes started so far (a crash or a timeout makes the next call start one)
         self._proc: subprocess.Popen[bytes] | None = None
-        self._lock = threading.Lock()
+        # the turn: `_serving` while a call (or close) talks to the child; `_queue` holds the
+        # tickets of the calls waiting for it, first come first served
+        self._turn = threading.Condition()
+        self._serving = False
+        self._queue: deque[object] = deque()
         self._closed = False
         # kills the running child when the session is dropped unclosed, or when the server exits
         self._finalizer: weakref.finalize[Any, Any] | None = None
@@ -92,26 +106,102 @@ class ProcessSession:
         *,
         timeout: float,
         ctx: Cancellable | None = None,
+        reuse: Callable[[], dict[str, Any] | None] | None = None,
+        keep: Callable[[dict[str, Any]], None] | None = None,
     ) -> tuple[dict[str, Any], bytes]:
-        """Send request `op` and return the child's (result, blob), within `timeout` seconds of work
-        (starting the process, when it is not running, has its own bound: `start_timeout`)."""
-        if not self._lock.acquire(blocking=False):
-            raise BinlensError(
-                "busy",
-                f"the {self.provider} session of this program is serving another request; retry shortly",
-                details={"provider": self.provider},
-            )
+        """Send request `op` and return the child's (result, blob) within `timeout` seconds, the wait
+        for the session's turn included (starting the process, when it is not running, has its own
+        bound: `start_timeout`). `keep(result)` runs before the turn passes on (to store it where
+        the calls waiting can find it); a call that had to wait first asks `reuse` for such an
+        answer and returns it, with no blob, instead of sending `op`."""
+        deadline = time.monotonic() + timeout
+        waited = self._take_turn(deadline, ctx, timeout)
         try:
+            if waited and reuse is not None and not self._closed:
+                answer = reuse()
+                if answer is not None:
+                    return answer, b""
             if self._closed:
                 raise BinlensError(
                     "unavailable",
                     f"the {self.provider} session is closed",
                     details={"provider": self.provider, "reason": "closed"},
                 )
+            started = time.monotonic()
             self._ensure_started(ctx)
-            return self._exchange(op, args, blob, time.monotonic() + timeout, ctx, timeout)
+            deadline += time.monotonic() - started
+            result, answer_blob = self._exchange(op, args, blob, deadline, ctx, timeout)
+            if keep is not None:
+                keep(result)
+            return result, answer_blob
         finally:
-            self._lock.release()
+            self._end_turn()
+
+    def _take_turn(self, deadline: float, ctx: Cancellable | None, timeout: float) -> bool:
+        """Wait until this call may talk to the child: at once when nobody does, else in the queue
+        (`busy` when it is full) until the calls ahead are done, the deadline passes (`timeout`),
+        the call is cancelled or the session closes (`unavailable`). True when it waited."""
+        ticket = object()
+        with self._turn:
+            if not self._serving and not self._queue:
+                self._serving = True
+                return False
+            if len(self._queue) >= self.max_waiting:
+                raise BinlensError(
+                    "busy",
+                    f"the {self.provider} session of this program is serving a call and "
+                    f"{len(self._queue)} more are waiting; retry shortly",
+                    details={"provider": self.provider, "waiting": len(self._queue)},
+                )
+            self._queue.append(ticket)
+        told = -1
+        try:
+            while True:
+                with self._turn:
+                    if self._closed:
+                        raise BinlensError(
+                            "unavailable",
+                            f"the {self.provider} session was closed while the call waited for it",
+                            details={"provider": self.provider, "reason": "closed"},
+                        )
+                    if not self._serving and self._queue[0] is ticket:
+                        self._queue.popleft()
+                        self._serving = True
+                        self._turn.notify_all()
+                        return True
+                    ahead = self._queue.index(ticket) + (1 if self._serving else 0)
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise BinlensError(
+                            "timeout",
+                            f"the {self.provider} session of this program was serving other calls for the "
+                            f"whole {timeout:g} s of this call's timeout",
+                            details={"provider": self.provider, "reason": "queued", "timeout_ms": int(timeout * 1000)},
+                        )
+                    if ctx is not None and ctx.cancelled:
+                        raise BinlensError("cancelled", "the request was cancelled while it waited for its turn")
+                    if ahead == told:
+                        self._turn.wait(min(POLL_S, left))
+                        continue
+                told = ahead
+                self._report_wait(ahead, ctx)
+        except BaseException:
+            with self._turn:
+                if ticket in self._queue:
+                    self._queue.remove(ticket)
+                self._turn.notify_all()
+            raise
+
+    def _report_wait(self, ahead: int, ctx: Cancellable | None) -> None:
+        relay = getattr(ctx, "progress", None)
+        if callable(relay):
+            calls = "call" if ahead == 1 else "calls"
+            relay(0.0, None, f"waiting for the {self.provider} session: {ahead} {calls} ahead")
+
+    def _end_turn(self) -> None:
+        with self._turn:
+            self._serving = False
+            self._turn.notify_all()
 
     @property
     def pid(self) -> int | None:
@@ -121,14 +211,18 @@ class ProcessSession:
 
     def close(self) -> None:
         """Refuse later calls and end the child: asked to exit (killed if it does not within a
-        moment), or killed at once when a call is running (that call then answers `unavailable`)."""
-        self._closed = True
-        if not self._lock.acquire(blocking=False):
-            proc = self._proc
-            if proc is not None and proc.returncode is None:  # (the running call reaps it)
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-            return
+        moment), or killed at once when a call is running (that call then answers `unavailable`,
+        as do the calls waiting for their turn)."""
+        with self._turn:
+            self._closed = True
+            self._turn.notify_all()
+            if self._serving:
+                proc = self._proc
+                if proc is not None and proc.returncode is None:  # (the running call reaps it)
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                return
+            self._serving = True
         try:
             proc = self._proc
             if proc is None or proc.poll() is not None:
@@ -140,7 +234,7 @@ class ProcessSession:
                 proc.wait(CLOSE_WAIT_S)
             self._reap()
         finally:
-            self._lock.release()
+            self._end_turn()
 
     def kill(self) -> None:
         """Kill the child's whole process group now (whatever it is doing) and reap it."""
