@@ -16,7 +16,6 @@ from binlens.analysis.decode.backend import Backend, make_backend
 from binlens.analysis.discovery.explorer import NORETURN_NAMES, Explorer
 from binlens.analysis.discovery.functions import iter_functions
 from binlens.analysis.discovery.noreturn import noret_callers, returning_functions
-from binlens.analysis.discovery.overrides import apply_overrides
 from binlens.analysis.discovery.refused import RefusedStarts, data_like_test
 from binlens.analysis.heuristics.arm import arm_labels
 from binlens.analysis.heuristics.gapmap import Gaps
@@ -239,7 +238,7 @@ def explore(
     noret_slots, named_noret = _named_noreturn(image, codemap, thunks)
     jt_tables: dict[int, int] = {}
     explorer = make_explorer(image, codemap, backend, jt_tables)
-    apply_overrides(explorer, flow_overrides or {})
+    explorer.override_flows(flow_overrides or {})
     if _EDGES_LATER is not None:
         explorer.defer_edges()  # (until discovery ends: `restore_edges`)
     reader = CodeReader(image, codemap, backend, explorer, jt_tables)

@@ -14,7 +14,6 @@ from binlens.analysis.codemap import CodeMap
 from binlens.analysis.decode.backend import make_backend
 from binlens.analysis.discovery.explorer import NORETURN_NAMES
 from binlens.analysis.discovery.functions import iter_functions
-from binlens.analysis.discovery.overrides import apply_overrides
 from binlens.analysis.engine import gc_paused, make_explorer
 from binlens.analysis.intervals import IntervalSet
 from binlens.analysis.metadata.ehframe import parse_eh_frame
@@ -71,7 +70,7 @@ def _analyze_functions(
     noret = set(noreturn) | {imp.slot for imp in image.imports if imp.name in NORETURN_NAMES}
     jt_tables: dict[int, int] = {}
     explorer = make_explorer(image, codemap, backend, jt_tables)
-    apply_overrides(explorer, overrides)
+    explorer.override_flows(overrides)
     explorer.traverse(entries, noret)
     for _ in range(4):
         more = explorer.retry_tables()

@@ -17,11 +17,12 @@ chunk start) once and caches them; everything after that is graph work over the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable, Mapping
 from typing import TYPE_CHECKING, Literal, cast
 
 from binlens.analysis.codemap import CHUNK, INSN, CodeMap
 from binlens.analysis.discovery.leaves import leaves
+from binlens.analysis.discovery.overrides import NO_RETURN, override_chunk
 from binlens.analysis.discovery.partition import Partitioner
 from binlens.analysis.discovery.tables import SwitchResolution
 from binlens.analysis.model import T_BAD, T_CALL, T_COND, T_FALL, T_ICALL, T_IJUMP, T_JUMP, T_RET, Body, pack_calls
@@ -147,6 +148,30 @@ class Explorer(SwitchResolution):
         self.unproven: set[int] = set()  # gap-trial starts not proven entries: still open to a data pointer
         # addresses the bodies' walks take as starts that are no functions (`overrides.NO_RETURN`)
         self.stops: frozenset[int] = frozenset()
+
+    def override_flows(self, overrides: Mapping[int, str]) -> None:
+        """Decode every chunk with the user's flow `overrides` ({instruction address: kind},
+        `overrides.py`) applied; called before anything is decoded (none: nothing changes)."""
+        if not overrides:
+            return
+        fast, decode = self.fast, self.decode
+
+        def overridden(got: Chunk) -> Chunk:
+            kind = overrides.get(got[3])
+            return override_chunk(got, kind) if kind is not None else got
+
+        def fast_overridden(va: int) -> Chunk | Literal[False] | None:
+            got = fast(va) if fast is not None else False
+            return overridden(got) if got else got
+
+        def decode_overridden(va: int) -> Chunk | None:
+            got = decode(va)
+            return overridden(got) if got is not None else None
+
+        if fast is not None:
+            self.fast = fast_overridden
+        self.decode = decode_overridden
+        self.stops = frozenset({NO_RETURN})
 
     # ------------------------------------------------------------------ chunks
     def chunk(self, va: int) -> Chunk | None:

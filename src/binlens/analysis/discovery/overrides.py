@@ -1,8 +1,8 @@
 """Flow overrides: the user says how an instruction's flow differs from what it decodes to.
 
 The explorer's chunks end at every branch, call and return, so an override is a rewrite of the
-terminator of the chunks whose last instruction it names, made as each chunk is decoded (the
-explorer's `fast` and `decode` are wrapped): every later pass (descent, bodies, blocks, calls,
+terminator of the chunks whose last instruction it names, made as each chunk is decoded
+(`Explorer.override_flows` wraps its decoders): every later pass (descent, bodies, blocks, calls,
 references) sees the flow the user gave. The kinds follow Ghidra's `FlowOverride`:
 
 - `branch`: a call taken as a jump (its target is a jump target or a tail call; no fall-through);
@@ -19,14 +19,12 @@ what a call that does not return is.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal
 
 from binlens.analysis.model import T_CALL, T_COND, T_ICALL, T_IJUMP, T_JUMP, T_RET
 
 if TYPE_CHECKING:
     from binlens.analysis.decode.backend import Chunk
-    from binlens.analysis.discovery.explorer import Explorer
 
 FlowOverride = Literal["branch", "call", "call_return", "return"]
 FLOW_OVERRIDES: tuple[str, ...] = ("branch", "call", "call_return", "return")
@@ -59,30 +57,3 @@ def override_chunk(chunk: Chunk, kind: str) -> Chunk:
     if kind == "return" and term in (T_JUMP, T_IJUMP) and len(t) == 1:
         return (end, T_RET, (), last)
     return chunk
-
-
-def apply_overrides(explorer: Explorer, overrides: Mapping[int, str]) -> None:
-    """Make `explorer` decode every chunk with the flow `overrides` ({instruction address: kind})
-    applied; call it before the explorer decodes anything (no override: nothing changes)."""
-    if not overrides:
-        return
-    fast, decode = explorer.fast, explorer.decode
-
-    def fast_overridden(va: int) -> Chunk | Literal[False] | None:
-        got = fast(va) if fast is not None else False
-        if got:
-            kind = overrides.get(got[3])
-            return override_chunk(got, kind) if kind is not None else got
-        return got
-
-    def decode_overridden(va: int) -> Chunk | None:
-        got = decode(va)
-        if got is not None:
-            kind = overrides.get(got[3])
-            return override_chunk(got, kind) if kind is not None else got
-        return got
-
-    if fast is not None:
-        explorer.fast = fast_overridden
-    explorer.decode = decode_overridden
-    explorer.stops = frozenset({NO_RETURN})
