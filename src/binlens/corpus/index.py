@@ -1,0 +1,316 @@
+"""`binlens corpus index`: many binaries analysed in parallel on Ray into a corpus store.
+
+The driver (this module, in the command's process) finds the distinct executables
+(`discover.py`), leaves out those the corpus holds already (so a rerun resumes a killed run), and
+hands each remaining file to a Ray task (`worker.py`), never more at once than the Ray cluster
+has CPUs, so a task starts as soon as it is handed over and its time budget (`timeout_s`, counted
+from then) is its own. Each `BinaryRecord` is written to the store as it arrives, one
+transaction per binary: a killed run loses at most the files in flight.
+
+A file that fails is one `FileFailure` in the report (and in the store), never the end of the run:
+an analysis error is returned by the task as data; a task past its budget is cancelled with its
+worker process killed (`ray.cancel(force=True)`); a worker that dies (a crash in native code, the
+machine's OOM killer) surfaces as Ray's `WorkerCrashedError` (or another `RayError`) for that
+file alone.
+
+A local Ray (`ray.init(address="local")`, `workers` CPUs, no dashboard, quiet) is started on
+demand and stopped at the end; `ray_address` connects to a running cluster instead, whose nodes
+need binlens installed and the same home path; a Ray already initialised in this process (a test
+session's) is used as it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from binlens.corpus.discover import Candidate, Discovery, discover
+from binlens.corpus.records import BinaryRecord, FileFailure
+from binlens.errors import BinlensError
+from binlens.loader.input_file import DEFAULT_MAX_FILE_BYTES
+
+DEFAULT_TIMEOUT_S = 300.0  # one file's budget: the largest libraries of a system analyse in ~1 minute
+_OBJECT_STORE_BYTES = 256 << 20  # a local Ray's shared-memory object store (records are small)
+_POLL_S = 0.25  # the longest wait for a result before deadlines are checked again
+
+
+class Store(Protocol):
+    """What the indexer needs of a corpus store (`corpus/store.py`)."""
+
+    def indexed(self, name: str) -> set[str]: ...
+
+    def add_binary(self, name: str, record: BinaryRecord) -> bool: ...
+
+    def add_failure(self, name: str, failure: FileFailure) -> None: ...
+
+
+@dataclass
+class IndexOptions:
+    """What `binlens corpus index` was asked."""
+
+    corpus: str
+    paths: Sequence[str]
+    home: Path
+    workers: int | None = None  # a local Ray's CPUs (default: all of this machine's)
+    ray_address: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+
+
+@dataclass
+class IndexReport:
+    """How an indexing run went (the CLI prints it; `--json` prints it as it is)."""
+
+    corpus: str
+    found: int = 0  # distinct executables found
+    duplicates: int = 0  # copies of an executable found under another path (indexed once)
+    other_files: int = 0  # files that are not executables
+    skipped: int = 0  # distinct executables the corpus held already
+    indexed: int = 0  # binaries added by this run
+    failed: list[FileFailure] = field(default_factory=list)
+    functions: int = 0  # functions of the binaries added by this run
+    workers: int = 0
+    discover_seconds: float = 0.0
+    seconds: float = 0.0  # from the first file handed to Ray to the last answer
+    ray_address: str | None = None
+
+    @property
+    def files_per_s(self) -> float:
+        return self.indexed / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def functions_per_s(self) -> float:
+        return self.functions / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain data."""
+        return {
+            "corpus": self.corpus,
+            "found": self.found,
+            "duplicates": self.duplicates,
+            "other_files": self.other_files,
+            "skipped": self.skipped,
+            "indexed": self.indexed,
+            "failed": [{"path": f.path, "sha256": f.sha256, "code": f.code, "message": f.message} for f in self.failed],
+            "functions": self.functions,
+            "workers": self.workers,
+            "discover_seconds": round(self.discover_seconds, 3),
+            "seconds": round(self.seconds, 3),
+            "files_per_s": round(self.files_per_s, 3),
+            "functions_per_s": round(self.functions_per_s, 1),
+            "ray_address": self.ray_address,
+        }
+
+
+@dataclass
+class Progress:
+    """Where a run is, as the progress display sees it."""
+
+    phase: str  # discovering | starting | indexing | done
+    total: int = 0  # files to index by this run
+    done: int = 0  # answered (indexed or failed)
+    indexed: int = 0
+    failed: int = 0
+    functions: int = 0
+    examined: int = 0  # files examined while discovering
+    started: float = field(default_factory=time.monotonic)
+    last: str | None = None  # the last file answered
+
+
+OnProgress = Callable[[Progress], None]
+
+
+def _quiet(_p: Progress) -> None:
+    return None
+
+
+# ---------------------------------------------------------------------------------------- Ray
+def start_ray(workers: int | None, address: str | None) -> tuple[bool, int, str | None]:
+    """Connect to Ray (see the module's text): (whether this call started it, CPUs to use, address)."""
+    try:
+        import ray
+    except ImportError:
+        raise BinlensError(
+            "unavailable",
+            "corpus indexing needs Ray: install binlens with the corpus extra (pip install 'binlens[corpus]')",
+            details={"remediation": "pip install 'binlens[corpus]'"},
+        ) from None
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    started = False
+    if not ray.is_initialized():
+        common: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False}
+        try:
+            if address:
+                ray.init(address=address, **common)
+            else:
+                ray.init(
+                    address="local",
+                    num_cpus=workers or os.cpu_count() or 1,
+                    include_dashboard=False,
+                    object_store_memory=_OBJECT_STORE_BYTES,
+                    **common,
+                )
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            where = f"the Ray cluster at {address}" if address else "a local Ray"
+            raise BinlensError(
+                "unavailable",
+                f"cannot start or reach {where}: {err}",
+                target="/params/ray_address" if address else None,
+            ) from None
+        started = True
+    cpus = int(ray.cluster_resources().get("CPU", 1))  # type: ignore[no-untyped-call]
+    if workers and (address or not started):
+        cpus = min(cpus, workers)
+    gcs = ray.get_runtime_context().gcs_address
+    return started, max(1, cpus), gcs
+
+
+def _remote() -> Any:
+    """The Ray task that indexes one file: ("ok", BinaryRecord) or ("error", code, message)."""
+    import ray
+
+    @ray.remote(num_cpus=1, max_retries=0)
+    def index_task(path: str, sha256: str, home: str, max_bytes: int) -> tuple[Any, ...]:
+        from binlens.corpus.worker import index_file
+
+        try:
+            return ("ok", index_file(path, sha256, home, max_bytes))
+        except BinlensError as err:
+            return ("error", err.code, err.message)
+        except MemoryError:
+            return ("error", "internal", "the analysis ran out of memory")
+        except Exception as err:  # noqa: BLE001 - one file's failure, reported with the others
+            return ("error", "internal", f"the analysis failed: {type(err).__name__}: {err}")
+
+    return index_task
+
+
+def _ray_failure(cand: Candidate, err: Exception) -> FileFailure:
+    """A Ray error for one file's task, as its failure."""
+    import ray.exceptions as rex
+
+    if isinstance(err, rex.WorkerCrashedError | rex.NodeDiedError):
+        msg = "the worker analysing it died (a crash in native code, or killed for memory)"
+    elif isinstance(err, rex.OutOfMemoryError):
+        msg = "the worker analysing it was killed by Ray's memory monitor"
+    elif isinstance(err, rex.TaskCancelledError):
+        msg = "its task was cancelled"
+    else:
+        msg = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    return FileFailure(cand.path, cand.sha256, "internal", msg)
+
+
+# ------------------------------------------------------------------------------------- the run
+def index(opts: IndexOptions, store: Store, on_progress: OnProgress = _quiet) -> IndexReport:
+    """Index `opts.paths` into the corpus `opts.corpus` of `store` (see the module's text)."""
+    report = IndexReport(opts.corpus)
+    state = Progress("discovering")
+    on_progress(state)
+    t0 = time.monotonic()
+
+    def examined(n: int) -> None:
+        state.examined = n
+        on_progress(state)
+
+    found: Discovery = discover(opts.paths, opts.max_file_bytes, examined)
+    report.discover_seconds = time.monotonic() - t0
+    report.found, report.duplicates, report.other_files = len(found.files), len(found.duplicates), found.other
+    for failure in found.failures:
+        _fail(store, opts.corpus, report, failure)
+    have = store.indexed(opts.corpus)
+    todo = [c for c in found.files if c.sha256 not in have]
+    report.skipped = len(found.files) - len(todo)
+    state.total = len(todo)
+    if not todo:
+        state.phase = "done"
+        on_progress(state)
+        return report
+    state.phase = "starting"
+    on_progress(state)
+    started, slots, address = start_ray(opts.workers, opts.ray_address)
+    report.workers, report.ray_address = slots, opts.ray_address
+    try:
+        _run(opts, store, todo, slots, report, state, on_progress)
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    state.phase = "done"
+    on_progress(state)
+    return report
+
+
+def _run(
+    opts: IndexOptions,
+    store: Store,
+    todo: list[Candidate],
+    slots: int,
+    report: IndexReport,
+    state: Progress,
+    on_progress: OnProgress,
+) -> None:
+    """Hand `todo` to Ray, `slots` at a time, and store each answer as it arrives."""
+    import ray
+
+    task = _remote()
+    home = str(opts.home.resolve())
+    pending = deque(todo)
+    inflight: dict[Any, tuple[Candidate, float]] = {}
+    state.phase = "indexing"
+    t0 = time.monotonic()
+    while pending or inflight:
+        while pending and len(inflight) < slots:
+            cand = pending.popleft()
+            ref = task.remote(cand.path, cand.sha256, home, opts.max_file_bytes)
+            inflight[ref] = (cand, time.monotonic() + opts.timeout_s)
+        nearest = min(deadline for _c, deadline in inflight.values())
+        wait_s = max(0.0, min(_POLL_S, nearest - time.monotonic()))
+        ready, _ = ray.wait(list(inflight), num_returns=1, timeout=wait_s)
+        for ref in ready:
+            cand, _deadline = inflight.pop(ref)
+            try:
+                answer = ray.get(ref)
+            except ray.exceptions.RayError as err:
+                _fail(store, opts.corpus, report, _ray_failure(cand, err))
+            else:
+                if answer[0] == "ok":
+                    _stored(store, opts.corpus, report, answer[1])
+                else:
+                    _fail(store, opts.corpus, report, FileFailure(cand.path, cand.sha256, answer[1], answer[2]))
+            _step(state, report, cand)
+        now = time.monotonic()
+        for ref, (cand, deadline) in list(inflight.items()):
+            if now >= deadline and ref not in ready:
+                ray.cancel(ref, force=True)  # (kills the worker process: a hung analysis ends with it)
+                del inflight[ref]
+                message = f"the analysis did not finish within {opts.timeout_s:g} s"
+                _fail(store, opts.corpus, report, FileFailure(cand.path, cand.sha256, "timeout", message))
+                _step(state, report, cand)
+        report.seconds = time.monotonic() - t0
+        on_progress(state)  # (at most ~4 times a second while nothing arrives; the display throttles)
+
+
+def _stored(store: Store, corpus: str, report: IndexReport, record: BinaryRecord) -> None:
+    if store.add_binary(corpus, record):
+        report.indexed += 1
+        report.functions += len(record.functions)
+    else:
+        report.skipped += 1  # (another run indexed it meanwhile)
+
+
+def _fail(store: Store, corpus: str, report: IndexReport, failure: FileFailure) -> None:
+    report.failed.append(failure)
+    store.add_failure(corpus, failure)
+
+
+def _step(state: Progress, report: IndexReport, cand: Candidate) -> None:
+    state.done += 1
+    state.indexed, state.failed, state.functions = report.indexed, len(report.failed), report.functions
+    state.last = cand.path
