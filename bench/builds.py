@@ -1,4 +1,4 @@
-"""The benchmark corpus: real C programs from Debian source packages, built in a matrix of configurations.
+"""The benchmark builds: real C programs from Debian source packages, built in a matrix of configurations.
 
 Everything lives in a work folder outside git (default `bench/work/`): the source packages, the
 unpacked trees, and one folder per binary with the unstripped build (ground truth), the stripped
