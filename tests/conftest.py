@@ -102,3 +102,20 @@ def run_cli(
     return subprocess.run(
         [sys.executable, "-m", "binlens", *args], input=stdin, capture_output=True, text=True, env=env, timeout=timeout
     )
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """One real PostgreSQL server for the test run (tests/corpus_support.py), or skip when
+    PostgreSQL is not installed."""
+    from corpus_support import PostgresServer, postgres_bin
+
+    bindir = postgres_bin()
+    if bindir is None:
+        pytest.skip("PostgreSQL is not installed (scripts/system-packages.sh test installs Debian's postgresql)")
+    server = PostgresServer(bindir)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
