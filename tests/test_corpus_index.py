@@ -259,3 +259,21 @@ def test_a_function_of_an_o2_build_is_found_in_the_o3_build(
         hits = store.search_function("s", fps[name], limit=10)
         found += [name] if any(h.sha256 == o3 and h.name == name for h in hits) else []
     assert found == ["checksum", "classify", "add_numbers", "apply"]
+
+
+def test_cli_bad_store_and_ray_address_are_clear_errors(binaries: dict[str, Path], home: Path) -> None:
+    top = str(binaries["sample-O2"].parent)
+    proc = _cli(top, "--corpus", "e", "--store", "mysql://x", "--json", home=home)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in err and "binlens: error:" in err
+    assert json.loads(out)["error"]["target"] == "/options/store"
+    proc = _cli(top, "--corpus", "e", "--ray-address", "127.0.0.1:1", "--json", home=home)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in err
+    assert json.loads(out)["error"] | {"message": ""} == {
+        "status": 503,
+        "code": "unavailable",
+        "message": "",
+        "target": "/options/ray_address",
+        "details": {},
+    }

@@ -59,6 +59,8 @@ def run_index(args: argparse.Namespace) -> int:
     from binlens.loader.input_file import DEFAULT_MAX_FILE_BYTES
     from binlens.store import default_home
 
+    from binlens.errors import BinlensError
+
     home = args.home or default_home()
     opts = IndexOptions(
         corpus=args.corpus,
@@ -69,15 +71,19 @@ def run_index(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         max_file_bytes=args.max_file_bytes or DEFAULT_MAX_FILE_BYTES,
     )
-    store = open_store(args.store, home)
     display = ProgressDisplay(sys.stderr)
     try:
-        report = index(opts, store, display.update)
-    finally:
-        display.close()
-        close = getattr(store, "close", None)
-        if close is not None:
-            close()
+        store = open_store(args.store, home, target="/options/store")
+        try:
+            report = index(opts, store, display.update)
+        finally:
+            display.close()
+            store.close()
+    except BinlensError as err:
+        if args.json:
+            print(json.dumps({"error": err.to_dict()}, indent=1))
+        sys.stderr.write(f"binlens: error: {escape_controls(err.message)}\n")
+        return 1
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
     else:
