@@ -56,10 +56,9 @@ def run_index(args: argparse.Namespace) -> int:
     """Run `binlens corpus index`."""
     from binlens.corpus.index import IndexOptions, index
     from binlens.corpus.store import open_store
+    from binlens.errors import BinlensError
     from binlens.loader.input_file import DEFAULT_MAX_FILE_BYTES
     from binlens.store import default_home
-
-    from binlens.errors import BinlensError
 
     home = args.home or default_home()
     opts = IndexOptions(
