@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Debian packages binlens's own commands need, installed when missing.
 #   scripts/system-packages.sh run    what `make run` needs (a C compiler, python3-venv, gdb)
-#   scripts/system-packages.sh test   what `make test` needs (cross toolchains, clang, graphviz...)
+#   scripts/system-packages.sh test   what `make test` needs (cross toolchains, clang, graphviz, postgresql...)
 #   scripts/system-packages.sh ci     the test set plus the MCP conformance suite's (npm, curl)
 # As root it runs apt-get; otherwise it prints the exact command and goes on, and the tests whose
 # tools are missing skip with the package to install.
@@ -26,6 +26,9 @@ if [[ "$purpose" == test || "$purpose" == ci ]]; then
   want git git
   want dot graphviz                                    # binlens cfg --format svg|png
   want clang clang                                     # AArch64/ARM/MIPS jump-table builds
+  # PostgreSQL for the corpus store's tests: they start their own server (initdb + pg_ctl in a
+  # temporary folder, tests/corpus_support.py); Debian installs it under /usr/lib/postgresql/N/bin
+  compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
   # Cross toolchains of the jump-table, i386 and ARM tests (GNU as/ld/strip and gcc per target)
   # and the target's C library, which fixtures linked as PIEs need (a cross gcc only recommends it);
   # i386: the i686 cross gcc and its libc (gcc-multilib would remove the cross compilers)

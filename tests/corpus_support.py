@@ -103,28 +103,13 @@ class PostgresServer:
 
 
 def record_of(workspace: object, path: Path) -> BinaryRecord:
-    """The corpus record of the program at `path`: its analysis's fingerprints, strings, imports."""
+    """The corpus record of the program at `path` (`api/corpus.py: binary_record`)."""
     import time
 
-    from binlens.api.fingerprints import fingerprints
+    from binlens.api.corpus import binary_record
     from binlens.jobs.state import analysis_of
 
     t0 = time.monotonic()
     prog = workspace.open(path)  # type: ignore[attr-defined]
     view = analysis_of(prog).require(None, timeout_s=300)
-    fps = fingerprints(prog, view)
-    ident = prog.image.identity
-    strings = sorted({text for _a, _n, _e, text, _s, _r in view.strings()})
-    imports = sorted({i.name for i in prog.image.imports})
-    return BinaryRecord(
-        sha256=ident.sha256,
-        path=str(path),
-        size=ident.size,
-        format=ident.format.lower(),
-        arch=ident.arch,
-        bits=ident.bits,
-        functions=fps,
-        strings=strings,
-        imports=imports,
-        seconds=time.monotonic() - t0,
-    )
+    return binary_record(prog, view, time.monotonic() - t0)

@@ -180,6 +180,22 @@ def ws_call(url: str, method: str, params: dict[str, Any], headers: dict[str, st
     return asyncio.run(go())
 
 
+def ws_reply(url: str, method: str, params: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
+    """One JSON-RPC request over a fresh /ws connection: its response, past any notifications
+    (progress) sent before it."""
+
+    async def go() -> dict[str, Any]:
+        async with connect(url, open_timeout=10) as c:
+            json.loads(await c.recv())  # ready
+            await c.send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+            while True:
+                reply = json.loads(await asyncio.wait_for(c.recv(), timeout))
+                if reply.get("id") == 1:
+                    return dict(reply)
+
+    return asyncio.run(go())
+
+
 def raw_http(port: int, request: str, timeout: float = 5) -> tuple[int, dict[str, str], bytes]:
     """Send one raw HTTP/1.1 request; returns (status, headers, body) of the first response."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:

@@ -265,8 +265,11 @@ def test_cli_bad_store_and_ray_address_are_clear_errors(binaries: dict[str, Path
     top = str(binaries["sample-O2"].parent)
     proc = _cli(top, "--corpus", "e", "--store", "mysql://x", "--json", home=home)
     out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "--corpus-store" in err  # (refused by the argument's check)
+    proc = _cli(top, "--corpus", "e", "--store", "postgresql://binlens@127.0.0.1:1/x", "--json", home=home)
+    out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and "Traceback" not in err and "binlens: error:" in err
-    assert json.loads(out)["error"]["target"] == "/options/store"
+    assert json.loads(out)["error"]["target"] == "/options/corpus_store"
     proc = _cli(top, "--corpus", "e", "--ray-address", "127.0.0.1:1", "--json", home=home)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1 and "Traceback" not in err

@@ -168,10 +168,10 @@ url, home, rec_file, pause = sys.argv[1] or None, Path(sys.argv[2]), sys.argv[3]
 rec = pickle.loads(Path(rec_file).read_bytes())
 if pause:
     real = store_mod.band_keys
-    def band_keys(minhash):  # (called once the binary and its functions are written, uncommitted)
+    def band_keys(*args):  # (called once the binary and its functions are written, uncommitted)
         print("inside", flush=True)
         time.sleep(600)
-        return real(minhash)
+        return real(*args)
     store_mod.band_keys = band_keys
 store = open_store(url, home)
 print("added" if store.add_binary("lab", rec) else "present", flush=True)
@@ -233,3 +233,19 @@ def test_bad_store_urls_are_clear_errors(tmp_path, postgres_server):
     with pytest.raises(BinlensError) as e:
         open_store(closed, tmp_path)
     assert e.value.code == "unavailable" and e.value.target == "/corpus_store"
+
+
+def test_odd_strings_are_kept_and_found(store, records):
+    from dataclasses import replace
+
+    long = "é" * 3000  # 6,000 bytes of UTF-8: past what a PostgreSQL index entry holds
+    odd = ("nul\x00inside", "lone \udcff surrogate", long, "plain")
+    rec = replace(records[("sample.c", "-O2")], strings=odd, imports=("imp\x00ort",), path="/odd/\udcfe/path")
+    assert store.add_binary("lab", rec)
+    assert store.search_string("lab", "nul\x00inside", mode="exact")[0].matches == ("nul\\x00inside",)
+    assert store.search_string("lab", "surrogate")[0].matches == ("lone ? surrogate",)
+    hit = store.search_string("lab", "éé")[0]
+    assert hit.matches == ("é" * 500,) and hit.file == "/odd/?/path"
+    assert store.search_import("lab", "imp\x00ort")[0].sha256 == rec.sha256
+    store.add_failure("lab", FileFailure("/x\x00y", None, "unreadable", "bad \udcff name"))
+    assert [(f.path, f.message) for f in store.failures("lab")] == [("/x\\x00y", "bad ? name")]

@@ -54,6 +54,7 @@ DOMAINS: tuple[str, ...] = (
     "breakpoint",
     "comment",
     "compare",
+    "corpus",
     "data_type",
     "debug",
     "debug_process",

@@ -60,6 +60,8 @@ class Config:
     permissions: frozenset[str] = frozenset()
     limits: Limits = field(default_factory=Limits)
     server_name: str = "binlens"
+    # the corpus store (`--corpus-store`): a postgresql:// or sqlite:/// URL; None: SQLite under `home`
+    corpus_store: str | None = None
 
 
 class NameMap(dict[int, str]):

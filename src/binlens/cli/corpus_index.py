@@ -1,5 +1,6 @@
 """`binlens corpus index DIR... --corpus NAME`: the indexer's options, its progress on stderr and
-its summary (a table for people, `--json` for agents). The run itself is `binlens.corpus.index`."""
+its summary (a table for people, `--json` for agents). The run itself is `binlens.corpus.index`;
+the subcommand registers in `cli/corpus_commands.py`'s table (which imports this module)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 import time
 from typing import Any, TextIO
 
+from binlens.cli.corpus_commands import corpus_command
 from binlens.printable import escape_controls
 
 _PLAIN_EVERY_S = 5.0  # a plain progress line at most this often when stderr is not a terminal
@@ -16,12 +18,17 @@ _PLAIN_EVERY_S = 5.0  # a plain progress line at most this often when stderr is 
 
 def configure_index(p: argparse.ArgumentParser) -> None:
     """Analyse every binary under DIRs in parallel on Ray into a corpus (resumable)."""
+    from binlens.cli.main import byte_count
     from binlens.corpus.index import DEFAULT_TIMEOUT_S
 
     p.add_argument("paths", nargs="+", metavar="DIR", help="folders to walk recursively (or single files)")
     p.add_argument("--corpus", required=True, metavar="NAME", help="the corpus to add the binaries to")
     p.add_argument(
-        "--store", metavar="URL", default=None, help="the corpus store: postgresql://... (default: SQLite under home)"
+        "--store",
+        dest="corpus_store",
+        metavar="URL",
+        default=argparse.SUPPRESS,
+        help="the corpus store, as --corpus-store: postgresql://... (default: SQLite under the home)",
     )
     p.add_argument(
         "--workers", type=_positive_int, default=None, help="CPUs of the local Ray (default: all of this machine's)"
@@ -36,6 +43,13 @@ def configure_index(p: argparse.ArgumentParser) -> None:
         f"(default {DEFAULT_TIMEOUT_S:g})",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--max-file-bytes",
+        metavar="N",
+        type=byte_count,
+        default=argparse.SUPPRESS,
+        help="report files larger than N bytes as failed, unread (K, M, G suffixes; default 512M)",
+    )
 
 
 def _positive_int(value: str) -> int:
@@ -52,6 +66,7 @@ def _positive_float(value: str) -> float:
     return x
 
 
+@corpus_command("index", configure_index)
 def run_index(args: argparse.Namespace) -> int:
     """Run `binlens corpus index`."""
     from binlens.corpus.index import IndexOptions, index
@@ -72,7 +87,7 @@ def run_index(args: argparse.Namespace) -> int:
     )
     display = ProgressDisplay(sys.stderr)
     try:
-        store = open_store(args.store, home, target="/options/store")
+        store = open_store(args.corpus_store, home, target="/options/corpus_store")
         try:
             report = index(opts, store, display.update)
         finally:

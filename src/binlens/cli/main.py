@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         "binlens.cli.analysis_commands",
         "binlens.cli.debug_command",
         "binlens.cli.compare_commands",
-        "binlens.cli.corpus",
+        "binlens.cli.corpus_commands",
         "binlens.cli.doctor",
     ):
         try:

@@ -41,6 +41,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         args,
         read_only=args.read_only,
         permissions=permissions(args),
+        corpus_store=args.corpus_store,
         **confinement(args.files, args.root),
         limits=Limits(max_concurrent=args.max_concurrent, max_response_bytes=max_response_bytes(args)),
     )

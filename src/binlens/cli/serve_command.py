@@ -19,6 +19,7 @@ from binlens.cli.main import command, make_workspace
 from binlens.cli.server_args import (
     add_mcp_options,
     confinement,
+    has_password,
     max_response_bytes,
     permissions,
     pin_live_pid,
@@ -140,6 +141,8 @@ def mcp_config(args: argparse.Namespace, base: str, files: list[Path]) -> dict[s
         stdio["args"] += ["--tool-separator", args.tool_separator]
     if args.allow_debug:
         stdio["args"].append("--allow-debug")
+    if args.corpus_store and not has_password(args.corpus_store):  # (never a password: PGPASSWORD can hold it)
+        stdio["args"] += ["--corpus-store", args.corpus_store]
     http: dict[str, Any] = {"type": "http", "url": f"{base}/mcp"}
     if args.token:
         http["headers"] = {"Authorization": f"Bearer ${{{TOKEN_ENV}}}"}  # never the token itself
@@ -200,6 +203,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args,
         read_only=args.read_only,
         permissions=permissions(args),
+        corpus_store=args.corpus_store,
         **confinement(args.files, args.root),
         limits=Limits(max_concurrent=args.max_concurrent, max_response_bytes=max_response_bytes(args)),
     )

@@ -79,6 +79,41 @@ def separator(value: str) -> str:
     return value
 
 
+CORPUS_STORE_ENV = "BINLENS_CORPUS_STORE"
+
+
+def corpus_store_url(value: str) -> str:
+    """argparse type of `--corpus-store`: a postgresql:// (or postgres://) URL or a sqlite:///path URL."""
+    if not value.startswith(("postgresql://", "postgres://", "sqlite:///")):
+        raise argparse.ArgumentTypeError(
+            "is not a postgresql://user@host:port/database URL or a sqlite:///path URL (check $BINLENS_CORPUS_STORE)"
+        )
+    return value
+
+
+def has_password(url: str) -> bool:
+    """Whether a store URL carries a password (which is never printed)."""
+    from urllib.parse import urlsplit
+
+    try:
+        return urlsplit(url).password is not None
+    except ValueError:
+        return True
+
+
+def add_corpus_store_option(p: argparse.ArgumentParser) -> None:
+    """`--corpus-store URL`: the corpus store the corpus.* methods and commands use."""
+    env = os.environ.get(CORPUS_STORE_ENV) or None
+    p.add_argument(
+        "--corpus-store",
+        metavar="URL",
+        type=corpus_store_url,
+        default=env,
+        help=f"the corpus store (docs/CORPUS.md): a postgresql://user@host/db URL shared by a team, or "
+        f"sqlite:///path (default ${CORPUS_STORE_ENV}, else corpus.sqlite under the home)",
+    )
+
+
 def confinement(files: list[str], roots: list[Path]) -> dict[str, Any]:
     """Workspace `roots`/`files` of a server: --root DIR..., else exactly the FILEs it was started on,
     else the current folder."""
@@ -141,6 +176,7 @@ def add_mcp_options(p: argparse.ArgumentParser, *, root_help: str, frame_help: s
         help="serve the live.* methods over process PID, verified to run the first FILE before serving",
     )
     p.add_argument("--root", metavar="DIR", action="append", type=Path, default=[], help=root_help)
+    add_corpus_store_option(p)
     p.add_argument(
         "--max-concurrent", metavar="N", type=positive, default=4, help="calls running at once; more get busy"
     )

@@ -8,7 +8,7 @@ collisions). `stored_form` turns any fingerprint into what the store would give 
 and a stored function are scored alike.
 
 Bands: the MinHash's bins cut into `BANDS` bands of `BAND_ROWS` bins; each band not wholly empty
-is hashed with its number into one signed 64-bit key. Two functions share a band with probability
+is hashed with its number and the corpus's id into one signed 64-bit key. Two functions share a band with probability
 about s^BAND_ROWS for a MinHash similarity s, so with 16 bands of 2 bins a pair at s = 0.5 shares at
 least one band 99% of the time, at s = 0.3 78% of the time.
 """
@@ -37,15 +37,17 @@ def unpack_minhash(blob: bytes) -> tuple[int, ...]:
     return tuple(_MH.unpack(bytes(blob)))
 
 
-def band_keys(minhash: tuple[int, ...]) -> list[int]:
-    """The LSH band keys of a MinHash (signed 64-bit, one per band not wholly empty)."""
+def band_keys(minhash: tuple[int, ...], corpus_id: int) -> list[int]:
+    """The LSH band keys of a MinHash in one corpus (signed 64-bit, one per band not wholly empty;
+    the corpus is hashed in, so the band table needs no corpus column)."""
     bins = minhash if len(minhash) == MINHASH_BINS else (EMPTY_BIN,) * MINHASH_BINS
     keys = []
     for band in range(BANDS):
         part = bins[band * BAND_ROWS : (band + 1) * BAND_ROWS]
         if all(b == EMPTY_BIN for b in part):
             continue
-        digest = hashlib.blake2b(bytes([band]) + struct.pack(f"<{BAND_ROWS}I", *part), digest_size=8).digest()
+        head = struct.pack("<QB", corpus_id, band)
+        digest = hashlib.blake2b(head + struct.pack(f"<{BAND_ROWS}I", *part), digest_size=8).digest()
         keys.append(int.from_bytes(digest, "little", signed=True))
     return keys
 

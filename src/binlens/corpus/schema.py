@@ -31,8 +31,7 @@ MIGRATIONS: list[str] = [
     CREATE INDEX corpus_function_by_exact ON corpus_function (corpus_id, exact);
     CREATE INDEX corpus_function_by_binary ON corpus_function (binary_id);
     CREATE TABLE corpus_band (
-        corpus_id BIGINT NOT NULL, band BIGINT NOT NULL, function_id BIGINT NOT NULL,
-        PRIMARY KEY (corpus_id, band, function_id)) {norowid};
+        band BIGINT NOT NULL, function_id BIGINT NOT NULL, PRIMARY KEY (band, function_id)) {norowid};
     CREATE TABLE corpus_string (id {pk}, value TEXT NOT NULL UNIQUE);
     CREATE TABLE corpus_binary_string (
         binary_id BIGINT NOT NULL, string_id BIGINT NOT NULL, PRIMARY KEY (binary_id, string_id)) {norowid};

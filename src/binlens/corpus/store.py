@@ -28,7 +28,7 @@ from binlens.errors import invalid, not_found
 STORE_FILE = "corpus.sqlite"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
 MAX_LIMIT = 1000
-MAX_VALUE_CHARS = 1000  # longer strings are kept cut to this (a unique index bounds its keys)
+MAX_VALUE_BYTES = 1000  # longer strings and paths are kept cut to this (a unique index bounds its keys)
 MATCHES_PER_BINARY = 20  # the matching strings or imports a BinaryHit lists at most
 SEARCH_MODES = ("substring", "exact")
 
@@ -48,6 +48,16 @@ def open_store(url: str | None, home: Path, *, target: str = "/corpus_store") ->
         "(SQLite under $BINLENS_HOME)",
         target,
     )
+
+
+def clean(text: str) -> str:
+    """`text` as both databases can keep and index it: NUL written `\\x00` (PostgreSQL text refuses
+    it), a lone surrogate as `?` (UTF-8 has none), at most `MAX_VALUE_BYTES` bytes of UTF-8 (a
+    PostgreSQL index entry holds about 2,700)."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    data = text.encode("utf-8", "replace")
+    return data[:MAX_VALUE_BYTES].decode("utf-8", "ignore")
 
 
 def _now() -> str:
@@ -141,7 +151,10 @@ class CorpusStore:
 
         def work(tx: Tx) -> None:
             binaries = "SELECT id FROM corpus_binary WHERE corpus_id = ?"
-            tx.execute("DELETE FROM corpus_band WHERE corpus_id = ?", (cid,))
+            tx.execute(
+                "DELETE FROM corpus_band WHERE function_id IN (SELECT id FROM corpus_function WHERE corpus_id = ?)",
+                (cid,),
+            )
             tx.execute("DELETE FROM corpus_function WHERE corpus_id = ?", (cid,))
             tx.execute(f"DELETE FROM corpus_binary_string WHERE binary_id IN ({binaries})", (cid,))
             tx.execute(f"DELETE FROM corpus_binary_import WHERE binary_id IN ({binaries})", (cid,))
@@ -169,14 +182,15 @@ class CorpusStore:
         already. A failure recorded for its path or sha256 is cleared."""
         check_name(name)
         functions = list(record.functions)
-        strings = sorted({s[:MAX_VALUE_CHARS] for s in record.strings})
-        imports = sorted({s[:MAX_VALUE_CHARS] for s in record.imports})
+        strings = sorted({clean(s) for s in record.strings})
+        imports = sorted({clean(s) for s in record.imports})
+        path = clean(record.path)
 
         def work(tx: Tx) -> bool:
             cid = self._ensure(tx, name)
             tx.execute(
                 "DELETE FROM corpus_failure WHERE corpus_id = ? AND (path = ? OR sha256 = ?)",
-                (cid, record.path, record.sha256),
+                (cid, path, record.sha256),
             )
             rows = tx.execute(
                 "INSERT INTO corpus_binary (corpus_id, sha256, path, size, format, arch, bits, functions, "
@@ -185,7 +199,7 @@ class CorpusStore:
                 (
                     cid,
                     record.sha256,
-                    record.path,
+                    path,
                     record.size,
                     record.format,
                     record.arch,
@@ -203,12 +217,21 @@ class CorpusStore:
                 "corpus_function",
                 ("id", "binary_id", "corpus_id", "address", "name", "exact", "minhash", "features"),
                 [
-                    (fid, bid, cid, _s64(fp.address), fp.name, fp.exact, pack_minhash(fp.minhash), encode_features(fp))
+                    (
+                        fid,
+                        bid,
+                        cid,
+                        _s64(fp.address),
+                        _name(fp.name),
+                        fp.exact,
+                        pack_minhash(fp.minhash),
+                        encode_features(fp),
+                    )
                     for fid, fp in zip(ids, functions, strict=True)
                 ],
             )
-            bands = {(cid, key, fid) for fid, fp in zip(ids, functions, strict=True) for key in band_keys(fp.minhash)}
-            tx.insert_many("corpus_band", ("corpus_id", "band", "function_id"), sorted(bands))
+            bands = {(key, fid) for fid, fp in zip(ids, functions, strict=True) for key in band_keys(fp.minhash, cid)}
+            tx.insert_many("corpus_band", ("band", "function_id"), sorted(bands))
             sids = tx.intern("corpus_string", strings)
             tx.insert_many("corpus_binary_string", ("binary_id", "string_id"), [(bid, sids[s]) for s in strings])
             iids = tx.intern("corpus_import_name", imports)
@@ -227,7 +250,7 @@ class CorpusStore:
                 "INSERT INTO corpus_failure (corpus_id, path, sha256, code, message, at) VALUES (?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (corpus_id, path) DO UPDATE SET sha256 = excluded.sha256, code = excluded.code, "
                 "message = excluded.message, at = excluded.at",
-                (cid, failure.path, failure.sha256, failure.code, failure.message[:4000], _now()),
+                (cid, clean(failure.path), failure.sha256, failure.code, clean(failure.message), _now()),
             )
 
         self.db.write(work)
@@ -259,13 +282,13 @@ class CorpusStore:
             (cid, fp.exact, limit),
         )
         hits: dict[int, FunctionHit] = {int(r[0]): _hit(r, 1.0) for r in exact}
-        keys = band_keys(fp.minhash)
+        keys = band_keys(fp.minhash, cid)
         if keys and len(hits) < limit:
             marks = ", ".join("?" for _ in keys)
             cand = self.db.read(
-                f"SELECT function_id FROM corpus_band WHERE corpus_id = ? AND band IN ({marks}) "
+                f"SELECT function_id FROM corpus_band WHERE band IN ({marks}) "
                 "GROUP BY function_id ORDER BY COUNT(*) DESC, function_id LIMIT ?",
-                (cid, *keys, _candidates(limit)),
+                (*keys, _candidates(limit)),
             )
             ids = [int(r[0]) for r in cand if int(r[0]) not in hits]
             for start in range(0, len(ids), 500):
@@ -297,7 +320,7 @@ class CorpusStore:
         if not text:
             raise invalid("the text searched for is empty", "/params/text")
         limit = max(1, min(int(limit), MAX_LIMIT))
-        text = text[:MAX_VALUE_CHARS]
+        text = clean(text)
         if mode == "exact":
             cond = "v.value = ?"
         else:
@@ -331,6 +354,10 @@ class CorpusStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _name(name: str | None) -> str | None:
+    return None if name is None else clean(name)
 
 
 def _candidates(limit: int) -> int:
