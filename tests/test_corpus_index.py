@@ -280,3 +280,20 @@ def test_cli_bad_store_and_ray_address_are_clear_errors(binaries: dict[str, Path
         "target": "/options/ray_address",
         "details": {},
     }
+
+
+def test_a_string_spelled_like_a_stored_hash_indexes(ray_address: str, home: Path, tmp_path: Path) -> None:
+    """`#!/bin/sh` is 9 characters starting with `#`, as the store spells a string's hash: such a
+    binary is indexed (its write once raised out of the store and ended the whole run)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler (cc) on this machine")
+    src = tmp_path / "shebang.c"
+    src.write_text('#include <stdio.h>\nint main(void) { puts("#!/bin/sh"); return 0; }\n')
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    subprocess.run([cc, "-O2", "-o", str(folder / "shebang"), str(src)], check=True, capture_output=True)
+    report = _index([folder], home, corpus="sh")
+    assert report.indexed == 1 and not report.failed
+    hits = _store(home).search_string("sh", "#!/bin/sh", mode="exact")
+    assert [Path(h.file).name for h in hits] == ["shebang"]

@@ -341,7 +341,15 @@ def _run(
 
 
 def _stored(store: Store, corpus: str, report: IndexReport, record: BinaryRecord) -> None:
-    if store.add_binary(corpus, record):
+    """Write one record; a store that refuses this record (not one that is down) fails the file."""
+    try:
+        added = store.add_binary(corpus, record)
+    except BinlensError as err:
+        if err.code in ("unavailable", "busy", "read_only"):
+            raise  # (the store itself is gone or refuses all writes: the run cannot go on)
+        _fail(store, corpus, report, FileFailure(record.path, record.sha256, err.code, err.message))
+        return
+    if added:
         report.indexed += 1
         report.functions += len(record.functions)
     else:
