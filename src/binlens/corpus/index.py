@@ -2,10 +2,11 @@
 
 The driver (this module, in the command's process) finds the distinct executables
 (`discover.py`), leaves out those the corpus holds already (so a rerun resumes a killed run), and
-hands each remaining file to a Ray task (`worker.py`), never more at once than the Ray cluster
-has CPUs, so a task starts as soon as it is handed over and its time budget (`timeout_s`, counted
-from then) is its own. Each `BinaryRecord` is written to the store as it arrives, one
-transaction per binary: a killed run loses at most the files in flight.
+hands each remaining file to a Ray task (`worker.py`): as many run as the Ray cluster has CPUs,
+and as many again wait in Ray's queue, so a worker goes on to its next file while this process
+stores an answer. A file's time budget (`timeout_s`) counts from when it takes a running place.
+Each `BinaryRecord` is written to the store as it arrives, one transaction per binary: a killed
+run loses at most the files in flight.
 
 A file that fails is one `FileFailure` in the report (and in the store), never the end of the run:
 an analysis error is returned by the task as data; a task past its budget is cancelled with its
@@ -305,15 +306,18 @@ def _run(
     report.startup_seconds += time.monotonic() - t0
     home = str(opts.home.resolve())
     pending = deque(todo)
-    inflight: dict[Any, tuple[Candidate, float]] = {}
+    # file -> [candidate, deadline]: the first `slots` run (a deadline from when they started); the
+    # next `slots` wait in Ray's queue (no deadline yet), so a worker never idles while this process
+    # stores an answer, and each takes a running place, with its deadline, as one frees up
+    inflight: dict[Any, list[Any]] = {}
     state.phase = "indexing"
     t0 = time.monotonic()
     while pending or inflight:
-        while pending and len(inflight) < slots:
+        while pending and len(inflight) < 2 * slots:
             cand = pending.popleft()
-            ref = task.remote(cand.path, cand.sha256, home, opts.max_file_bytes)
-            inflight[ref] = (cand, time.monotonic() + opts.timeout_s)
-        nearest = min(deadline for _c, deadline in inflight.values())
+            inflight[task.remote(cand.path, cand.sha256, home, opts.max_file_bytes)] = [cand, None]
+        _promote(inflight, slots, opts.timeout_s)
+        nearest = min(entry[1] for entry in inflight.values() if entry[1] is not None)
         wait_s = max(0.0, min(_POLL_S, nearest - time.monotonic()))
         ready, _ = ray.wait(list(inflight), num_returns=1, timeout=wait_s)
         for ref in ready:
@@ -330,7 +334,7 @@ def _run(
             _step(state, report, cand)
         now = time.monotonic()
         for ref, (cand, deadline) in list(inflight.items()):
-            if now >= deadline and ref not in ready:
+            if deadline is not None and now >= deadline and ref not in ready:
                 ray.cancel(ref, force=True)  # (kills the worker process: a hung analysis ends with it)
                 del inflight[ref]
                 message = f"the analysis did not finish within {opts.timeout_s:g} s"
@@ -338,6 +342,18 @@ def _run(
                 _step(state, report, cand)
         report.seconds = time.monotonic() - t0
         on_progress(state)  # (at most ~4 times a second while nothing arrives; the display throttles)
+
+
+def _promote(inflight: dict[Any, list[Any]], slots: int, timeout_s: float) -> None:
+    """Start the clock of the oldest queued files while fewer than `slots` run (Ray runs its queue
+    in order as workers free up)."""
+    running = sum(1 for entry in inflight.values() if entry[1] is not None)
+    for entry in inflight.values():
+        if running >= slots:
+            break
+        if entry[1] is None:
+            entry[1] = time.monotonic() + timeout_s
+            running += 1
 
 
 def _stored(store: Store, corpus: str, report: IndexReport, record: BinaryRecord) -> None:
