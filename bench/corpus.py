@@ -265,7 +265,10 @@ def main() -> None:
             store = open_store(None, home)
             got = run_index("subset", subset, home, store, workers)
             store.close()
-            log(f"  load average {os.getloadavg()[0]:.1f}")
+            log(
+                f"  load average {os.getloadavg()[0]:.1f}; workers busy {_busy(got):.2f}, "
+                f"{got.task_seconds:.1f} s in tasks"
+            )
             if workers not in runs or got.files_per_s > runs[workers].files_per_s:
                 runs[workers] = got  # (the best of the repeats: the least disturbed by other work)
     if args.throughput_only:
@@ -408,6 +411,11 @@ def report(
     }
     parts += ["", "Figures for the estimate: " + json.dumps(est)]
     print("\n".join(parts))
+
+
+def _busy(r: IndexReport) -> float:
+    """The share of the run its workers spent in files (1.0: never waiting for the driver)."""
+    return r.task_seconds / (r.seconds * r.workers) if r.seconds and r.workers else 0.0
 
 
 def _codes(r: IndexReport) -> str:

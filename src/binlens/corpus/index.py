@@ -80,6 +80,7 @@ class IndexReport:
     discover_seconds: float = 0.0
     startup_seconds: float = 0.0  # Ray's start and its workers' (with the analysis's imports)
     seconds: float = 0.0  # from the first file handed to a started worker to the last answer
+    task_seconds: float = 0.0  # the indexed files' own times in their workers (analysis, fingerprints)
     ray_address: str | None = None
 
     @property
@@ -105,6 +106,7 @@ class IndexReport:
             "discover_seconds": round(self.discover_seconds, 3),
             "startup_seconds": round(self.startup_seconds, 3),
             "seconds": round(self.seconds, 3),
+            "task_seconds": round(self.task_seconds, 3),
             "files_per_s": round(self.files_per_s, 3),
             "functions_per_s": round(self.functions_per_s, 1),
             "ray_address": self.ray_address,
@@ -368,6 +370,7 @@ def _stored(store: Store, corpus: str, report: IndexReport, record: BinaryRecord
     if added:
         report.indexed += 1
         report.functions += len(record.functions)
+        report.task_seconds += record.seconds
     else:
         report.skipped += 1  # (another run indexed it meanwhile)
 
