@@ -131,6 +131,7 @@ class ProgressDisplay:
         if p.phase != "indexing":
             if p.phase != self._phase:
                 self._phase = p.phase
+                self.close()  # (the bar goes before the line under it)
                 self.stream.write(_line(p) + "\n")
             return
         if self._bar is None:

@@ -124,7 +124,7 @@ class Progress:
     failed: int = 0
     functions: int = 0
     examined: int = 0  # files examined while discovering
-    started: float = field(default_factory=time.monotonic)
+    started: float = field(default_factory=time.monotonic)  # the run's, then the indexing's start
     last: str | None = None  # the last file answered
 
 
@@ -313,7 +313,7 @@ def _run(
     # stores an answer, and each takes a running place, with its deadline, as one frees up
     inflight: dict[Any, list[Any]] = {}
     state.phase = "indexing"
-    t0 = time.monotonic()
+    t0 = state.started = time.monotonic()  # (the rates shown count from here)
     while pending or inflight:
         while pending and len(inflight) < 2 * slots:
             cand = pending.popleft()
