@@ -197,8 +197,9 @@ def test_the_corpus_command_reads_the_store(tmp_path, built, postgres_server):
     assert json.loads(done.stdout)["items"][0]["function"] == "checksum"
     done = run_cli("corpus", "get", "nope", "--corpus-store", url, home=home)
     assert done.returncode == 1 and "no corpus named 'nope'" in done.stderr
-    done = run_cli("corpus", "list", "--corpus-store", "mysql://x", home=home)
-    assert done.returncode == 2 and "--corpus-store" in done.stderr
+    for command in (("corpus", "list"), ("serve", "--port", "0"), ("mcp",)):
+        done = run_cli(*command, "--corpus-store", "mysql://x", home=home)
+        assert done.returncode == 2 and "--corpus-store" in done.stderr, command
     done = run_cli("corpus", "remove", "lab", "--corpus-store", url, home=home)
     assert done.returncode == 0 and "removed corpus lab: 1 binaries" in done.stdout
     assert not (home / "corpus.sqlite").exists()

@@ -249,3 +249,16 @@ def test_odd_strings_are_kept_and_found(store, records):
     assert store.search_import("lab", "imp\x00ort")[0].sha256 == rec.sha256
     store.add_failure("lab", FileFailure("/x\x00y", None, "unreadable", "bad \udcff name"))
     assert [(f.path, f.message) for f in store.failures("lab")] == [("/x\\x00y", "bad ? name")]
+
+
+def test_a_store_file_that_cannot_be_opened_is_unavailable(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(BinlensError) as e:
+        open_store(f"sqlite://{blocker}/sub/corpus.sqlite", tmp_path, target="/options/corpus_store")
+    assert (e.value.code, e.value.target) == ("unavailable", "/options/corpus_store")
+    not_sqlite = tmp_path / "junk.sqlite"
+    not_sqlite.write_bytes(b"\x00junk" * 1000)
+    with pytest.raises(BinlensError) as e:
+        open_store(f"sqlite://{not_sqlite}", tmp_path)
+    assert e.value.code == "unavailable" and "junk.sqlite" in e.value.message

@@ -23,6 +23,7 @@ _T = TypeVar("_T")
 Row = tuple[Any, ...]
 _RETRIES = 8
 SQLITE_BUSY_S = 60.0  # a writer waits this long for another process's transaction
+STATEMENT_TIMEOUT_S = 600.0  # PostgreSQL cancels a statement running longer
 
 
 class Tx:
@@ -199,7 +200,18 @@ def open_postgresql(url: str, target: str) -> Database:
         ) from err
     where = _redacted(url)
     try:
-        conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
+        # (keepalives: a server that vanished from the network is noticed in about a minute, not
+        # when the kernel gives up on the socket; the statement timeout bounds any one statement)
+        conn = psycopg.connect(
+            url,
+            autocommit=True,
+            connect_timeout=10,
+            keepalives=1,
+            keepalives_idle=30,
+            keepalives_interval=10,
+            keepalives_count=3,
+        )
+        conn.execute(f"SET statement_timeout = {int(STATEMENT_TIMEOUT_S * 1000)}")
     except psycopg.Error as err:
         raise BinlensError(
             "unavailable", f"could not reach the PostgreSQL corpus store {where}: {err}".strip(), target=target

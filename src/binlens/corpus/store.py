@@ -14,6 +14,7 @@ are scored with `similarity()` on their stored features.
 from __future__ import annotations
 
 import re
+import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from binlens.corpus.codec import band_keys, decode_fingerprint, encode_features,
 from binlens.corpus.dialect import Database, Row, Tx, open_postgresql, open_sqlite
 from binlens.corpus.records import BinaryHit, BinaryRecord, CorpusInfo, FileFailure, FunctionHit
 from binlens.corpus.schema import migrate
-from binlens.errors import invalid, not_found
+from binlens.errors import BinlensError, invalid, not_found
 
 STORE_FILE = "corpus.sqlite"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
@@ -37,17 +38,29 @@ def open_store(url: str | None, home: Path, *, target: str = "/corpus_store") ->
     """The corpus store: SQLite under `home` when `url` is None (or a `sqlite:///path` URL),
     PostgreSQL for a `postgresql://` URL. The schema is created or migrated on open. A bad URL or an
     unreachable server is a BinlensError whose target is `target`."""
-    if url is None or url == "":
-        return CorpusStore(open_sqlite(home / STORE_FILE))
-    if url.startswith("sqlite:///"):
-        return CorpusStore(open_sqlite(Path(url.removeprefix("sqlite://"))))
+    if url is None or url == "" or url.startswith("sqlite:///"):
+        path = home / STORE_FILE if not url else Path(url.removeprefix("sqlite://"))
+        try:
+            db = open_sqlite(path)
+        except (OSError, sqlite3.Error) as err:
+            raise BinlensError("unavailable", f"could not open the corpus store {path}: {err}", target=target) from err
+        return _opened(db, target)
     if url.startswith(("postgresql://", "postgres://")):
-        return CorpusStore(open_postgresql(url, target))
+        return _opened(open_postgresql(url, target), target)
     raise invalid(
         "the corpus store is a postgresql://user@host/db URL, a sqlite:///path URL, or nothing "
         "(SQLite under $BINLENS_HOME)",
         target,
     )
+
+
+def _opened(db: Database, target: str) -> CorpusStore:
+    """The store over `db`, its schema migrated; a failure closes it and names `target`."""
+    try:
+        return CorpusStore(db)
+    except BinlensError as err:
+        db.close()
+        raise BinlensError(err.code, err.message, target=err.target or target, details=err.details) from None
 
 
 def clean(text: str) -> str:
