@@ -297,3 +297,57 @@ def test_a_string_spelled_like_a_stored_hash_indexes(ray_address: str, home: Pat
     assert report.indexed == 1 and not report.failed
     hits = _store(home).search_string("sh", "#!/bin/sh", mode="exact")
     assert [Path(h.file).name for h in hits] == ["shebang"]
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                pid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid == ancestor:
+            return True
+    return False
+
+
+def test_a_worker_that_dies_fails_its_file_alone(ray_address: str, home: Path, tmp_path: Path) -> None:
+    """A worker killed mid-file (as by a crash in native code or the OOM killer) is that file's
+    failure; the run completes and the next run indexes the file on a new worker."""
+    import threading
+
+    big = Path("/usr/lib/x86_64-linux-gnu/libc.so.6")
+    if not big.is_file():
+        pytest.skip("no libc.so.6 to analyse for long enough")
+    one = tmp_path / "one"
+    one.mkdir()
+    shutil.copyfile(big, one / "libc.so.6")
+    killed: list[int] = []
+    done = threading.Event()
+
+    def kill_the_worker() -> None:  # this test run's Ray worker busy with the file, once
+        while not done.is_set() and not killed:
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit():
+                    continue
+                try:
+                    cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if cmd.startswith(b"ray::index_task") and _descends_from(int(entry), os.getpid()):
+                    os.kill(int(entry), signal.SIGKILL)
+                    killed.append(int(entry))
+                    return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_the_worker, daemon=True)
+    killer.start()
+    try:
+        report = _index([one], home, corpus="crash")
+    finally:
+        done.set()
+        killer.join()
+    assert killed and report.indexed == 0 and [f.code for f in report.failed] == ["internal"]
+    assert "died" in report.failed[0].message, report.failed[0]
+    again = _index([one], home, corpus="crash")
+    assert again.indexed == 1 and not again.failed
