@@ -47,7 +47,8 @@ lint: $(VENV)/.installed
 clean:
 	rm -rf build .pytest_cache .mypy_cache
 
-# Benchmarks (bench/README.md): builds the corpus on first use (Debian source packages, gcc, clang).
+# Benchmarks (bench/README.md): builds the benchmark programs on first use (bench/builds.py: Debian
+# source packages, gcc, clang).
 # Peers (angr, smda, ddisasm) join when bench/work/peers-venv exists: add --tools to choose.
 bench: $(VENV)/.installed
 	$(PY) bench/accuracy.py --quick --tools binlens,eh_frame

@@ -1,6 +1,6 @@
 """Function-start accuracy of binlens and its peers on the stripped corpus.
 
-Builds the corpus (see corpus.py) if needed, runs every chosen tool on every chosen stripped binary,
+Builds the corpus (see builds.py) if needed, runs every chosen tool on every chosen stripped binary,
 and prints a Markdown table of precision / recall / F1 of function starts per binary and
 micro-averaged (all binaries; with unwind information; without). Ground truth: the FUNC symbols
 of nonzero size in executable sections of the unstripped build. Predictions in PLT sections and
@@ -9,7 +9,7 @@ at size-0 FUNC symbols (crt's `_init`, `frame_dummy`, ...) are not scored.
     .venv/bin/python bench/accuracy.py --quick
     .venv/bin/python bench/accuracy.py --programs zlib,lua5.4 --compilers clang --tools binlens,smda
 
-`--arch aarch64|arm|mips|ppc|ppc64le|riscv64|i386` scores the cross-compiled corpus (see corpus.py): binlens and
+`--arch aarch64|arm|mips|ppc|ppc64le|riscv64|i386` scores the cross-compiled corpus (see builds.py): binlens and
 the `.eh_frame` baseline run everywhere; of the peers only ddisasm handles one of these targets
 (ARM64, ARM32, MIPS32), the others show `n/a` with the reason.
 
@@ -30,7 +30,7 @@ from bisect import bisect_right
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import corpus
+import builds
 import tools
 from metrics import Score, in_ranges, score
 
@@ -40,7 +40,7 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def cached_run(tool: str, binary: corpus.Binary, workdir: Path, version: str, timeout: float, fresh: bool) -> tools.Run:
+def cached_run(tool: str, binary: builds.Binary, workdir: Path, version: str, timeout: float, fresh: bool) -> tools.Run:
     """Run a tool on a binary, or reuse the result of the same tool version on the same file."""
     cache = workdir / "results" / "accuracy" / tool / f"{binary.variant.name}.json"
     digest = sha256(binary.stripped)
@@ -48,9 +48,9 @@ def cached_run(tool: str, binary: corpus.Binary, workdir: Path, version: str, ti
         data = json.loads(cache.read_text())
         if data.get("version") == version and data.get("sha256") == digest:
             return tools.Run(**data["run"])
-    corpus.log(f"{tool} on {binary.variant.name} ...")
+    builds.log(f"{tool} on {binary.variant.name} ...")
     run = tools.run_tool(tool, binary.stripped, workdir, timeout)
-    corpus.log(
+    builds.log(
         f"{tool} on {binary.variant.name}: {len(run.starts)} starts, {run.wall or 0:.1f}s"
         + (f" ERROR {run.error}" if run.error else "")
     )
@@ -69,7 +69,7 @@ PEER_ARCHES = {
 
 def arch_unavailable(tool: str, arch: str) -> str | None:
     """Why a peer is not run on this architecture (None: it is)."""
-    if arch == corpus.NATIVE or tool not in PEER_ARCHES:
+    if arch == builds.NATIVE or tool not in PEER_ARCHES:
         return None
     supported, reason = PEER_ARCHES[tool]
     return None if arch in supported else reason
@@ -80,7 +80,7 @@ def fmt(s: Score) -> str:
     return f"{s.precision:.3f} / {s.recall:.3f} / **{s.f1:.3f}**"
 
 
-def explain(binary: corpus.Binary, tool: str, starts: list[int], limit: int) -> str:
+def explain(binary: builds.Binary, tool: str, starts: list[int], limit: int) -> str:
     """The misses of one tool on one binary: false starts as `function+offset` inside the true function
     that contains them, missed starts by name (how many of those are gcc `.cold` parts)."""
     truth = binary.truth()
@@ -107,7 +107,7 @@ def explain(binary: corpus.Binary, tool: str, starts: list[int], limit: int) -> 
 def main() -> int:
     """Build, run, score, print."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    corpus.add_subset_args(ap)
+    builds.add_subset_args(ap)
     every = (*tools.ALL_TOOLS, *tools.BASELINES)
     ap.add_argument("--tools", default=",".join(every), help="comma list of " + ",".join(every))
     ap.add_argument(
@@ -125,9 +125,9 @@ def main() -> int:
     bad = [t for t in chosen if t not in every]
     if bad:
         ap.error(f"unknown tool(s): {', '.join(bad)}")
-    variants = corpus.variants_from_args(args)
+    variants = builds.variants_from_args(args)
     workdir = args.workdir.resolve()
-    binaries = corpus.build_all(workdir, variants, args.jobs)
+    binaries = builds.build_all(workdir, variants, args.jobs)
 
     unavailable: dict[str, str] = {}
     versions: dict[str, str] = {}
@@ -149,7 +149,7 @@ def main() -> int:
     jobs = [(t, b) for b in binaries for t in runnable]
     t0 = time.monotonic()
 
-    def one(job: tuple[str, corpus.Binary]) -> tuple[tuple[str, str], tools.Run]:
+    def one(job: tuple[str, builds.Binary]) -> tuple[tuple[str, str], tools.Run]:
         tool, binary = job
         try:
             run = cached_run(tool, binary, workdir, versions[tool], args.timeout, args.fresh)
@@ -193,7 +193,7 @@ def main() -> int:
     for key, label in groups:
         if not any((t, key) in totals for t in chosen):
             continue
-        if key in corpus.COMPILERS and len({b.variant.compiler for b in binaries}) == 1:
+        if key in builds.COMPILERS and len({b.variant.compiler for b in binaries}) == 1:
             continue  # one compiler: its average is the overall one
         n = sum(len(b.truth()) for b in binaries if key in ("all", b.variant.unwind, b.variant.compiler))
         cells = [f"**{label}**", str(n)]

@@ -1,419 +1,429 @@
-"""The benchmark corpus: real C programs from Debian source packages, built in a matrix of configurations.
+"""Corpus indexing and search (`binlens corpus index`, `corpus.search_function`): throughput with
+one and two Ray workers, query latency on SQLite and PostgreSQL, search quality across optimisation
+levels, store size, and an estimate for a million binaries (docs/BENCHMARKS.md, "Corpus").
 
-Everything lives in a work folder outside git (default `bench/work/`): the source packages, the
-unpacked trees, and one folder per binary with the unstripped build (ground truth), the stripped
-build (the input every tool sees) and the ground truth as JSON.
+The corpus is real binaries, read where they lie (nothing is copied): the sample corpus
+($BINLENS_CORPUS: PE, Mach-O, ELF of many architectures and fuzzer crashers), the system's /usr/bin
+and /usr/lib ELF files up to --max-size, the bench builds when present (bench/work, `builds.py`),
+and the quality set: real C sources found on this machine (zlib's and libpng's examples, binlens's
+own C kernels, the tests' fixture programs) built here with gcc at -O2 and at -O3, with symbols.
 
-Matrix: program x compiler (gcc, clang) x optimisation (-O0, -O2, -O3) x PIE/non-PIE x unwind
-information kept (`eh`) or removed (`noeh`: compiled with -fno-asynchronous-unwind-tables
--fno-unwind-tables, and `.eh_frame`/`.eh_frame_hdr` stripped, since crt objects bring their own).
+1. Throughput: a subset (--subset files spread over the sources, fuzzer crashers left out) indexed
+   with 1 and with 2 workers into fresh homes (nothing cached).
+2. The whole corpus indexed with 2 workers into SQLite (the subset's analyses reused from step 1),
+   then into PostgreSQL (every analysis reused: the store's writes and the fingerprints' reads).
+3. Query latency: --queries functions of the corpus (>= 8 instructions, seeded) searched for with
+   limit 10 in each store; p50 and p95.
+4. Quality: every function of a quality -O2 build with a symbol that the -O3 build also has (the C
+   run time's and PLT stubs left out) searched for in the whole corpus; a hit is the -O3 build's
+   function of that name among the top 10 results from binaries other than the query's own.
 
-`--arch` picks the target: `x86-64` (the default: native gcc and clang, names without a prefix) or
-one of the Debian cross toolchains (`aarch64`, `arm` (armhf, Thumb-2 by default), `mips` (mipsel),
-`ppc` (32-bit big-endian), `ppc64le` (ELFv2), `riscv64`, `i386`): gcc only, names prefixed with the arch
-(`aarch64-zlib-gcc-O2-pie-eh`), by default -O0/-O2 PIE with and without unwind information.
-armhf's, mipsel's and riscv64's gcc emit no unwind tables for C by default, so their `eh` builds add
--fasynchronous-unwind-tables (ARM: `.ARM.exidx` entries; MIPS, RISC-V: `.eh_frame`), and ARM's `noeh`
-builds also lose `.ARM.exidx`/`.ARM.extab`.
+    PYTHONPATH=src nice -n 19 python bench/corpus.py [--work DIR] [--pg-url URL] [--subset 150]
 """
 
 from __future__ import annotations
 
-import fcntl
+import argparse
 import glob
 import json
 import os
+import random
 import shutil
+import statistics
 import subprocess
 import sys
+import sysconfig
 import time
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-
-from elfsyms import executable_ranges, function_symbols
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_WORKDIR = HERE / "work"
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "src"))
 
-PROGRAMS = ("zlib", "bzip2", "lua5.4", "sqlite3")
-COMPILERS = ("gcc", "clang")
-OPTS = ("O0", "O2", "O3")
-PIES = ("pie", "nopie")
-UNWINDS = ("eh", "noeh")
+from binlens.corpus.index import IndexOptions, IndexReport, Progress, index  # noqa: E402
+from binlens.corpus.store import CorpusStore, open_store, total_bytes  # noqa: E402
 
-NOEH_CFLAGS = ["-fno-asynchronous-unwind-tables", "-fno-unwind-tables"]
-NOEH_STRIP = ["--remove-section=.eh_frame", "--remove-section=.eh_frame_hdr"]
-# Sections with linker-made call stubs (no FUNC symbol): predictions there are not scored.
-STUB_SECTIONS = (".plt", ".MIPS.stubs", ".glink", ".iplt")
-
-
-@dataclass(frozen=True)
-class Arch:
-    """A target architecture: its toolchain and the default subset of the matrix built for it."""
-
-    triple: str | None  # Debian cross triple (`<triple>-gcc`, `<triple>-strip`); None: the native tools
-    compilers: tuple[str, ...] = ("gcc",)
-    opts: tuple[str, ...] = ("O0", "O2")
-    pies: tuple[str, ...] = ("pie",)
-    noeh_strip: tuple[str, ...] = ()  # further unwind sections removed in `noeh` builds
-    eh_cflags: tuple[str, ...] = ()  # `eh` builds: where gcc emits no unwind tables for C by default
-
-    def tool(self, name: str) -> str:
-        """The toolchain program, e.g. `aarch64-linux-gnu-gcc` (or plain `gcc` natively)."""
-        return f"{self.triple}-{name}" if self.triple else name
-
-
-ARCHES: dict[str, Arch] = {
-    "x86-64": Arch(None, compilers=COMPILERS, opts=OPTS, pies=PIES),
-    "aarch64": Arch("aarch64-linux-gnu"),
-    # armhf's gcc emits Thumb-2 by default. It (and mipsel's, riscv64's) emits no unwind tables for C unless asked:
-    # `eh` asks, as x86-64's gcc does by default (ARM: .ARM.exidx/.ARM.extab entries; MIPS: .eh_frame).
-    "arm": Arch(
-        "arm-linux-gnueabihf",
-        noeh_strip=("--remove-section=.ARM.exidx", "--remove-section=.ARM.extab"),
-        eh_cflags=("-fasynchronous-unwind-tables",),
-    ),
-    "mips": Arch("mipsel-linux-gnu", eh_cflags=("-fasynchronous-unwind-tables",)),
-    "ppc": Arch("powerpc-linux-gnu"),
-    "ppc64le": Arch("powerpc64le-linux-gnu"),
-    "i386": Arch("i686-linux-gnu"),
-    "riscv64": Arch("riscv64-linux-gnu", eh_cflags=("-fasynchronous-unwind-tables",)),
+CORPUS = Path(os.environ.get("BINLENS_CORPUS", ROOT.parent / "shared" / "corpus"))
+CRT = {
+    "_start",
+    "_init",
+    "_fini",
+    "frame_dummy",
+    "register_tm_clones",
+    "deregister_tm_clones",
+    "__do_global_dtors_aux",
+    "__libc_csu_init",
+    "__libc_csu_fini",
 }
-NATIVE = "x86-64"
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """How to build one program's executable from its unpacked Debian source tree."""
-
-    package: str  # Debian source package name
-    tree_glob: str  # the unpacked folder, relative to src/
-    sources: tuple[str, ...]  # globs relative to the tree
-    exclude: tuple[str, ...] = ()
-    cflags: tuple[str, ...] = ()
-    libs: tuple[str, ...] = ()
-    output: str = "a.out"
-
-
-RECIPES: dict[str, Recipe] = {
-    "zlib": Recipe(
-        package="zlib",
-        tree_glob="zlib-*",
-        sources=(
-            "adler32.c",
-            "compress.c",
-            "crc32.c",
-            "deflate.c",
-            "gzclose.c",
-            "gzlib.c",
-            "gzread.c",
-            "gzwrite.c",
-            "infback.c",
-            "inffast.c",
-            "inflate.c",
-            "inftrees.c",
-            "trees.c",
-            "uncompr.c",
-            "zutil.c",
-            "test/minigzip.c",
-        ),
-        cflags=("-I.", "-D_LARGEFILE64_SOURCE=1", "-DHAVE_HIDDEN"),
-        output="minigzip",
-    ),
-    "bzip2": Recipe(
-        package="bzip2",
-        tree_glob="bzip2-*",
-        sources=(
-            "blocksort.c",
-            "huffman.c",
-            "crctable.c",
-            "randtable.c",
-            "compress.c",
-            "decompress.c",
-            "bzlib.c",
-            "bzip2.c",
-        ),
-        cflags=("-D_FILE_OFFSET_BITS=64",),
-        output="bzip2",
-    ),
-    "lua5.4": Recipe(
-        package="lua5.4",
-        tree_glob="lua5.4-*",
-        sources=("src/*.c",),
-        exclude=("src/luac.c",),
-        cflags=("-DLUA_COMPAT_5_3", "-DLUA_USE_LINUX"),
-        libs=("-lm", "-ldl"),
-        output="lua",
-    ),
-    "sqlite3": Recipe(
-        package="sqlite3",
-        tree_glob="sqlite3-*",
-        sources=("bld/sqlite3.c", "bld/shell.c"),
-        cflags=("-Ibld", "-DSQLITE_THREADSAFE=0", "-DSQLITE_OMIT_LOAD_EXTENSION"),
-        libs=("-lm",),
-        output="sqlite3",
-    ),
-}
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One cell of the build matrix."""
-
-    program: str
-    compiler: str
-    opt: str
-    pie: str
-    unwind: str
-    arch: str = NATIVE
-
-    @property
-    def name(self) -> str:
-        """Stable name, e.g. `zlib-gcc-O2-pie-eh`, or `aarch64-zlib-gcc-O2-pie-eh` off x86-64."""
-        base = f"{self.program}-{self.compiler}-{self.opt}-{self.pie}-{self.unwind}"
-        return base if self.arch == NATIVE else f"{self.arch}-{base}"
-
-
-@dataclass
-class Binary:
-    """A built corpus binary: the stripped input and its ground truth."""
-
-    variant: Variant
-    folder: Path
-
-    @property
-    def stripped(self) -> Path:
-        """The stripped build every tool analyses."""
-        return self.folder / "stripped"
-
-    @property
-    def unstripped(self) -> Path:
-        """The build with its symbol table (ground truth source)."""
-        return self.folder / "unstripped"
-
-    def truth(self) -> dict[int, str]:
-        """Ground-truth function starts: address -> one symbol name."""
-        data = json.loads((self.folder / "truth.json").read_text())
-        return {int(a, 16): n for a, n in data["functions"].items()}
-
-    def neutral(self) -> set[int]:
-        """Starts of FUNC symbols of size zero (crt assembly: `_init`, `frame_dummy`, ...): real functions
-        the ground truth cannot size, so a prediction there is neither right nor wrong."""
-        data = json.loads((self.folder / "truth.json").read_text())
-        return {int(a, 16) for a in data.get("neutral", {})}
-
-    def scope(self) -> list[tuple[int, int]]:
-        """Address ranges where predicted starts are scored: executable sections except PLT sections."""
-        data = json.loads((self.folder / "truth.json").read_text())
-        return [(int(a, 16), int(b, 16)) for a, b in data["scope"]]
-
-
-def matrix(
-    programs: Iterable[str] = PROGRAMS,
-    compilers: Iterable[str] = COMPILERS,
-    opts: Iterable[str] = OPTS,
-    pies: Iterable[str] = PIES,
-    unwinds: Iterable[str] = UNWINDS,
-    arch: str = NATIVE,
-) -> list[Variant]:
-    """All variants of the chosen subset, in a stable order."""
-    return [
-        Variant(p, c, o, pi, u, arch) for p in programs for c in compilers for o in opts for pi in pies for u in unwinds
-    ]
 
 
 def log(msg: str) -> None:
-    """Progress to stderr (tables go to stdout)."""
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _run(cmd: list[str], cwd: Path | None = None) -> None:
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+# ----------------------------------------------------------------------------------- the files
+def quality_builds(work: Path) -> list[tuple[str, Path, Path]]:
+    """(name, -O2 build, -O3 build) of every real C source that builds here."""
+    out_dir = work / "quality"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    py_inc = sysconfig.get_paths()["include"]
+    jobs: list[tuple[str, list[str], list[str]]] = []  # (name, sources, extra flags)
+    for src in sorted(glob.glob("/usr/share/doc/zlib1g-dev/examples/*.c")):
+        jobs.append((f"zlib-{Path(src).stem}", [src], ["-lz"]))
+    for src in sorted(glob.glob("/usr/share/doc/libpng-dev/examples/pngtest.c")):
+        jobs.append(("libpng-pngtest", [src], ["-lpng", "-lz"]))
+    for src in sorted(glob.glob(str(ROOT / "src/binlens/**/_*.c"), recursive=True)):
+        jobs.append((f"binlens{Path(src).stem}.so", [src], ["-shared", "-fPIC", f"-I{py_inc}"]))
+    for src in sorted(glob.glob(str(ROOT / "tests/fixtures/src/*.c"))):
+        jobs.append((f"fixture-{Path(src).stem}", [src], []))
+    got = []
+    for name, sources, extra in jobs:
+        paths = []
+        for opt in ("-O2", "-O3"):
+            dest = out_dir / f"{name}{opt}"
+            if not dest.exists():
+                r = subprocess.run(["gcc", opt, "-g", "-o", str(dest), *sources, *extra], capture_output=True)
+                if r.returncode:
+                    break
+            paths.append(dest)
+        if len(paths) == 2:
+            got.append((name, paths[0], paths[1]))
+    return got
 
 
-def _enable_deb_src() -> None:
-    """Add a deb-src entry mirroring the configured deb sources (Debian only; needs root)."""
-    src_list = Path("/etc/apt/sources.list.d/binlens-bench-src.sources")
-    have = any(
-        "deb-src" in p.read_text(errors="replace")
-        for p in [*Path("/etc/apt/sources.list.d").glob("*"), Path("/etc/apt/sources.list")]
-        if p.is_file()
+def _elf_files(folder: str, max_size: int, limit: int) -> list[str]:
+    out = []
+    for dirpath, _dirs, files in os.walk(folder):
+        for f in sorted(files):
+            p = os.path.join(dirpath, f)
+            try:
+                if os.path.islink(p) or not os.path.isfile(p) or not 4096 <= os.path.getsize(p) <= max_size:
+                    continue
+                with open(p, "rb") as fh:
+                    if fh.read(4) != b"\x7fELF":
+                        continue
+            except OSError:
+                continue
+            out.append(p)
+            if len(out) >= limit:
+                return out
+    return out
+
+
+def select_files(args: argparse.Namespace, quality: list[tuple[str, Path, Path]]) -> dict[str, list[str]]:
+    """The corpus's files by source."""
+    sources: dict[str, list[str]] = {}
+    if CORPUS.is_dir():
+        sources["sample corpus"] = sorted(str(p) for p in CORPUS.rglob("*") if p.is_file())
+    sources["/usr/bin"] = _elf_files("/usr/bin", args.max_size, args.per_folder)
+    sources["/usr/lib"] = _elf_files("/usr/lib", args.max_size, args.per_folder)
+    builds = HERE / "work"
+    if builds.is_dir():
+        sources["bench builds"] = sorted(str(p) for p in builds.glob("*/stripped") if p.is_file())
+    sources["quality builds"] = [str(p) for _n, a, b in quality for p in (a, b)]
+    return sources
+
+
+def spread(files: list[str], n: int) -> list[str]:
+    """`n` files spread evenly over `files`."""
+    if len(files) <= n:
+        return list(files)
+    step = len(files) / n
+    return [files[int(i * step)] for i in range(n)]
+
+
+# ------------------------------------------------------------------------------------- indexing
+def run_index(corpus: str, files: list[str], home: Path, store: CorpusStore, workers: int) -> IndexReport:
+    shown = [0.0]
+
+    def progress(p: Progress) -> None:
+        if p.phase == "indexing" and time.monotonic() - shown[0] < 30:
+            return
+        shown[0] = time.monotonic()
+        log(f"  {corpus}: {p.phase} {p.done}/{p.total} ({p.failed} failed)")
+
+    opts = IndexOptions(corpus, files, home, workers=workers, timeout_s=120.0)
+    report = index(opts, store, progress)
+    log(
+        f"  {corpus}: {report.indexed} indexed, {len(report.failed)} failed, {report.seconds:.1f} s, "
+        f"{report.files_per_s:.2f} files/s, {report.functions_per_s:.0f} functions/s"
     )
-    if have:
-        return
-    deb = Path("/etc/apt/sources.list.d/debian.sources")
-    if not deb.is_file():
-        raise RuntimeError("no deb-src entry and no /etc/apt/sources.list.d/debian.sources to mirror; add one by hand")
-    text = deb.read_text().replace("Types: deb\n", "Types: deb-src\n")
-    src_list.write_text(text)
-    _run(["apt-get", "update", "-q"])
+    return report
 
 
-def fetch_sources(workdir: Path, programs: Iterable[str]) -> None:
-    """Download (once) and unpack the Debian source packages of the chosen programs."""
-    src = workdir / "src"
-    src.mkdir(parents=True, exist_ok=True)
-    for prog in programs:
-        r = RECIPES[prog]
-        if not list(src.glob(f"{r.package}_*.dsc")):
-            _enable_deb_src()
-            log(f"apt-get source {r.package}")
-            _run(["apt-get", "source", "--download-only", r.package], cwd=src)
-        if not _tree(workdir, prog, must=False):
-            dsc = sorted(src.glob(f"{r.package}_*.dsc"))[-1]
-            log(f"unpacking {dsc.name}")
-            _run(["dpkg-source", "--no-check", "-x", dsc.name], cwd=src)
-        if prog == "sqlite3":
-            _prepare_sqlite(_tree(workdir, prog))
-        if prog == "lua5.4":
-            # Debian's path patch includes a header that debian/rules generates.
-            header = _tree(workdir, prog) / "src" / "lua5.4-deb-multiarch.h"
-            if not header.is_file():
-                header.write_text('#ifndef DEB_HOST_MULTIARCH\n#define DEB_HOST_MULTIARCH "x86_64-linux-gnu"\n#endif\n')
+def stored_fingerprints(home: Path, sha256: str) -> list[Any]:
+    from binlens.store import ProgramDatabase
+    from binlens.store.fingerprints import load_fingerprints
+
+    found = sorted(glob.glob(str(home / "db" / f"{sha256}*.sqlite")))
+    if not found:
+        return []
+    db = ProgramDatabase(Path(found[0]))
+    try:
+        return load_fingerprints(db)
+    finally:
+        db.close()
 
 
-def _tree(workdir: Path, prog: str, must: bool = True) -> Path | None:
-    hits = sorted(p for p in (workdir / "src").glob(RECIPES[prog].tree_glob) if p.is_dir())
-    if not hits and must:
-        raise RuntimeError(f"source tree of {prog} not found under {workdir / 'src'}")
-    return hits[-1] if hits else None
+# -------------------------------------------------------------------------------------- queries
+def pick_queries(home: Path, shas: list[str], n: int) -> list[Any]:
+    rng = random.Random(1)
+    out: list[Any] = []
+    pool = list(shas)
+    rng.shuffle(pool)
+    for sha in pool:
+        fps = [fp for fp in stored_fingerprints(home, sha) if fp.instructions >= 8]
+        if fps:
+            out.append(rng.choice(fps))
+        if len(out) >= n:
+            break
+    return out
 
 
-def _prepare_sqlite(tree: Path) -> None:
-    """Generate the amalgamation (sqlite3.c, shell.c) from the full source tree (needs tclsh)."""
-    bld = tree / "bld"
-    if (bld / "sqlite3.c").is_file() and (bld / "shell.c").is_file():
-        return
-    if not shutil.which("tclsh"):
-        raise RuntimeError("sqlite3's amalgamation needs tclsh: apt-get install tcl")
-    bld.mkdir(exist_ok=True)
-    log("sqlite3: configure + make sqlite3.c shell.c (amalgamation)")
-    _run(["../configure", "--disable-tcl", "--disable-readline"], cwd=bld)
-    _run(["make", "sqlite3.c", "shell.c"], cwd=bld)
+def latency(store: CorpusStore, corpus: str, queries: list[Any]) -> tuple[float, float, float]:
+    """(p50, p95, mean) of search_function in milliseconds (one warm-up query first)."""
+    store.search_function(corpus, queries[0], limit=10)
+    times = []
+    for fp in queries:
+        t0 = time.perf_counter()
+        store.search_function(corpus, fp, limit=10)
+        times.append((time.perf_counter() - t0) * 1000)
+    times.sort()
+    return times[len(times) // 2], times[min(len(times) - 1, int(len(times) * 0.95))], statistics.fmean(times)
 
 
-def build(workdir: Path, variant: Variant) -> Binary:
-    """Build one variant (cached: skipped when its truth.json exists; safe against concurrent builders)."""
-    folder = workdir / "bin" / variant.name
-    if (folder / "truth.json").is_file():
-        return Binary(variant, folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return _build_locked(workdir, variant, folder)
+def quality(
+    store: CorpusStore, corpus: str, home: Path, builds: list[tuple[str, Path, Path]]
+) -> tuple[list[list[str]], dict[str, int]]:
+    """Per build: functions searched, found in the top 10, and the totals."""
+    from binlens.loader.digest import sha256_hex
+
+    rows = []
+    totals = {"searched": 0, "top1": 0, "top10": 0, "searched8": 0, "top10_8": 0}
+    for name, o2, o3 in builds:
+        sha2, sha3 = sha256_hex(o2.read_bytes()), sha256_hex(o3.read_bytes())
+        fp2 = stored_fingerprints(home, sha2)
+        names3 = {fp.name for fp in stored_fingerprints(home, sha3) if fp.name}
+        wanted = [fp for fp in fp2 if fp.name and fp.name in names3 and fp.name not in CRT and "@plt" not in fp.name]
+        top1 = top10 = searched8 = top10_8 = 0
+        for fp in wanted:
+            hits = [h for h in store.search_function(corpus, fp, limit=40) if h.sha256 != sha2][:10]
+            found = [i for i, h in enumerate(hits) if h.sha256 == sha3 and h.name == fp.name]
+            top10 += bool(found)
+            top1 += bool(found and found[0] == 0)
+            if fp.instructions >= 8:
+                searched8 += 1
+                top10_8 += bool(found)
+        rows.append([name, str(len(wanted)), str(top1), str(top10), f"{top10 / len(wanted):.2f}" if wanted else "-"])
+        for k, v in zip(totals, (len(wanted), top1, top10, searched8, top10_8), strict=True):
+            totals[k] += v
+    return rows, totals
 
 
-def _build_locked(workdir: Path, variant: Variant, folder: Path) -> Binary:
-    binary = Binary(variant, folder)
-    if (folder / "truth.json").is_file():
-        return binary
-    recipe = RECIPES[variant.program]
-    tree = _tree(workdir, variant.program)
-    files: list[str] = []
-    for pattern in recipe.sources:
-        files += sorted(glob.glob(pattern, root_dir=tree))
-    files = [f for f in files if f not in recipe.exclude]
-    arch = ARCHES[variant.arch]
-    flags = [f"-{variant.opt}", "-w", *recipe.cflags]
-    flags += ["-fPIE", "-pie"] if variant.pie == "pie" else ["-fno-pie", "-no-pie"]
-    if variant.unwind == "noeh":
-        flags += NOEH_CFLAGS
-    else:
-        flags += arch.eh_cflags
-    out = folder / "unstripped"
-    t0 = time.monotonic()
-    _run([arch.tool(variant.compiler), *flags, *files, "-o", str(out), *recipe.libs], cwd=tree)
-    strip = [arch.tool("strip"), "--strip-all"]
-    if variant.unwind == "noeh":
-        strip += [*NOEH_STRIP, *arch.noeh_strip]
-    _run([*strip, "-o", str(folder / "stripped"), str(out)])
-    truth = function_symbols(out)
-    # Not scored: size-0 crt functions and the call stubs GNU ld writes into .text (PowerPC's plt_pic32).
-    neutral = {a: n for a, n in function_symbols(out, sized=False).items() if a not in truth}
-    neutral.update({a: n for a, n in function_symbols(out, stubs=True).items() if a not in truth})
-    scope = executable_ranges(folder / "stripped", exclude_prefixes=STUB_SECTIONS)
-    (folder / "truth.tmp").write_text(
-        json.dumps(
-            {
-                "variant": variant.name,
-                "build_seconds": round(time.monotonic() - t0, 1),
-                "functions": {f"{a:#x}": n for a, n in sorted(truth.items())},
-                "neutral": {f"{a:#x}": n for a, n in sorted(neutral.items())},
-                "scope": [[f"{a:#x}", f"{b:#x}"] for a, b in scope],
-            },
-            indent=0,
+# ---------------------------------------------------------------------------------------- tables
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, default=HERE / "work" / "corpus-bench", help="homes, builds, results")
+    ap.add_argument("--pg-url", default=None, help="a PostgreSQL database to use (default: a server started here)")
+    ap.add_argument("--subset", type=int, default=150, help="files of the throughput runs")
+    ap.add_argument("--queries", type=int, default=200, help="functions searched for in the latency runs")
+    ap.add_argument("--max-size", type=int, default=1 << 20, help="largest /usr/bin and /usr/lib file taken")
+    ap.add_argument("--per-folder", type=int, default=400, help="most ELF files taken from /usr/bin and /usr/lib each")
+    ap.add_argument("--throughput-only", action="store_true", help="only step 1 (1 and 2 workers on the subset)")
+    ap.add_argument("--repeat", type=int, default=1, help="throughput runs per worker count, alternating")
+    args = ap.parse_args()
+    work = args.work.resolve()
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    out["commit"] = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    out["load_before"] = os.getloadavg()
+
+    log("building the quality set")
+    builds = quality_builds(work)
+    sources = select_files(args, builds)
+    files = [f for fs in sources.values() for f in fs]
+    log(f"{len(files)} files: " + ", ".join(f"{k} {len(v)}" for k, v in sources.items()))
+
+    # 1. throughput on a subset, 1 and 2 workers, nothing cached
+    pool = [f for k, fs in sources.items() for f in fs if "/fuzzed/" not in f]
+    subset = spread(pool, args.subset)
+    runs: dict[int, IndexReport] = {}
+    for r in range(args.repeat):
+        for workers in (1, 2):
+            home = work / f"home-w{workers}-{r}"
+            store = open_store(None, home)
+            got = run_index("subset", subset, home, store, workers)
+            store.close()
+            log(
+                f"  load average {os.getloadavg()[0]:.1f}; workers busy {_busy(got):.2f}, "
+                f"{got.task_seconds:.1f} s in tasks"
+            )
+            if workers not in runs or got.files_per_s > runs[workers].files_per_s:
+                runs[workers] = got  # (the best of the repeats: the least disturbed by other work)
+    if args.throughput_only:
+        w1, w2 = runs[1], runs[2]
+        print(
+            f"subset {len(subset)} files: 1 worker {w1.files_per_s:.2f} files/s {w1.functions_per_s:.0f} fn/s; "
+            f"2 workers {w2.files_per_s:.2f} files/s {w2.functions_per_s:.0f} fn/s; "
+            f"{w2.files_per_s / w1.files_per_s:.2f}x (best of {args.repeat})"
         )
-    )
-    (folder / "truth.tmp").rename(folder / "truth.json")
-    log(f"built {variant.name} ({len(truth)} functions, {time.monotonic() - t0:.0f}s)")
-    return binary
+        return
+    # 2. the whole corpus into SQLite (home of the 2-worker run: the subset's analyses are reused)
+    home = work / "home-w2-0"
+    sqlite = open_store(None, home)
+    full = run_index("full", files, home, sqlite, 2)
+    server = None
+    pg_url = args.pg_url
+    if pg_url is None:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from corpus_support import PostgresServer, postgres_bin
+
+        bindir = postgres_bin()
+        if bindir is not None:
+            server = PostgresServer(bindir)
+            server.start()
+            pg_url = server.database("bench")
+    try:
+        pg = open_store(pg_url, home) if pg_url else None
+        full_pg = run_index("full", files, home, pg, 2) if pg is not None else None
+        # 3. latency
+        shas = sorted(sqlite.indexed("full"))
+        queries = pick_queries(home, shas, args.queries)
+        lat = {"SQLite": latency(sqlite, "full", queries)}
+        if pg is not None:
+            lat["PostgreSQL"] = latency(pg, "full", queries)
+        # 4. quality
+        qrows, qtot = quality(sqlite, "full", home, builds)
+        info = sqlite.info("full")
+        sizes = {"SQLite": total_bytes(sqlite)}
+        if pg is not None:
+            sizes["PostgreSQL"] = total_bytes(pg)
+            pg.close()
+    finally:
+        if server is not None:
+            server.stop()
+    sqlite.close()
+    out["load_after"] = os.getloadavg()
+    report(out, sources, subset, runs, full, full_pg, lat, len(queries), qrows, qtot, info, sizes, home)
 
 
-def build_all(workdir: Path, variants: list[Variant], jobs: int = 2) -> list[Binary]:
-    """Fetch what is missing and build every variant, `jobs` compilers at a time."""
-    fetch_sources(workdir, sorted({v.program for v in variants}))
-    needed = sorted(
-        {ARCHES[v.arch].tool(v.compiler) for v in variants} | {ARCHES[v.arch].tool("strip") for v in variants}
-    )
-    missing = [c for c in needed if not shutil.which(c)]
-    if missing:
-        raise RuntimeError(f"toolchain not found: {', '.join(missing)} (e.g. apt-get install gcc-aarch64-linux-gnu)")
-    # Big programs first so the pool stays busy.
-    order = sorted(variants, key=lambda v: PROGRAMS.index(v.program) if v.program in PROGRAMS else 0, reverse=True)
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        built = {b.variant: b for b in pool.map(lambda v: build(workdir, v), order)}
-    return [built[v] for v in variants]
+def report(
+    out: dict[str, Any],
+    sources: dict[str, list[str]],
+    subset: list[str],
+    runs: dict[int, IndexReport],
+    full: IndexReport,
+    full_pg: IndexReport | None,
+    lat: dict[str, tuple[float, float, float]],
+    nq: int,
+    qrows: list[list[str]],
+    qtot: dict[str, int],
+    info: Any,
+    sizes: dict[str, int],
+    home: Path,
+) -> None:
+    w1, w2 = runs[1], runs[2]
+    speedup = w2.files_per_s / w1.files_per_s if w1.files_per_s else 0.0
+    db_bytes = sum(p.stat().st_size for p in (home / "db").glob("*"))
+    parts = [
+        f"Commit {out['commit']}, {out['date']}; load average before {out['load_before'][0]:.1f}, "
+        f"after {out['load_after'][0]:.1f} (2 cores shared with other work; run under nice -n 19).",
+        "",
+        table(
+            ["source", "files given"],
+            [[k, str(len(v))] for k, v in sources.items()]
+            + [["**total**", str(sum(len(v) for v in sources.values()))]],
+        ),
+        "",
+        f"Whole corpus: {full.found} distinct executables ({full.duplicates} duplicate copies), "
+        f"**{full.indexed + full.skipped} indexed**, {len(full.failed)} failed "
+        f"({_codes(full)}); {info.functions:,} functions, {info.strings:,} distinct strings, "
+        f"{info.imports:,} distinct imports. 2 workers: {full.seconds:.0f} s, {full.files_per_s:.2f} files/s, "
+        f"{full.functions_per_s:,.0f} functions/s (the subset's {len(subset)} analyses reused).",
+        "",
+        f"Throughput on a subset of {len(subset)} files (spread over the sources, fuzzer crashers left out), "
+        "fresh homes:",
+        "",
+        table(
+            ["workers", "indexed", "failed", "seconds", "files/s", "functions/s", "vs 1 worker"],
+            [
+                [
+                    str(w),
+                    str(r.indexed),
+                    str(len(r.failed)),
+                    f"{r.seconds:.1f}",
+                    f"{r.files_per_s:.2f}",
+                    f"{r.functions_per_s:,.0f}",
+                    "1.00x" if w == 1 else f"**{speedup:.2f}x**",
+                ]
+                for w, r in runs.items()
+            ],
+        ),
+        "",
+    ]
+    if full_pg is not None:
+        parts += [
+            f"Into PostgreSQL (every analysis and fingerprint reused from the program databases: the store's "
+            f"writes): {full_pg.indexed} binaries in {full_pg.seconds:.0f} s, {full_pg.files_per_s:.1f} files/s.",
+            "",
+        ]
+    parts += [
+        f"Query latency, `search_function` limit 10, {nq} functions (>= 8 instructions) of the corpus "
+        f"({info.binaries:,} binaries, {info.functions:,} functions):",
+        "",
+        table(
+            ["store", "p50 ms", "p95 ms", "mean ms"],
+            [[k, f"**{p50:.1f}**", f"{p95:.1f}", f"{mean:.1f}"] for k, (p50, p95, mean) in lat.items()],
+        ),
+        "",
+        "Search quality, -O2 function -> its -O3 build in the top 10 (results from other binaries than the "
+        "query's own), whole corpus:",
+        "",
+        table(["build", "functions", "top 1", "top 10", "recall@10"], qrows),
+        "",
+        f"**Total: {qtot['top10']}/{qtot['searched']} = {qtot['top10'] / max(1, qtot['searched']):.3f} recall@10** "
+        f"(top 1: {qtot['top1'] / max(1, qtot['searched']):.3f}); functions of >= 8 instructions: "
+        f"{qtot['top10_8']}/{qtot['searched8']} = {qtot['top10_8'] / max(1, qtot['searched8']):.3f}.",
+        "",
+        table(
+            ["store", "bytes", "bytes per function"],
+            [[k, f"{v:,}", f"{v / max(1, info.functions):,.0f}"] for k, v in sizes.items()],
+        )
+        + f"\n\nProgram databases beside it (the per-binary analyses): {db_bytes / 2**20:,.0f} MiB, "
+        f"{db_bytes / max(1, info.binaries) / 2**20:.2f} MiB per binary.",
+    ]
+    est = {
+        "functions_per_binary": info.functions / max(1, info.binaries),
+        "store_bytes_per_function": {k: v / max(1, info.functions) for k, v in sizes.items()},
+        "seconds_per_file_per_worker": 1 / w1.files_per_s if w1.files_per_s else None,
+        "program_db_bytes_per_binary": db_bytes / max(1, info.binaries),
+    }
+    parts += ["", "Figures for the estimate: " + json.dumps(est)]
+    print("\n".join(parts))
 
 
-def add_subset_args(parser) -> None:  # noqa: ANN001 - argparse.ArgumentParser
-    """The subset flags shared by accuracy.py and speed.py."""
-    parser.add_argument("--workdir", type=Path, default=Path(os.environ.get("BINLENS_BENCH_WORK", DEFAULT_WORKDIR)))
-    parser.add_argument(
-        "--arch", default=NATIVE, choices=list(ARCHES), help="target architecture (default x86-64: the native corpus)"
-    )
-    parser.add_argument("--programs", default=",".join(PROGRAMS), help="comma list of " + ",".join(PROGRAMS))
-    parser.add_argument("--compilers", help="comma list of gcc,clang (default: both on x86-64, gcc elsewhere)")
-    parser.add_argument("--opts", help="comma list of O0,O2,O3 (default: all on x86-64, O0,O2 elsewhere)")
-    parser.add_argument("--pie", help="comma list of pie,nopie (default: both on x86-64, pie elsewhere)")
-    parser.add_argument("--unwind", default=",".join(UNWINDS), help="comma list of eh,noeh")
-    parser.add_argument("--jobs", type=int, default=2, help="parallel compiler runs while building the corpus")
+def _busy(r: IndexReport) -> float:
+    """The share of the run its workers spent in files (1.0: never waiting for the driver)."""
+    return r.task_seconds / (r.seconds * r.workers) if r.seconds and r.workers else 0.0
 
 
-def variants_from_args(args) -> list[Variant]:  # noqa: ANN001 - argparse.Namespace
-    """The chosen subset of the matrix, validated."""
-
-    def pick(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
-        items = [x.strip() for x in value.split(",") if x.strip()]
-        bad = [x for x in items if x not in allowed]
-        if bad:
-            raise SystemExit(f"unknown {what}: {', '.join(bad)} (choose from {', '.join(allowed)})")
-        return items
-
-    arch = ARCHES[args.arch]
-    # Fill the arch's defaults back into args, so reports can print the subset actually built.
-    args.compilers = args.compilers or ",".join(arch.compilers)
-    args.opts = args.opts or ",".join(arch.opts)
-    args.pie = args.pie or ",".join(arch.pies)
-    return matrix(
-        pick(args.programs, PROGRAMS, "program"),
-        pick(args.compilers, arch.compilers, f"compiler for {args.arch}"),
-        pick(args.opts, OPTS, "optimisation"),
-        pick(args.pie, PIES, "PIE mode"),
-        pick(args.unwind, UNWINDS, "unwind mode"),
-        args.arch,
-    )
+def _codes(r: IndexReport) -> str:
+    counts: dict[str, int] = {}
+    for f in r.failed:
+        counts[f.code] = counts.get(f.code, 0) + 1
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])) or "none"
 
 
 if __name__ == "__main__":
-    import argparse
-
-    ap = argparse.ArgumentParser(description="Build the benchmark corpus (all or a subset).")
-    add_subset_args(ap)
-    a = ap.parse_args()
-    t = time.monotonic()
-    bins = build_all(a.workdir, variants_from_args(a), a.jobs)
-    log(f"{len(bins)} binaries ready in {a.workdir / 'bin'} ({time.monotonic() - t:.0f}s)")
+    main()

@@ -39,7 +39,7 @@ from bisect import bisect_right
 from collections import Counter, defaultdict
 from pathlib import Path
 
-import corpus
+import builds
 import tools
 from elfsyms import _sections
 from metrics import Score, in_ranges, score
@@ -60,7 +60,7 @@ FN_CATEGORIES = (
 
 
 def _tool(arch: str, name: str) -> str:
-    return corpus.ARCHES[arch].tool(name)
+    return builds.ARCHES[arch].tool(name)
 
 
 def sized_functions(path: Path) -> list[tuple[int, int, str]]:
@@ -145,7 +145,7 @@ def data_words(path: Path) -> set[int]:
     return words
 
 
-def classify(arch: str, binary: corpus.Binary, starts: list[int]) -> tuple[dict[str, list], dict[str, list]]:
+def classify(arch: str, binary: builds.Binary, starts: list[int]) -> tuple[dict[str, list], dict[str, list]]:
     """Category -> [(address, description)] for the false and the missed starts of one run."""
     truth = binary.truth()
     neutral = binary.neutral()
@@ -216,21 +216,21 @@ def classify(arch: str, binary: corpus.Binary, starts: list[int]) -> tuple[dict[
 def main() -> int:
     """Classify the misses of one tool over a subset of the corpus; print Markdown tables."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    corpus.add_subset_args(ap)
+    builds.add_subset_args(ap)
     ap.add_argument("--tool", default="binlens")
     ap.add_argument("--examples", type=int, default=3, help="examples per category and binary group")
     args = ap.parse_args()
-    variants = corpus.variants_from_args(args)
+    variants = builds.variants_from_args(args)
     workdir = args.workdir.resolve()
     totals: dict[tuple[str, str], Counter] = defaultdict(Counter)
     examples: dict[tuple[str, str], list[str]] = defaultdict(list)
     current = tools.tool_version(args.tool, workdir)
     stale: list[str] = []
     for v in variants:
-        binary = corpus.build(workdir, v)
+        binary = builds.build(workdir, v)
         cache = workdir / "results" / "accuracy" / args.tool / f"{v.name}.json"
         if not cache.is_file():
-            corpus.log(f"no cached {args.tool} result for {v.name}: run accuracy.py first")
+            builds.log(f"no cached {args.tool} result for {v.name}: run accuracy.py first")
             continue
         cached = json.loads(cache.read_text())
         if cached.get("version") != current:
@@ -245,7 +245,7 @@ def main() -> int:
                     if len(ex) < args.examples * 4:
                         ex.append(f"{v.name} {a:#x} {what}")
     if stale:
-        corpus.log(
+        builds.log(
             f"{len(stale)} cached results are of another {args.tool} than {current} "
             f"(e.g. {stale[0]}): run accuracy.py again to classify this one's misses"
         )
@@ -255,7 +255,7 @@ def main() -> int:
         for v in variants:
             cache = workdir / "results" / "accuracy" / args.tool / f"{v.name}.json"
             if cache.is_file():
-                b = corpus.build(workdir, v)
+                b = builds.build(workdir, v)
                 starts = json.loads(cache.read_text())["run"]["starts"]
                 raw += score(b.truth(), starts, b.scope(), b.neutral())
                 even += score(b.truth(), {a & ~1 for a in starts}, b.scope(), b.neutral())

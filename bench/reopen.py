@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import corpus
+import builds
 import tools
 
 LIBC = Path("/lib/x86_64-linux-gnu/libc.so.6")
@@ -78,12 +78,12 @@ def main() -> int:
     """Analyse once, reopen and list many times, print the table."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("files", nargs="*", type=Path)
-    ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("BINLENS_BENCH_WORK", corpus.DEFAULT_WORKDIR)))
+    ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("BINLENS_BENCH_WORK", builds.DEFAULT_WORKDIR)))
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     files = list(args.files)
     if not files:
-        b = corpus.build_all(args.workdir.resolve(), corpus.matrix(["sqlite3"], ["gcc"], ["O2"], ["pie"], ["eh"]))[0]
+        b = builds.build_all(args.workdir.resolve(), builds.matrix(["sqlite3"], ["gcc"], ["O2"], ["pie"], ["eh"]))[0]
         files = [b.stripped] + ([LIBC.resolve()] if LIBC.is_file() else [])
     rows = [
         "| file | first analysis s | open + function.list s (first page) | function.list s | "

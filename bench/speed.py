@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-import corpus
+import builds
 import tools
 
 LIBC = Path("/lib/x86_64-linux-gnu/libc.so.6")
@@ -46,12 +46,12 @@ def measure_cached(  # noqa: ANN201
         if data.get("version") == version and data.get("sha256") == digest:
             fields = tools.Run.__dataclass_fields__
             return tools.Run(**{k: v for k, v in data["run"].items() if k in fields}), data["measured_at"]
-    corpus.log(f"{tool} on {label} ...")
+    builds.log(f"{tool} on {label} ...")
     runs = [tools.run_tool(tool, path, workdir, timeout) for _ in range(1 if tool in tools.PEERS else max(1, repeat))]
     runs.sort(key=lambda r: (r.error is not None, r.wall or 0.0))
     run = runs[(len(runs) - 1) // 2] if not runs[0].error else runs[0]
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    corpus.log(
+    builds.log(
         f"{tool} on {label}: {run.wall or 0:.2f}s {run.rss_kb or 0} KiB" + (f" ERROR {run.error}" if run.error else "")
     )
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -67,7 +67,7 @@ def mib(kb: int | None) -> str:
 def main() -> int:
     """Build, measure, print."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    corpus.add_subset_args(ap)
+    builds.add_subset_args(ap)
     ap.add_argument("--tools", default=",".join(tools.ALL_TOOLS), help="comma list of " + ",".join(tools.ALL_TOOLS))
     ap.add_argument("--quick", action="store_true", help="only -O2 PIE builds with unwind info, both compilers")
     ap.add_argument("--no-libc", action="store_true", help=f"skip {LIBC}")
@@ -94,16 +94,16 @@ def main() -> int:
     if bad:
         ap.error(f"unknown tool(s): {', '.join(bad)}")
     workdir = args.workdir.resolve()
-    tools.OBJDUMP = corpus.ARCHES[args.arch].tool("objdump")  # the cross binutils' objdump off x86-64
+    tools.OBJDUMP = builds.ARCHES[args.arch].tool("objdump")  # the cross binutils' objdump off x86-64
     files: list[tuple[str, Path]] = []
     if not args.no_corpus:
-        for b in corpus.build_all(workdir, corpus.variants_from_args(args), args.jobs):
+        for b in builds.build_all(workdir, builds.variants_from_args(args), args.jobs):
             files.append((b.variant.name, b.stripped))
     if not args.no_libc:
         if LIBC.is_file():
             files.append(("libc.so.6", LIBC.resolve()))
         else:
-            corpus.log(f"{LIBC} not found; skipped")
+            builds.log(f"{LIBC} not found; skipped")
     for extra in args.extra:
         if not extra.is_file():
             ap.error(f"--extra {extra}: no such file")

@@ -93,8 +93,13 @@ def encode_features(fp: Fingerprint) -> bytes:
     return bytes(out)
 
 
+_HEX = frozenset("0123456789abcdef")
+
+
 def _is_hash(text: str) -> bool:
-    return len(text) == 9 and text[0] == "#"
+    """A hash as `decode_fingerprint` spells it (`#` and 8 hex digits); a binary's own string of 9
+    characters starting with `#` (`#!/bin/sh`) is not one."""
+    return len(text) == 9 and text[0] == "#" and _HEX.issuperset(text[1:])
 
 
 def decode_fingerprint(address: int, name: str | None, exact: bytes, minhash: bytes, features: bytes) -> Fingerprint:
