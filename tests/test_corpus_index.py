@@ -117,13 +117,45 @@ def test_discovery_by_magic_deduplicated_without_looping(binaries: dict[str, Pat
 def test_discovery_reports_unreadable_files(binaries: dict[str, Path], tmp_path: Path) -> None:
     from binlens.corpus.discover import discover
 
-    if os.geteuid() == 0:
-        pytest.skip("root reads files whatever their mode")
-    locked = tmp_path / "locked"
-    shutil.copyfile(binaries["sample-O2"], locked)
-    locked.chmod(0)
-    found = discover([tmp_path])
-    assert [f.path for f in found.failures] == [str(locked)] and found.failures[0].sha256 is None
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        shutil.copyfile(binaries["sample-O2"], locked)
+        locked.chmod(0)
+        found = discover([tmp_path])
+        assert [f.path for f in found.failures] == [str(locked)] and found.failures[0].sha256 is None
+        return
+    # root reads any file: discover as `nobody`, in a forked child, over a folder it may list
+    import json
+    import pwd
+    import tempfile
+
+    nobody = pwd.getpwnam("nobody")
+    top = Path(tempfile.mkdtemp(prefix="binlens-unreadable-"))
+    try:
+        top.chmod(0o755)
+        locked = top / "locked"
+        shutil.copyfile(binaries["sample-O2"], locked)
+        locked.chmod(0)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child)
+            code = 1
+            try:
+                os.close(r)
+                os.setgid(nobody.pw_gid)
+                os.setuid(nobody.pw_uid)
+                failures = [[f.path, f.sha256] for f in discover([top]).failures]
+                os.write(w, json.dumps(failures).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        with os.fdopen(r, "rb") as pipe:
+            data = pipe.read()
+        assert os.waitpid(pid, 0)[1] == 0
+        assert json.loads(data) == [[str(locked), None]]
+    finally:
+        shutil.rmtree(top)
 
 
 # ------------------------------------------------------------------------------------ indexing
