@@ -317,15 +317,8 @@ class CorpusStore:
             (cid, fp.exact, FINGERPRINT_VERSION, limit),
         )
         hits: dict[int, FunctionHit] = {int(r[0]): _hit(r, 1.0) for r in exact}
-        keys = band_keys(fp.minhash, cid)
-        if keys and len(hits) < limit:
-            marks = ", ".join("?" for _ in keys)
-            cand = self.db.read(
-                f"SELECT function_id FROM corpus_band WHERE band IN ({marks}) "
-                "GROUP BY function_id ORDER BY COUNT(*) DESC, function_id LIMIT ?",
-                (*keys, _candidates(limit)),
-            )
-            ids = [int(r[0]) for r in cand if int(r[0]) not in hits]
+        if len(hits) < limit:
+            ids = [i for i in self.candidate_ids(cid, fp, limit) if i not in hits]
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
                 marks = ", ".join("?" for _ in chunk)
@@ -337,6 +330,20 @@ class CorpusStore:
                         hits[int(r[0])] = _hit(r, score)
         ranked = sorted(hits.values(), key=lambda h: (-h.similarity, h.sha256, h.address))
         return [h for h in ranked if h.similarity >= min_similarity][:limit]
+
+    def candidate_ids(self, cid: int, fp: Fingerprint, limit: int) -> list[int]:
+        """The ids of the functions of corpus `cid` sharing LSH bands with `fp`, most shared first,
+        at most `_candidates(limit)`."""
+        keys = band_keys(fp.minhash, cid)
+        if not keys:
+            return []
+        marks = ", ".join("?" for _ in keys)
+        cand = self.db.read(
+            f"SELECT function_id FROM corpus_band WHERE band IN ({marks}) "
+            "GROUP BY function_id ORDER BY COUNT(*) DESC, function_id LIMIT ?",
+            (*keys, _candidates(limit)),
+        )
+        return [int(r[0]) for r in cand]
 
     def search_string(self, name: str, text: str, limit: int = 10, mode: str = "substring") -> list[BinaryHit]:
         """The corpus's binaries holding a string equal to `text` (`exact`) or containing it
