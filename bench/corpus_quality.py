@@ -135,7 +135,6 @@ def main() -> None:
         store.add_binary("q", o2rec)
     add_s = time.monotonic() - t0
     info = store.info("q")
-    size = total_bytes(store)
     cid = store._id("q")
 
     rows = []
@@ -158,23 +157,30 @@ def main() -> None:
             proposed = _proposed(store, cid, f, o2rec, f.name or "")
             cand += proposed
             if args.misses and not any(ok):
-                print(f"  miss {program} {f.name} ({f.instructions} insns) candidate={proposed} "
-                      f"top={[(h.name, h.similarity) for h in hits[:3]]}")
+                print(
+                    f"  miss {program} {f.name} ({f.instructions} insns) candidate={proposed} "
+                    f"top={[(h.name, h.similarity) for h in hits[:3]]}"
+                )
         all_lat += lat
         for i, v in enumerate((n, top1, top10, cand)):
             totals[i] += v
         rows.append((program, n, top1, top10, cand, lat))
 
-    print(f"corpus: {info.binaries} binaries, {info.functions} functions; added in {add_s:.1f} s; "
-          f"{size / info.functions:.0f} bytes/function (SQLite)")
+    print(f"corpus: {info.binaries} binaries, {info.functions} functions; added in {add_s:.1f} s")
     print(f"{'program':8} {'queries':>7} {'top-1':>6} {'top-10':>6} {'proposed':>8} {'p50 ms':>7} {'p95 ms':>7}")
     for program, n, top1, top10, cand, lat in [*rows, ("all", *totals, all_lat)]:
         if not n:
             continue
         q = statistics.quantiles(lat, n=20) if len(lat) > 1 else [lat[0]] * 19
-        print(f"{program:8} {n:7} {top1 / n:6.2f} {top10 / n:6.2f} {cand / n:8.2f} "
-              f"{statistics.median(lat):7.1f} {q[18]:7.1f}")
+        print(
+            f"{program:8} {n:7} {top1 / n:6.2f} {top10 / n:6.2f} {cand / n:8.2f} "
+            f"{statistics.median(lat):7.1f} {q[18]:7.1f}"
+        )
     store.close()
+    store = open_store(None, tmp / "store")  # reopened: the WAL checkpointed into the file
+    size = total_bytes(store)
+    store.close()
+    print(f"store: {size / info.functions:.0f} bytes/function (SQLite, whole file)")
 
 
 def _proposed(store: object, cid: int, f: object, o2rec: BinaryRecord, name: str) -> bool:
