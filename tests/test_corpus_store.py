@@ -117,6 +117,41 @@ def test_search_function_finds_the_same_function_at_other_optimisation_levels(st
     assert all(h.similarity >= 0.9 for h in store.search_function("lab", same, limit=50, min_similarity=0.9))
 
 
+@pytest.fixture(scope="module")
+def inline_records(compile_c, tmp_path_factory) -> dict[str, BinaryRecord]:
+    """Corpus records of inline_ctx.c: with its helpers kept as calls (-O2 -fno-inline), and at -O2
+    and -O3 (the helpers inlined into the public functions)."""
+    from binlens.api import REGISTRY  # noqa: F401 - registers the domains
+    from binlens.workspace import Config, Workspace
+
+    ws = Workspace(Config(home=tmp_path_factory.mktemp("inline-home")))
+    out = {"calls": record_of(ws, compile_c("inline_ctx.c", opt="-O2", extra=("-fno-inline",)))}
+    for opt in ("-O2", "-O3"):
+        out[opt] = record_of(ws, compile_c("inline_ctx.c", opt=opt))
+    return out
+
+
+def test_search_function_finds_a_function_whose_callees_another_build_inlined(store, records, inline_records):
+    """A public function whose helper one build inlines and another keeps as a call resembles the
+    helper more than its own small other build; the stored function's inlined view (itself with
+    its callees merged) finds it and ranks it first."""
+    calls = inline_records["calls"]
+    for src in SOURCES:
+        store.add_binary("lab", records[(src, "-O2")])
+    store.add_binary("lab", calls)
+    first = top10 = total = 0
+    for opt in ("-O2", "-O3"):
+        for name in ("table_get", "read_record", "checksum_block", "densest_row"):
+            f = next(f for f in inline_records[opt].functions if f.name == name)
+            hits = store.search_function("lab", f, limit=10)
+            ok = [h.name == name and h.sha256 == calls.sha256 for h in hits]
+            total += 1
+            first += bool(ok and ok[0])
+            top10 += any(ok)
+    assert (top10, total) == (8, 8)
+    assert first >= 6, first
+
+
 def test_string_and_import_search(store, records):
     for src in SOURCES:
         store.add_binary("lab", records[(src, "-O2")])
