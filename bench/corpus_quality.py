@@ -11,7 +11,8 @@ Programs: zlib (the sources pypcode ships), and, when unpacked under `bench/work
 source bzip2 lua5.4`), bzip2's library and Lua 5.4's core. Corpus records are cached in
 `bench/work/corpus_quality/` (by file sha256 and fingerprint format), so reruns only search.
 
-    PYTHONPATH=src python bench/corpus_quality.py [--programs zlib,bzip2,lua] [--misses]
+    PYTHONPATH=src python bench/corpus_quality.py [--programs zlib,bzip2,lua] [--misses] [--reverse]
+        [--store postgresql://...] [--copies N]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -111,6 +113,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--programs", default="zlib,bzip2,lua")
     ap.add_argument("--misses", action="store_true", help="list the functions not in the top 10")
+    ap.add_argument("--reverse", action="store_true", help="index the -O3 builds, search the -O2 ones")
+    ap.add_argument("--store", help="a postgresql:// URL (default: SQLite in a temporary folder)")
+    ap.add_argument(
+        "--copies",
+        type=int,
+        default=1,
+        help="add each distractor this many times (under made-up sha256s): a larger store for latency",
+    )
     args = ap.parse_args()
 
     from binlens.api import REGISTRY  # noqa: F401 - registers the domains
@@ -124,13 +134,17 @@ def main() -> None:
         if o2 is None or o3 is None:
             print(f"{program}: sources absent, skipped", file=sys.stderr)
             continue
-        pairs.append((program, record(ws, o2), record(ws, o3)))
+        low, high = record(ws, o2), record(ws, o3)
+        pairs.append((program, high, low) if args.reverse else (program, low, high))
     distractors = [record(ws, Path("/usr/bin") / b) for b in DISTRACTORS if (Path("/usr/bin") / b).exists()]
 
-    store = open_store(None, tmp / "store")
+    store = open_store(args.store, tmp / "store")
     t0 = time.monotonic()
     for rec in distractors:
         store.add_binary("q", rec)
+        for copy in range(1, args.copies):
+            fake = hashlib.sha256(f"{rec.sha256}/{copy}".encode()).hexdigest()
+            store.add_binary("q", replace(rec, sha256=fake, path=f"{rec.path}#{copy}"))
     for _p, o2rec, _o3 in pairs:
         store.add_binary("q", o2rec)
     add_s = time.monotonic() - t0
@@ -177,10 +191,14 @@ def main() -> None:
             f"{statistics.median(lat):7.1f} {q[18]:7.1f}"
         )
     store.close()
-    store = open_store(None, tmp / "store")  # reopened: the WAL checkpointed into the file
+    store = open_store(args.store, tmp / "store")  # reopened: SQLite's WAL checkpointed into the file
     size = total_bytes(store)
+    bands = int(store.db.read("SELECT COUNT(*) FROM corpus_band")[0][0])
     store.close()
-    print(f"store: {size / info.functions:.0f} bytes/function (SQLite, whole file)")
+    kind = "PostgreSQL database" if args.store else "SQLite, whole file"
+    print(
+        f"store: {size / info.functions:.0f} bytes/function ({kind}); {bands / info.functions:.1f} band rows/function"
+    )
 
 
 def _proposed(store: object, cid: int, f: object, o2rec: BinaryRecord, name: str) -> bool:

@@ -70,18 +70,6 @@ def _varint(out: bytearray, value: int) -> None:
     out.append(v)
 
 
-def _read(blob: bytes, pos: int) -> tuple[int, int]:
-    shift = v = 0
-    while True:
-        byte = blob[pos]
-        pos += 1
-        v |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            break
-    return (v >> 1) if not v & 1 else -((v + 1) >> 1), pos
-
-
 def encode_features(fp: Fingerprint, calls: Sequence[int] = ()) -> bytes:
     """The features `similarity()` reads, besides the exact fingerprint and the MinHash, as varints;
     then `calls`, the inlining context's callee ids relative to the function's own."""
@@ -106,36 +94,47 @@ def _is_hash(text: str) -> bool:
     return len(text) == 9 and text[0] == "#"
 
 
+def _varints(blob: bytes) -> list[int]:
+    """Every zigzag varint of `blob` after its version byte (a features blob is nothing else)."""
+    out = []
+    v = shift = 0
+    for byte in blob[1:]:
+        v |= (byte & 0x7F) << shift
+        if byte & 0x80:
+            shift += 7
+            continue
+        out.append((v >> 1) if not v & 1 else -((v + 1) >> 1))
+        v = shift = 0
+    return out
+
+
 def _parse(blob: bytes) -> tuple[list[int], list[tuple[int, ...]], tuple[int, ...]]:
     """A features blob's head (sizes, CFG shape, histogram), its three sets (constants, string and
     import hashes) and its relative callee ids (none in format 1)."""
     if not blob or blob[0] not in (1, FEATURES_VERSION):
         raise ValueError(f"unknown features format {blob[:1]!r}")
-    pos = 1
-    head = []
-    for _ in range(5 + len(CLASSES)):
-        v, pos = _read(blob, pos)
-        head.append(v)
+    values = _varints(blob)
+    pos = 5 + len(CLASSES)
     sets: list[tuple[int, ...]] = []
     for _ in range(3 if blob[0] == 1 else 4):
-        n, pos = _read(blob, pos)
-        items = []
-        for _ in range(n):
-            v, pos = _read(blob, pos)
-            items.append(v)
-        sets.append(tuple(items))
+        n = values[pos]
+        sets.append(tuple(values[pos + 1 : pos + 1 + n]))
+        pos += 1 + n
     calls = sets.pop() if len(sets) == 4 else ()
-    return head, sets, calls
-
-
-def stored_calls(function_id: int, features: bytes) -> tuple[int, ...]:
-    """The ids of the inlining context's callees a stored function's features blob names."""
-    return tuple(function_id + c for c in _parse(bytes(features))[2])
+    return values[: 5 + len(CLASSES)], sets, calls
 
 
 def decode_fingerprint(address: int, name: str | None, exact: bytes, minhash: bytes, features: bytes) -> Fingerprint:
     """The fingerprint a stored row holds (strings and imports as their `#`-prefixed hashes)."""
-    head, sets, _calls = _parse(bytes(features))
+    return decode_stored(0, address, name, exact, minhash, features)[0]
+
+
+def decode_stored(
+    function_id: int, address: int, name: str | None, exact: bytes, minhash: bytes, features: bytes
+) -> tuple[Fingerprint, tuple[int, ...]]:
+    """The fingerprint a stored row holds, and the ids of its inlining context's callees
+    (`function_id` is the row's own id)."""
+    head, sets, calls = _parse(bytes(features))
     size, blocks, edges, loops, instructions = head[:5]
     return Fingerprint(
         address=address,
@@ -152,7 +151,7 @@ def decode_fingerprint(address: int, name: str | None, exact: bytes, minhash: by
         imports=tuple(f"#{h:08x}" for h in sets[2]),
         callees=(),
         minhash=unpack_minhash(minhash),
-    )
+    ), tuple(function_id + c for c in calls)
 
 
 def stored_form(fp: Fingerprint) -> Fingerprint:

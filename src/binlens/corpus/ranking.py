@@ -11,7 +11,7 @@ Inlining: at -O3 a function often holds the bodies of callees that stay calls at
 resembles neither its -O2 self nor any one callee. The MinHash of a union of feature sets is the
 bin-wise minimum of their MinHashes, so the store keeps, beside each function, the ids of its
 inlinable callees, finds functions by the bands of their inlined view too, and scores a candidate
-as the better of itself and its inlined view.
+smaller than the query as the better of itself and its inlined view.
 """
 
 from __future__ import annotations
@@ -92,6 +92,12 @@ def corpus_similarity(a: Fingerprint, b: Fingerprint) -> float:
         parts.append((0.25, values))
     score = sum(w * v for w, v in parts) / sum(w for w, _ in parts)
     return min(0.99, round(score, 4))
+
+
+def may_have_inlined(query: Fingerprint, stored: Fingerprint) -> bool:
+    """Whether `query` may be `stored` with callees inlined: only a larger function can be (a
+    stored function as large as the query or larger is scored as itself)."""
+    return stored.instructions < query.instructions
 
 
 def candidate_score(query: Fingerprint, stored: Fingerprint, view: Fingerprint | None) -> float:

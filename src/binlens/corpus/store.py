@@ -27,13 +27,13 @@ from binlens.corpus.codec import (
     BANDS,
     band_keys,
     decode_fingerprint,
+    decode_stored,
     encode_features,
     pack_minhash,
-    stored_calls,
     stored_form,
 )
 from binlens.corpus.dialect import Database, Row, Tx, open_postgresql, open_sqlite
-from binlens.corpus.ranking import candidate_score, inline_callees, inlined
+from binlens.corpus.ranking import candidate_score, inline_callees, inlined, may_have_inlined
 from binlens.corpus.records import BinaryHit, BinaryRecord, CorpusInfo, FileFailure, FunctionHit
 from binlens.corpus.schema import migrate
 from binlens.errors import BinlensError, invalid, not_found
@@ -339,11 +339,11 @@ class CorpusStore:
         if len(hits) < limit:
             ids = [i for i in self.candidate_ids(cid, fp, limit) if i not in hits]
             rows = self._rows(f"SELECT {cols} {join} WHERE b.fingerprints = ? AND f.id IN", ids, (FINGERPRINT_VERSION,))
-            found = {int(r[0]): (r, decode_fingerprint(_u64(int(r[1])), r[2], r[3], r[4], r[5])) for r in rows}
-            calls = {fid: stored_calls(fid, r[5]) for fid, (r, _fp) in found.items()}
-            callees = self._callees(sorted({c for cs in calls.values() for c in cs}))
-            for fid, (r, stored) in found.items():
-                view = inlined(stored, [callees[c] for c in calls[fid] if c in callees])
+            found = {int(r[0]): (r, *decode_stored(int(r[0]), _u64(int(r[1])), r[2], r[3], r[4], r[5])) for r in rows}
+            wanted = {fid: calls for fid, (_r, f, calls) in found.items() if calls and may_have_inlined(query, f)}
+            callees = self._callees(sorted({c for calls in wanted.values() for c in calls}))
+            for fid, (r, stored, _calls) in found.items():
+                view = inlined(stored, [callees[c] for c in wanted.get(fid, ()) if c in callees])
                 score = candidate_score(query, stored, view)
                 if score >= min_similarity:
                     hits[fid] = _hit(r, score)
