@@ -33,6 +33,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "src"))
 
+from binlens.corpus.ranking import query_view  # noqa: E402
 from binlens.corpus.records import BinaryRecord  # noqa: E402
 from binlens.corpus.store import open_store, total_bytes  # noqa: E402
 from binlens.store.fingerprints import FINGERPRINT_VERSION  # noqa: E402
@@ -163,12 +164,12 @@ def main() -> None:
                 continue
             n += 1
             t = time.perf_counter()
-            hits = store.search_function("q", f, limit=10)
+            hits = store.search_function("q", f, limit=10, context=o3rec.functions)
             lat.append((time.perf_counter() - t) * 1000)
             ok = [h.name == f.name and h.sha256 == o2rec.sha256 for h in hits]
             top1 += bool(ok[:1] and ok[0])
             top10 += any(ok)
-            proposed = _proposed(store, cid, f, o2rec, f.name or "")
+            proposed = _proposed(store, cid, f, o2rec, f.name or "", o3rec)
             cand += proposed
             if args.misses and not any(ok):
                 print(
@@ -201,14 +202,14 @@ def main() -> None:
     )
 
 
-def _proposed(store: object, cid: int, f: object, o2rec: BinaryRecord, name: str) -> bool:
+def _proposed(store: object, cid: int, f: object, o2rec: BinaryRecord, name: str, qrec: BinaryRecord) -> bool:
     """Whether the search's candidates (or its exact lookup) include the true match."""
     target = next((g for g in o2rec.functions if g.name == name), None)
     if target is None:
         return False
     if target.exact == f.exact:  # type: ignore[attr-defined]
         return True
-    ids = store.candidate_ids(cid, f, 10)  # type: ignore[attr-defined]
+    ids = store.candidate_ids(cid, f, 10, query_view(f, qrec.functions))  # type: ignore[attr-defined,arg-type]
     rows = store.db.read(  # type: ignore[attr-defined]
         "SELECT f.id FROM corpus_function f JOIN corpus_binary b ON b.id = f.binary_id "
         "WHERE b.sha256 = ? AND f.address = ?",

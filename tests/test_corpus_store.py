@@ -152,6 +152,30 @@ def test_search_function_finds_a_function_whose_callees_another_build_inlined(st
     assert first >= 6, first
 
 
+def test_search_function_with_its_programs_context_finds_builds_that_inlined_its_callees(
+    store, records, inline_records
+):
+    """The other way round: a small function whose helper the stored build inlined is found by
+    its own inlined view, built from `context` (its program's functions)."""
+    calls = inline_records["calls"]
+    for src in SOURCES:
+        store.add_binary("lab", records[(src, "-O2")])
+    for opt in ("-O2", "-O3"):
+        store.add_binary("lab", inline_records[opt])
+    inlining = {inline_records[opt].sha256 for opt in ("-O2", "-O3")}
+    first = {True: 0, False: 0}
+    both = 0
+    for name in ("read_record", "checksum_block", "densest_row"):
+        f = next(f for f in calls.functions if f.name == name)
+        for with_context in (True, False):
+            hits = store.search_function("lab", f, limit=10, context=calls.functions if with_context else ())
+            ok = [h.name == name and h.sha256 in inlining for h in hits]
+            first[with_context] += bool(ok and ok[0])
+            both += with_context and sum(ok) == 2
+    assert first == {True: 3, False: 0}, first  # without context its helper's code is not its own
+    assert both == 3  # the -O2 and the -O3 build both in the top 10
+
+
 def test_string_and_import_search(store, records):
     for src in SOURCES:
         store.add_binary("lab", records[(src, "-O2")])

@@ -275,7 +275,9 @@ def _evidence_function(ws: Workspace, p: SearchFunctionParams) -> tuple[Program,
     )
 
 
-def _query(ws: Workspace, p: SearchFunctionParams, ctx: CallContext) -> tuple[Program, Fingerprint]:
+def _query(ws: Workspace, p: SearchFunctionParams, ctx: CallContext) -> tuple[Program, Fingerprint, list[Fingerprint]]:
+    """The program, the fingerprint of the function searched for, and all its program's (the
+    query's inlining context)."""
     if p.evidence_id is not None:
         prog, va = _evidence_function(ws, p)
         view = analysis_of(prog).require(ctx, wait=p.wait, timeout_s=p.timeout_ms / 1000)
@@ -287,9 +289,10 @@ def _query(ws: Workspace, p: SearchFunctionParams, ctx: CallContext) -> tuple[Pr
         prog = ws.program(p.program)
         view = analysis_of(prog).require(ctx, wait=p.wait, timeout_s=p.timeout_ms / 1000)
         row = select_function(prog, view, p.selector)
-    for fp in fingerprints(prog, view):
+    fps = fingerprints(prog, view)
+    for fp in fps:
         if fp.address == row.address:
-            return prog, fp
+            return prog, fp, fps
     raise BinlensError("not_found", f"the function at {hex(row.address)} has no fingerprint", target="/params/selector")
 
 
@@ -298,9 +301,10 @@ def corpus_search_function(ws: Workspace, p: SearchFunctionParams, ctx: CallCont
     """The corpus's functions most like one function of a served program, most similar first.
 
     Exact fingerprints (the same code) score 1.0; the others are candidates sharing a band of the
-    function's MinHash, scored with the similarity compare.programs uses (docs/CORPUS.md)."""
-    prog, fp = _query(ws, p, ctx)
-    hits = _using(ws, lambda store: store.search_function(p.corpus, fp, p.limit, p.min_similarity))
+    function's MinHash (or of its view with its callees inlined), scored for builds at other
+    optimisation levels, each as itself or with its callees inlined (docs/CORPUS.md)."""
+    prog, fp, fps = _query(ws, p, ctx)
+    hits = _using(ws, lambda store: store.search_function(p.corpus, fp, p.limit, p.min_similarity, fps))
     return FunctionMatches(
         query=QueryFunction(program=prog.handle, address=hex(fp.address), name=fp.name),
         items=[

@@ -56,6 +56,8 @@ class PlaceParams(Params):
         if (self.selector is None) == (self.address is None):
             raise ValueError("give exactly one of 'selector' or 'address'")
         return self
+
+
 WaitMs = Annotated[
     int, Field(ge=0, le=60000, description="How long to wait for the target to stop before answering (0: at once).")
 ]

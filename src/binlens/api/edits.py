@@ -261,7 +261,6 @@ def comments_in(prog: Program, start: int, end: int) -> dict[int, dict[str, str]
     return out
 
 
-
 def put_row(
     prog: Program,
     ctx: CallContext | None,

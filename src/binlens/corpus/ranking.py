@@ -11,7 +11,8 @@ Inlining: at -O3 a function often holds the bodies of callees that stay calls at
 resembles neither its -O2 self nor any one callee. The MinHash of a union of feature sets is the
 bin-wise minimum of their MinHashes, so the store keeps, beside each function, the ids of its
 inlinable callees, finds functions by the bands of their inlined view too, and scores a candidate
-smaller than the query as the better of itself and its inlined view.
+smaller than the query as the better of itself and its inlined view. A query given its program's
+other functions has an inlined view too, scored against stored functions larger than itself.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import replace
 
 from binlens.analysis.fingerprint.features import minhash_similarity, shared_values
 from binlens.analysis.fingerprint.model import Fingerprint
+from binlens.corpus.codec import stored_form
 
 INLINE_MIN_INSTRUCTIONS = 3  # a callee smaller is a thunk or a stub: nothing to inline
 INLINE_MAX_INSTRUCTIONS = 200  # a callee larger is rarely inlined whole
@@ -71,6 +73,13 @@ def inlined(fp: Fingerprint, callees: Sequence[Fingerprint]) -> Fingerprint | No
     )
 
 
+def query_view(query: Fingerprint, context: Sequence[Fingerprint]) -> Fingerprint | None:
+    """The inlined view of a query (in its stored form) from `context`, the other functions of
+    its program (in any form); None without inlinable callees."""
+    by_address = {c.address: c for c in context}
+    return inlined(stored_form(query), [stored_form(c) for c in inline_callees(query, by_address)])
+
+
 def corpus_similarity(a: Fingerprint, b: Fingerprint) -> float:
     """How alike two functions of possibly different builds are, 0..1: 1.0 exactly when their
     exact fingerprints agree; else a weighted mean of the MinHash estimate (0.4), the
@@ -100,9 +109,16 @@ def may_have_inlined(query: Fingerprint, stored: Fingerprint) -> bool:
     return stored.instructions < query.instructions
 
 
-def candidate_score(query: Fingerprint, stored: Fingerprint, view: Fingerprint | None) -> float:
-    """A stored function's score for `query`: the better of itself and its inlined `view`."""
+def candidate_score(
+    query: Fingerprint, stored: Fingerprint, view: Fingerprint | None, query_view: Fingerprint | None = None
+) -> float:
+    """A stored function's score for `query`: the best of itself, its inlined `view` (built only
+    for a stored function smaller than the query) and, for a stored function larger than the
+    query, the query's own inlined `query_view`."""
     score = corpus_similarity(query, stored)
-    if view is not None and score < 1.0:
-        score = max(score, corpus_similarity(query, view))
+    if score < 1.0:
+        if view is not None:
+            score = max(score, corpus_similarity(query, view))
+        if query_view is not None and may_have_inlined(stored, query):
+            score = max(score, corpus_similarity(query_view, stored))
     return score

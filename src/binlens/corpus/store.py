@@ -33,7 +33,7 @@ from binlens.corpus.codec import (
     stored_form,
 )
 from binlens.corpus.dialect import Database, Row, Tx, open_postgresql, open_sqlite
-from binlens.corpus.ranking import candidate_score, inline_callees, inlined, may_have_inlined
+from binlens.corpus.ranking import candidate_score, inline_callees, inlined, may_have_inlined, query_view
 from binlens.corpus.records import BinaryHit, BinaryRecord, CorpusInfo, FileFailure, FunctionHit
 from binlens.corpus.schema import migrate
 from binlens.errors import BinlensError, invalid, not_found
@@ -321,14 +321,21 @@ class CorpusStore:
     # -- searching ---------------------------------------------------------------------------
 
     def search_function(
-        self, name: str, fp: Fingerprint, limit: int = 10, min_similarity: float = 0.0
+        self,
+        name: str,
+        fp: Fingerprint,
+        limit: int = 10,
+        min_similarity: float = 0.0,
+        context: Sequence[Fingerprint] = (),
     ) -> list[FunctionHit]:
         """The corpus's functions most similar to `fp`, best first: exact-fingerprint matches
         (1.0), then band candidates scored by `corpus_similarity()` (each as the better of itself
-        and its inlined view), those at `min_similarity` or above."""
+        and its inlined view, and of `fp`'s inlined view when `context`, the other functions of
+        `fp`'s program, gives it one), those at `min_similarity` or above."""
         cid = self._id(name)
         limit = max(1, min(int(limit), MAX_LIMIT))
         query = stored_form(fp)
+        view_of_query = query_view(fp, context)
         cols = "f.id, f.address, f.name, f.exact, f.minhash, f.features, b.sha256, b.path"
         join = "FROM corpus_function f JOIN corpus_binary b ON b.id = f.binary_id"
         exact = self.db.read(
@@ -337,14 +344,14 @@ class CorpusStore:
         )
         hits: dict[int, FunctionHit] = {int(r[0]): _hit(r, 1.0) for r in exact}
         if len(hits) < limit:
-            ids = [i for i in self.candidate_ids(cid, fp, limit) if i not in hits]
+            ids = [i for i in self.candidate_ids(cid, fp, limit, view_of_query) if i not in hits]
             rows = self._rows(f"SELECT {cols} {join} WHERE b.fingerprints = ? AND f.id IN", ids, (FINGERPRINT_VERSION,))
             found = {int(r[0]): (r, *decode_stored(int(r[0]), _u64(int(r[1])), r[2], r[3], r[4], r[5])) for r in rows}
             wanted = {fid: calls for fid, (_r, f, calls) in found.items() if calls and may_have_inlined(query, f)}
             callees = self._callees(sorted({c for calls in wanted.values() for c in calls}))
             for fid, (r, stored, _calls) in found.items():
                 view = inlined(stored, [callees[c] for c in wanted.get(fid, ()) if c in callees])
-                score = candidate_score(query, stored, view)
+                score = candidate_score(query, stored, view, view_of_query)
                 if score >= min_similarity:
                     hits[fid] = _hit(r, score)
         ranked = sorted(hits.values(), key=lambda h: (-h.similarity, h.sha256, h.address))
@@ -363,10 +370,13 @@ class CorpusStore:
         rows = self._rows("SELECT id, exact, minhash, features FROM corpus_function WHERE id IN", ids)
         return {int(r[0]): decode_fingerprint(0, None, r[1], r[2], r[3]) for r in rows}
 
-    def candidate_ids(self, cid: int, fp: Fingerprint, limit: int) -> list[int]:
+    def candidate_ids(self, cid: int, fp: Fingerprint, limit: int, view: Fingerprint | None = None) -> list[int]:
         """The ids of the functions of corpus `cid` sharing LSH bands with `fp` (their own bands or
-        their inlined view's), most shared first, at most `_candidates(limit)`."""
+        their inlined view's) or with `fp`'s inlined `view` (their own bands), most shared first,
+        at most `_candidates(limit)`."""
         keys = band_keys(fp.minhash, cid) + band_keys(fp.minhash, cid, first_band=BANDS)
+        if view is not None:
+            keys = list(dict.fromkeys(keys + band_keys(view.minhash, cid)))
         if not keys:
             return []
         marks = ", ".join("?" for _ in keys)
