@@ -339,3 +339,19 @@ def test_a_store_file_that_cannot_be_opened_is_unavailable(tmp_path):
     with pytest.raises(BinlensError) as e:
         open_store(f"sqlite://{not_sqlite}", tmp_path)
     assert e.value.code == "unavailable" and "junk.sqlite" in e.value.message
+
+
+def test_features_blobs_of_format_1_read_back_without_a_context(records):
+    """A function stored before the inlining context (features format 1: no callee list) reads
+    back as the same fingerprint, with no callees."""
+    from binlens.corpus.codec import decode_stored, encode_features, pack_minhash
+
+    fp = next(f for f in records[("cmp_v1.c", "-O2")].functions if f.name == "parse_header")
+    current = encode_features(fp, [3, -2])
+    assert current[0] == 2 and encode_features(fp).endswith(b"\x00")
+    old = b"\x01" + encode_features(fp)[1:-1]  # format 1: the same values, no callee count
+    args = (fp.address, fp.name, fp.exact, pack_minhash(fp.minhash))
+    assert decode_stored(100, *args, current) == (decode_stored(100, *args, old)[0], (103, 98))
+    assert decode_stored(100, *args, old)[1] == ()
+    with pytest.raises(ValueError):
+        decode_stored(100, *args, b"\x09" + old[1:])
