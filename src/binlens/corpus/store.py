@@ -10,8 +10,9 @@ it out so the indexer analyses it again, and that add replaces it.
 
 Function search: the query's exact fingerprint is looked up (similarity 1.0); its MinHash's band
 keys select candidates (the functions sharing most bands, of their own or of their inlined view,
-first, at most `_candidates(limit)`), which are scored with `ranking.corpus_similarity()` on their
-stored features, each as the better of itself and its inlined view (`ranking.py`).
+first, at most `_candidates(limit)`; with the query's program as context, its inlined view's keys
+too), which are scored with `ranking.corpus_similarity()` on their stored features, each as the
+best of itself, its inlined view and the query's (`ranking.py`).
 """
 
 from __future__ import annotations
