@@ -91,7 +91,7 @@ def record(ws: object, path: Path) -> BinaryRecord:
     from binlens.jobs.state import analysis_of
 
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    cache = WORK / "records" / f"{digest[:16]}-{FINGERPRINT_VERSION}.pickle"
+    cache = WORK / "records" / f"{digest[:16]}-{FINGERPRINT_VERSION}-t.pickle"  # t: with tail calls
     if cache.exists():
         rec: BinaryRecord = pickle.loads(cache.read_bytes())
         return rec
@@ -164,7 +164,8 @@ def main() -> None:
                 continue
             n += 1
             t = time.perf_counter()
-            hits = store.search_function("q", f, limit=10, context=o3rec.functions)
+            tails = o3rec.tail_calls.get(f.address, ())
+            hits = store.search_function("q", f, limit=10, context=o3rec.functions, tail_calls=tails)
             lat.append((time.perf_counter() - t) * 1000)
             ok = [h.name == f.name and h.sha256 == o2rec.sha256 for h in hits]
             top1 += bool(ok[:1] and ok[0])
@@ -209,7 +210,7 @@ def _proposed(store: object, cid: int, f: object, o2rec: BinaryRecord, name: str
         return False
     if target.exact == f.exact:  # type: ignore[attr-defined]
         return True
-    ids = store.candidate_ids(cid, f, 10, query_view(f, qrec.functions))  # type: ignore[attr-defined,arg-type]
+    ids = store.candidate_ids(cid, f, 10, query_view(f, qrec.functions, qrec.tail_calls.get(f.address, ())))  # type: ignore[attr-defined,arg-type]
     rows = store.db.read(  # type: ignore[attr-defined]
         "SELECT f.id FROM corpus_function f JOIN corpus_binary b ON b.id = f.binary_id "
         "WHERE b.sha256 = ? AND f.address = ?",

@@ -216,7 +216,7 @@ def test_search_function_brings_the_query_programs_inlining_context(tmp_path, co
             store.add_binary("lab", record_of(ws, compile_c(src)))
     served = compile_c("inline_ctx.c", opt="-O2", extra=("-fno-inline",))
     prog = invoke(ws, "program.open", {"path": str(served)})["identity"]["program"]
-    for name in ("read_record", "checksum_block", "densest_row"):
+    for name in ("read_record", "checksum_block", "densest_row", "total_weight"):
         found = invoke(ws, "corpus.search_function", {"corpus": "lab", "program": prog, "selector": {"name": name}})
         top = found["items"][0]
         assert (top["function"], top["file"]) == (name, str(stored)), found["items"][:3]

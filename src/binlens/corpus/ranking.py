@@ -34,12 +34,15 @@ def _ratio(a: int, b: int) -> float:
     return (min(a, b) + 1) / (max(a, b) + 1)
 
 
-def inline_callees(fp: Fingerprint, by_address: Mapping[int, Fingerprint]) -> list[Fingerprint]:
-    """The callees of `fp` (from the same binary, `by_address`) a compiler may inline into it:
-    neither itself, nor a PLT thunk, nor under `INLINE_MIN_INSTRUCTIONS` or over
-    `INLINE_MAX_INSTRUCTIONS` instructions; at most `INLINE_MAX_CALLEES`, in call-site order."""
+def inline_callees(
+    fp: Fingerprint, by_address: Mapping[int, Fingerprint], tail_calls: Sequence[int] = ()
+) -> list[Fingerprint]:
+    """The callees of `fp` (from the same binary, `by_address`; its calls, then the functions it
+    tail-jumps to, `tail_calls`) a compiler may inline into it: neither itself, nor a PLT thunk,
+    nor under `INLINE_MIN_INSTRUCTIONS` or over `INLINE_MAX_INSTRUCTIONS` instructions; at most
+    `INLINE_MAX_CALLEES`, in call-site order."""
     out = []
-    for address in fp.callees:
+    for address in dict.fromkeys((*fp.callees, *tail_calls)):
         callee = by_address.get(address)
         if callee is None or address == fp.address or (callee.name or "").endswith("@plt"):
             continue
@@ -73,11 +76,15 @@ def inlined(fp: Fingerprint, callees: Sequence[Fingerprint]) -> Fingerprint | No
     )
 
 
-def query_view(query: Fingerprint, context: Sequence[Fingerprint]) -> Fingerprint | None:
+def query_view(
+    query: Fingerprint, context: Sequence[Fingerprint], tail_calls: Sequence[int] = ()
+) -> Fingerprint | None:
     """The inlined view of a query (in its stored form) from `context`, the other functions of
-    its program (in any form); None without inlinable callees."""
+    its program (in any form), and the functions it tail-jumps to; None without inlinable
+    callees."""
     by_address = {c.address: c for c in context}
-    return inlined(stored_form(query), [stored_form(c) for c in inline_callees(query, by_address)])
+    callees = inline_callees(query, by_address, tail_calls)
+    return inlined(stored_form(query), [stored_form(c) for c in callees])
 
 
 def corpus_similarity(a: Fingerprint, b: Fingerprint) -> float:

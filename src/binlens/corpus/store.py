@@ -227,7 +227,10 @@ class CorpusStore:
         # each function's inlining context (indexes into `functions`) and its inlined view
         position = {fp.address: i for i, fp in enumerate(functions)}
         by_address = {fp.address: fp for fp in functions}
-        context = [[position[c.address] for c in inline_callees(fp, by_address)] for fp in functions]
+        tails = record.tail_calls
+        context = [
+            [position[c.address] for c in inline_callees(fp, by_address, tails.get(fp.address, ()))] for fp in functions
+        ]
         views = [inlined(fp, [functions[j] for j in ctx]) for fp, ctx in zip(functions, context, strict=True)]
 
         def work(tx: Tx) -> bool:
@@ -328,15 +331,17 @@ class CorpusStore:
         limit: int = 10,
         min_similarity: float = 0.0,
         context: Sequence[Fingerprint] = (),
+        tail_calls: Sequence[int] = (),
     ) -> list[FunctionHit]:
         """The corpus's functions most similar to `fp`, best first: exact-fingerprint matches
         (1.0), then band candidates scored by `corpus_similarity()` (each as the better of itself
         and its inlined view, and of `fp`'s inlined view when `context`, the other functions of
-        `fp`'s program, gives it one), those at `min_similarity` or above."""
+        `fp`'s program, gives it one; `tail_calls`: the functions `fp` tail-jumps to), those at
+        `min_similarity` or above."""
         cid = self._id(name)
         limit = max(1, min(int(limit), MAX_LIMIT))
         query = stored_form(fp)
-        view_of_query = query_view(fp, context)
+        view_of_query = query_view(fp, context, tail_calls)
         cols = "f.id, f.address, f.name, f.exact, f.minhash, f.features, b.sha256, b.path"
         join = "FROM corpus_function f JOIN corpus_binary b ON b.id = f.binary_id"
         exact = self.db.read(
