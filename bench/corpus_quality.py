@@ -71,16 +71,16 @@ def _sources(program: str) -> tuple[list[Path], list[str]] | None:
     raise SystemExit(f"unknown program {program}")
 
 
-def build(program: str, opt: str) -> Path | None:
-    """The program's library built with gcc at `opt` as a shared object with symbols (cached)."""
+def build(program: str, opt: str, cc: str = "gcc") -> Path | None:
+    """The program's library built with `cc` at `opt` as a shared object with symbols (cached)."""
     found = _sources(program)
     if found is None:
         return None
     files, flags = found
-    out = WORK / f"lib{program}-gcc-{opt}.so"
+    out = WORK / f"lib{program}-{cc}-{opt}.so"
     if not out.exists():
         WORK.mkdir(parents=True, exist_ok=True)
-        cmd = ["gcc", f"-{opt}", "-g", "-fPIC", "-shared", "-o", str(out), *flags, *map(str, files), "-lm"]
+        cmd = [cc, f"-{opt}", "-g", "-fPIC", "-shared", "-o", str(out), *flags, *map(str, files), "-lm"]
         subprocess.run(cmd, check=True, capture_output=True)
     return out
 
@@ -115,6 +115,7 @@ def main() -> None:
     ap.add_argument("--programs", default="zlib,bzip2,lua")
     ap.add_argument("--misses", action="store_true", help="list the functions not in the top 10")
     ap.add_argument("--reverse", action="store_true", help="index the -O3 builds, search the -O2 ones")
+    ap.add_argument("--clang", action="store_true", help="search clang -O2 builds (not gcc -O3) among the gcc -O2")
     ap.add_argument("--store", help="a postgresql:// URL (default: SQLite in a temporary folder)")
     ap.add_argument(
         "--copies",
@@ -131,7 +132,7 @@ def main() -> None:
     ws = Workspace(Config(home=tmp / "home"))
     pairs: list[tuple[str, BinaryRecord, BinaryRecord]] = []
     for program in args.programs.split(","):
-        o2, o3 = build(program, "O2"), build(program, "O3")
+        o2, o3 = build(program, "O2"), (build(program, "O2", "clang") if args.clang else build(program, "O3"))
         if o2 is None or o3 is None:
             print(f"{program}: sources absent, skipped", file=sys.stderr)
             continue
