@@ -203,3 +203,20 @@ def test_the_corpus_command_reads_the_store(tmp_path, built, postgres_server):
     done = run_cli("corpus", "remove", "lab", "--corpus-store", url, home=home)
     assert done.returncode == 0 and "removed corpus lab: 1 binaries" in done.stdout
     assert not (home / "corpus.sqlite").exists()
+
+
+def test_search_function_brings_the_query_programs_inlining_context(tmp_path, compile_c):
+    """corpus.search_function hands the store the served program's functions: a small function
+    whose helper the stored build inlined is found through its own inlined view."""
+    ws = _workspace(tmp_path / "home")
+    stored = compile_c("inline_ctx.c", opt="-O3")
+    with open_store(None, tmp_path / "home") as store:
+        store.add_binary("lab", record_of(ws, stored))
+        for src in ("cmp_v1.c", "sample.c", "strings.c"):
+            store.add_binary("lab", record_of(ws, compile_c(src)))
+    served = compile_c("inline_ctx.c", opt="-O2", extra=("-fno-inline",))
+    prog = invoke(ws, "program.open", {"path": str(served)})["identity"]["program"]
+    for name in ("read_record", "checksum_block", "densest_row", "total_weight"):
+        found = invoke(ws, "corpus.search_function", {"corpus": "lab", "program": prog, "selector": {"name": name}})
+        top = found["items"][0]
+        assert (top["function"], top["file"]) == (name, str(stored)), found["items"][:3]

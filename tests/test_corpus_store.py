@@ -117,6 +117,67 @@ def test_search_function_finds_the_same_function_at_other_optimisation_levels(st
     assert all(h.similarity >= 0.9 for h in store.search_function("lab", same, limit=50, min_similarity=0.9))
 
 
+@pytest.fixture(scope="module")
+def inline_records(compile_c, tmp_path_factory) -> dict[str, BinaryRecord]:
+    """Corpus records of inline_ctx.c: with its helpers kept as calls (-O2 -fno-inline), and at -O2
+    and -O3 (the helpers inlined into the public functions)."""
+    from binlens.api import REGISTRY  # noqa: F401 - registers the domains
+    from binlens.workspace import Config, Workspace
+
+    ws = Workspace(Config(home=tmp_path_factory.mktemp("inline-home")))
+    out = {"calls": record_of(ws, compile_c("inline_ctx.c", opt="-O2", extra=("-fno-inline",)))}
+    for opt in ("-O2", "-O3"):
+        out[opt] = record_of(ws, compile_c("inline_ctx.c", opt=opt))
+    return out
+
+
+def test_search_function_finds_a_function_whose_callees_another_build_inlined(store, records, inline_records):
+    """A public function whose helper one build inlines and another keeps as a call resembles the
+    helper more than its own small other build; the stored function's inlined view (itself with
+    its callees merged) finds it and ranks it first."""
+    calls = inline_records["calls"]
+    for src in SOURCES:
+        store.add_binary("lab", records[(src, "-O2")])
+    store.add_binary("lab", calls)
+    first = top10 = total = 0
+    for opt in ("-O2", "-O3"):
+        for name in ("table_get", "read_record", "checksum_block", "densest_row", "total_weight"):
+            f = next(f for f in inline_records[opt].functions if f.name == name)
+            hits = store.search_function("lab", f, limit=10)
+            ok = [h.name == name and h.sha256 == calls.sha256 for h in hits]
+            total += 1
+            first += bool(ok and ok[0])
+            top10 += any(ok)
+    assert (top10, total) == (10, 10)
+    assert first >= 8, first
+
+
+def test_search_function_with_its_programs_context_finds_builds_that_inlined_its_callees(
+    store, records, inline_records
+):
+    """The other way round: a small function whose helper the stored build inlined is found by
+    its own inlined view, built from `context` (its program's functions)."""
+    calls = inline_records["calls"]
+    for src in SOURCES:
+        store.add_binary("lab", records[(src, "-O2")])
+    for opt in ("-O2", "-O3"):
+        store.add_binary("lab", inline_records[opt])
+    inlining = {inline_records[opt].sha256 for opt in ("-O2", "-O3")}
+    first = {True: 0, False: 0}
+    both = 0
+    for name in ("read_record", "checksum_block", "densest_row"):  # (total_weight: one jump, as small as a stub)
+        f = next(f for f in calls.functions if f.name == name)
+        for with_context in (True, False):
+            context = calls.functions if with_context else ()
+            tails = calls.tail_calls.get(f.address, ()) if with_context else ()
+            hits = store.search_function("lab", f, limit=10, context=context, tail_calls=tails)
+            ok = [h.name == name and h.sha256 in inlining for h in hits]
+            first[with_context] += bool(ok and ok[0])
+            both += with_context and sum(ok) == 2
+    assert first == {True: 3, False: 0}, first  # without context its helper's code is not its own
+    assert both == 3  # the -O2 and the -O3 build both in the top 10
+
+
 def test_string_and_import_search(store, records):
     for src in SOURCES:
         store.add_binary("lab", records[(src, "-O2")])
@@ -280,3 +341,19 @@ def test_a_store_file_that_cannot_be_opened_is_unavailable(tmp_path):
     with pytest.raises(BinlensError) as e:
         open_store(f"sqlite://{not_sqlite}", tmp_path)
     assert e.value.code == "unavailable" and "junk.sqlite" in e.value.message
+
+
+def test_features_blobs_of_format_1_read_back_without_a_context(records):
+    """A function stored before the inlining context (features format 1: no callee list) reads
+    back as the same fingerprint, with no callees."""
+    from binlens.corpus.codec import decode_stored, encode_features, pack_minhash
+
+    fp = next(f for f in records[("cmp_v1.c", "-O2")].functions if f.name == "parse_header")
+    current = encode_features(fp, [3, -2])
+    assert current[0] == 2 and encode_features(fp).endswith(b"\x00")
+    old = b"\x01" + encode_features(fp)[1:-1]  # format 1: the same values, no callee count
+    args = (fp.address, fp.name, fp.exact, pack_minhash(fp.minhash))
+    assert decode_stored(100, *args, current) == (decode_stored(100, *args, old)[0], (103, 98))
+    assert decode_stored(100, *args, old)[1] == ()
+    with pytest.raises(ValueError):
+        decode_stored(100, *args, b"\x09" + old[1:])

@@ -108,9 +108,7 @@ def test_pe_sections_past_the_end_of_the_file_hold_only_its_bytes(tmp_path: Path
     assert int(count) > 5 and bad.strip() == "[]"
 
 
-def test_arm_exidx_section_past_the_end_of_the_file_is_read_as_far_as_the_file_goes(
-    workspace, tmp_path: Path
-) -> None:
+def test_arm_exidx_section_past_the_end_of_the_file_is_read_as_far_as_the_file_goes(workspace, tmp_path: Path) -> None:
     # fuzz seed 1 mutant 4700 (elf/analysis/example.elf): `.ARM.exidx`'s sh_size 0x8 -> 0x80000 made
     # the index parser unpack 512 KiB from a 80 KiB file and the analysis end `internal`
     path = tmp_path / "s1-i4700-elf"

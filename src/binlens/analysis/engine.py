@@ -81,8 +81,6 @@ def gc_paused() -> Iterator[None]:
                 gc.enable()
 
 
-
-
 def analyze(
     image: Image,
     progress: Progress | None = None,
@@ -376,12 +374,6 @@ def _rediscover(
     return found
 
 
-
-
-
-
-
-
 def make_explorer(image: Image, codemap: CodeMap, backend: Backend, jt_tables: dict[int, int]) -> Explorer:
     """The explorer for `image`, with its architecture's jump-table reader (tables found go into
     `jt_tables`) and branch conventions."""
@@ -529,9 +521,7 @@ def _table_entry_seeds(reader: CodeReader, seeds: dict[int, frozenset[str]]) -> 
     return {va for va, ok in in_table.items() if ok and va not in from_code}
 
 
-def _cold_parts(
-    bodies: dict[int, Body], starts: Mapping[int, AbstractSet[str]], extents: dict[int, int]
-) -> set[int]:
+def _cold_parts(bodies: dict[int, Body], starts: Mapping[int, AbstractSet[str]], extents: dict[int, int]) -> set[int]:
     """Unwind-only starts that one other function enters only by conditional jumps (gcc `.cold` parts)."""
     refs: dict[int, set[int]] = {}
     for f, b in bodies.items():

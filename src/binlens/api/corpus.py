@@ -26,6 +26,7 @@ from binlens.corpus.store import MAX_LIMIT, CorpusStore, open_store
 from binlens.errors import BinlensError
 from binlens.jobs.state import analysis_of
 from binlens.store.analysis import AnalysisView
+from binlens.store.fingerprints import all_function_refs
 from binlens.workspace import Program, Workspace
 
 STORE_KEY = "corpus.store"  # Workspace.extensions key of the open CorpusStore
@@ -90,7 +91,20 @@ def binary_record(prog: Program, view: AnalysisView, seconds: float = 0.0) -> Bi
         strings=sorted({text for _a, _n, _e, text, _s, _r in view.strings()}),
         imports=sorted({i.name for i in prog.image.imports}),
         seconds=seconds,
+        tail_calls=_tail_calls(prog, view),
     )
+
+
+def _tail_calls(prog: Program, view: AnalysisView) -> dict[int, list[int]]:
+    """Each function's tail jumps to other functions, by function (the corpus's inlining context
+    counts them with its calls)."""
+    entries = {f.address for f in view.functions}
+    out: dict[int, list[int]] = {}
+    for fn, refs in all_function_refs(prog.db).items():
+        targets = [d for _s, d, kind in refs if kind == "tail_call" and d in entries and d != fn]
+        if targets:
+            out[fn] = targets
+    return out
 
 
 class CorpusSummary(Result):
@@ -275,7 +289,11 @@ def _evidence_function(ws: Workspace, p: SearchFunctionParams) -> tuple[Program,
     )
 
 
-def _query(ws: Workspace, p: SearchFunctionParams, ctx: CallContext) -> tuple[Program, Fingerprint]:
+def _query(
+    ws: Workspace, p: SearchFunctionParams, ctx: CallContext
+) -> tuple[Program, Fingerprint, list[Fingerprint], list[int]]:
+    """The program, the fingerprint of the function searched for, all its program's and the
+    functions it tail-jumps to (the query's inlining context)."""
     if p.evidence_id is not None:
         prog, va = _evidence_function(ws, p)
         view = analysis_of(prog).require(ctx, wait=p.wait, timeout_s=p.timeout_ms / 1000)
@@ -287,9 +305,11 @@ def _query(ws: Workspace, p: SearchFunctionParams, ctx: CallContext) -> tuple[Pr
         prog = ws.program(p.program)
         view = analysis_of(prog).require(ctx, wait=p.wait, timeout_s=p.timeout_ms / 1000)
         row = select_function(prog, view, p.selector)
-    for fp in fingerprints(prog, view):
+    fps = fingerprints(prog, view)
+    for fp in fps:
         if fp.address == row.address:
-            return prog, fp
+            tails = [d for _s, d, _k, _f in view.xrefs_from_function(fp.address, ("tail_call",)) if d != fp.address]
+            return prog, fp, fps, tails
     raise BinlensError("not_found", f"the function at {hex(row.address)} has no fingerprint", target="/params/selector")
 
 
@@ -298,9 +318,10 @@ def corpus_search_function(ws: Workspace, p: SearchFunctionParams, ctx: CallCont
     """The corpus's functions most like one function of a served program, most similar first.
 
     Exact fingerprints (the same code) score 1.0; the others are candidates sharing a band of the
-    function's MinHash, scored with the similarity compare.programs uses (docs/CORPUS.md)."""
-    prog, fp = _query(ws, p, ctx)
-    hits = _using(ws, lambda store: store.search_function(p.corpus, fp, p.limit, p.min_similarity))
+    function's MinHash (or of its view with its callees inlined), scored for builds at other
+    optimisation levels, each as itself or with its callees inlined (docs/CORPUS.md)."""
+    prog, fp, fps, tails = _query(ws, p, ctx)
+    hits = _using(ws, lambda store: store.search_function(p.corpus, fp, p.limit, p.min_similarity, fps, tails))
     return FunctionMatches(
         query=QueryFunction(program=prog.handle, address=hex(fp.address), name=fp.name),
         items=[

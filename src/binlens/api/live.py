@@ -149,8 +149,6 @@ class LiveResolved(Result):
     items: list[Resolved]
 
 
-
-
 @method("live.resolve", effect=READ_ONLY, requires=REQUIRES)
 def live_resolve(ws: Any, p: LiveResolveParams) -> LiveResolved:
     """Runtime addresses of the pinned process → module, slide, static address and function."""

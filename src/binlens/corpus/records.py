@@ -8,8 +8,8 @@ indexed or absent.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from binlens.analysis.fingerprint.model import Fingerprint
 
@@ -28,6 +28,8 @@ class BinaryRecord:
     strings: Sequence[str]  # distinct strings found in the binary
     imports: Sequence[str]  # distinct imported symbol names
     seconds: float  # analysis and fingerprinting time
+    # function entry -> the functions it tail-jumps to (calls its fingerprint's callees leave out)
+    tail_calls: Mapping[int, Sequence[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,21 +9,32 @@ another fingerprint format (`FINGERPRINT_VERSION`) is stale: searches pass over 
 it out so the indexer analyses it again, and that add replaces it.
 
 Function search: the query's exact fingerprint is looked up (similarity 1.0); its MinHash's band
-keys select candidates (the functions sharing most bands first, at most `_candidates(limit)`), which
-are scored with `similarity()` on their stored features.
+keys select candidates (the functions sharing most bands, of their own or of their inlined view,
+first, at most `_candidates(limit)`; with the query's program as context, its inlined view's keys
+too), which are scored with `ranking.corpus_similarity()` on their stored features, each as the
+best of itself, its inlined view and the query's (`ranking.py`).
 """
 
 from __future__ import annotations
 
 import re
 import sqlite3
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from binlens.analysis.fingerprint.features import similarity
 from binlens.analysis.fingerprint.model import Fingerprint
-from binlens.corpus.codec import band_keys, decode_fingerprint, encode_features, pack_minhash, stored_form
+from binlens.corpus.codec import (
+    BANDS,
+    band_keys,
+    decode_fingerprint,
+    decode_stored,
+    encode_features,
+    pack_minhash,
+    stored_form,
+)
 from binlens.corpus.dialect import Database, Row, Tx, open_postgresql, open_sqlite
+from binlens.corpus.ranking import candidate_score, inline_callees, inlined, may_have_inlined, query_view
 from binlens.corpus.records import BinaryHit, BinaryRecord, CorpusInfo, FileFailure, FunctionHit
 from binlens.corpus.schema import migrate
 from binlens.errors import BinlensError, invalid, not_found
@@ -213,6 +224,14 @@ class CorpusStore:
         strings = sorted({clean(s) for s in record.strings})
         imports = sorted({clean(s) for s in record.imports})
         path = clean(record.path)
+        # each function's inlining context (indexes into `functions`) and its inlined view
+        position = {fp.address: i for i, fp in enumerate(functions)}
+        by_address = {fp.address: fp for fp in functions}
+        tails = record.tail_calls
+        context = [
+            [position[c.address] for c in inline_callees(fp, by_address, tails.get(fp.address, ()))] for fp in functions
+        ]
+        views = [inlined(fp, [functions[j] for j in ctx]) for fp, ctx in zip(functions, context, strict=True)]
 
         def work(tx: Tx) -> bool:
             cid = self._ensure(tx, name)
@@ -260,12 +279,15 @@ class CorpusStore:
                         _name(fp.name),
                         fp.exact,
                         pack_minhash(fp.minhash),
-                        encode_features(fp),
+                        encode_features(fp, [ids[j] - fid for j in context[i]]),
                     )
-                    for fid, fp in zip(ids, functions, strict=True)
+                    for i, (fid, fp) in enumerate(zip(ids, functions, strict=True))
                 ],
             )
             bands = {(key, fid) for fid, fp in zip(ids, functions, strict=True) for key in band_keys(fp.minhash, cid)}
+            for fid, view in zip(ids, views, strict=True):
+                if view is not None:
+                    bands.update((key, fid) for key in band_keys(view.minhash, cid, first_band=BANDS))
             tx.insert_many("corpus_band", ("band", "function_id"), sorted(bands))
             sids = tx.intern("corpus_string", strings)
             tx.insert_many("corpus_binary_string", ("binary_id", "string_id"), [(bid, sids[s]) for s in strings])
@@ -303,13 +325,23 @@ class CorpusStore:
     # -- searching ---------------------------------------------------------------------------
 
     def search_function(
-        self, name: str, fp: Fingerprint, limit: int = 10, min_similarity: float = 0.0
+        self,
+        name: str,
+        fp: Fingerprint,
+        limit: int = 10,
+        min_similarity: float = 0.0,
+        context: Sequence[Fingerprint] = (),
+        tail_calls: Sequence[int] = (),
     ) -> list[FunctionHit]:
         """The corpus's functions most similar to `fp`, best first: exact-fingerprint matches
-        (1.0), then band candidates scored by `similarity()`, those at `min_similarity` or above."""
+        (1.0), then band candidates scored by `corpus_similarity()` (each as the better of itself
+        and its inlined view, and of `fp`'s inlined view when `context`, the other functions of
+        `fp`'s program, gives it one; `tail_calls`: the functions `fp` tail-jumps to), those at
+        `min_similarity` or above."""
         cid = self._id(name)
         limit = max(1, min(int(limit), MAX_LIMIT))
         query = stored_form(fp)
+        view_of_query = query_view(fp, context, tail_calls)
         cols = "f.id, f.address, f.name, f.exact, f.minhash, f.features, b.sha256, b.path"
         join = "FROM corpus_function f JOIN corpus_binary b ON b.id = f.binary_id"
         exact = self.db.read(
@@ -317,26 +349,49 @@ class CorpusStore:
             (cid, fp.exact, FINGERPRINT_VERSION, limit),
         )
         hits: dict[int, FunctionHit] = {int(r[0]): _hit(r, 1.0) for r in exact}
-        keys = band_keys(fp.minhash, cid)
-        if keys and len(hits) < limit:
-            marks = ", ".join("?" for _ in keys)
-            cand = self.db.read(
-                f"SELECT function_id FROM corpus_band WHERE band IN ({marks}) "
-                "GROUP BY function_id ORDER BY COUNT(*) DESC, function_id LIMIT ?",
-                (*keys, _candidates(limit)),
-            )
-            ids = [int(r[0]) for r in cand if int(r[0]) not in hits]
-            for start in range(0, len(ids), 500):
-                chunk = ids[start : start + 500]
-                marks = ", ".join("?" for _ in chunk)
-                current = f"SELECT {cols} {join} WHERE f.id IN ({marks}) AND b.fingerprints = ?"
-                for r in self.db.read(current, (*chunk, FINGERPRINT_VERSION)):
-                    stored = decode_fingerprint(_u64(int(r[1])), r[2], r[3], r[4], r[5])
-                    score = similarity(query, stored)
-                    if score >= min_similarity:
-                        hits[int(r[0])] = _hit(r, score)
+        if len(hits) < limit:
+            ids = [i for i in self.candidate_ids(cid, fp, limit, view_of_query) if i not in hits]
+            rows = self._rows(f"SELECT {cols} {join} WHERE b.fingerprints = ? AND f.id IN", ids, (FINGERPRINT_VERSION,))
+            found = {int(r[0]): (r, *decode_stored(int(r[0]), _u64(int(r[1])), r[2], r[3], r[4], r[5])) for r in rows}
+            wanted = {fid: calls for fid, (_r, f, calls) in found.items() if calls and may_have_inlined(query, f)}
+            callees = self._callees(sorted({c for calls in wanted.values() for c in calls}))
+            for fid, (r, stored, _calls) in found.items():
+                view = inlined(stored, [callees[c] for c in wanted.get(fid, ()) if c in callees])
+                score = candidate_score(query, stored, view, view_of_query)
+                if score >= min_similarity:
+                    hits[fid] = _hit(r, score)
         ranked = sorted(hits.values(), key=lambda h: (-h.similarity, h.sha256, h.address))
         return [h for h in ranked if h.similarity >= min_similarity][:limit]
+
+    def _rows(self, head: str, ids: Sequence[int], params: tuple[object, ...] = ()) -> list[Row]:
+        """`head` (a SELECT ending `... IN`) over `ids`, 500 at a time."""
+        out: list[Row] = []
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            out += self.db.read(f"{head} ({', '.join('?' for _ in chunk)})", (*params, *chunk))
+        return out
+
+    def _callees(self, ids: Sequence[int]) -> dict[int, Fingerprint]:
+        """The stored functions `ids` (inlining contexts' callees) as fingerprints, by id."""
+        rows = self._rows("SELECT id, exact, minhash, features FROM corpus_function WHERE id IN", ids)
+        return {int(r[0]): decode_fingerprint(0, None, r[1], r[2], r[3]) for r in rows}
+
+    def candidate_ids(self, cid: int, fp: Fingerprint, limit: int, view: Fingerprint | None = None) -> list[int]:
+        """The ids of the functions of corpus `cid` sharing LSH bands with `fp` (their own bands or
+        their inlined view's) or with `fp`'s inlined `view` (their own bands), most shared first,
+        at most `_candidates(limit)`."""
+        keys = band_keys(fp.minhash, cid) + band_keys(fp.minhash, cid, first_band=BANDS)
+        if view is not None:
+            keys = list(dict.fromkeys(keys + band_keys(view.minhash, cid)))
+        if not keys:
+            return []
+        marks = ", ".join("?" for _ in keys)
+        cand = self.db.read(
+            f"SELECT function_id FROM corpus_band WHERE band IN ({marks}) "
+            "GROUP BY function_id ORDER BY COUNT(*) DESC, function_id LIMIT ?",
+            (*keys, _candidates(limit)),
+        )
+        return [int(r[0]) for r in cand]
 
     def search_string(self, name: str, text: str, limit: int = 10, mode: str = "substring") -> list[BinaryHit]:
         """The corpus's binaries holding a string equal to `text` (`exact`) or containing it

@@ -62,4 +62,3 @@ def read(stream: Any) -> tuple[dict[str, Any], bytes]:
     """Read one frame from a blocking binary stream (the child's side); EOFError when the peer is gone."""
     size, blob = decode_header(read_exact(stream, HEADER.size))
     return decode_body(read_exact(stream, size)), read_exact(stream, blob)
-

@@ -63,8 +63,6 @@ MAX_SSE_SESSIONS = 64
 SSE_QUEUE = 64  # messages waiting for one legacy SSE stream; beyond, the session is dropped
 
 
-
-
 class McpEndpoint:
     """ASGI endpoint of /mcp."""
 

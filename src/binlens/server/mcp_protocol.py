@@ -527,6 +527,8 @@ class McpCore:
 
 
 CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
+
+
 def negotiate(requested: Any) -> str:
     """Handshake negotiation: the requested version when supported, else 2025-11-25."""
     return requested if requested in HANDSHAKE_VERSIONS else DEFAULT_HANDSHAKE

@@ -44,6 +44,7 @@ def with_source(sources: frozenset[str] | None, source: str) -> frozenset[str]:
     new = sources | {source} if sources else frozenset((source,))
     return _SOURCE_SETS.setdefault(new, new)
 
+
 def file_seeds(image: Image, seeds: Seeds) -> dict[int, str]:
     """Add the starts the file names (entry, function symbols, exports, pdata, LC_FUNCTION_STARTS,
     init/fini arrays and constructors, .init/.fini, import thunks) to `seeds`; the thunks' names."""
