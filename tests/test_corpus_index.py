@@ -158,6 +158,23 @@ def test_discovery_reports_unreadable_files(binaries: dict[str, Path], tmp_path:
         shutil.rmtree(top)
 
 
+def test_a_worker_record_equals_the_served_programs(compile_c: Callable[..., Path], tmp_path: Path) -> None:
+    """An indexing worker hands the store what `binary_record` builds for a served program,
+    the tail jumps of the inlining context included."""
+    from binlens.api import REGISTRY  # noqa: F401 - registers the domains
+    from binlens.corpus.worker import index_file
+    from binlens.loader.digest import sha256_hex
+    from binlens.workspace import Config, Workspace
+    from corpus_support import record_of
+
+    binary = compile_c("inline_ctx.c", opt="-O2")
+    worker = index_file(str(binary), sha256_hex(binary.read_bytes()), str(tmp_path / "w"), 1 << 30)
+    served = record_of(Workspace(Config(home=tmp_path / "s")), binary)
+    assert worker.tail_calls and dict(worker.tail_calls) == dict(served.tail_calls)
+    assert [f.exact for f in worker.functions] == [f.exact for f in served.functions]
+    assert sorted(worker.imports) == sorted(served.imports)
+
+
 # ------------------------------------------------------------------------------------ indexing
 def test_index_counts_then_nothing_the_second_time(ray_address: str, binaries: dict[str, Path], home: Path) -> None:
     top = binaries["sample-O2"].parent

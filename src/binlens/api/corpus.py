@@ -21,12 +21,12 @@ from binlens.api.evidence import EvidenceId, LedgerName, load_evidence
 from binlens.api.fingerprints import fingerprints
 from binlens.api.models import HexAddress, Params, Result, Selector
 from binlens.api.registry import DESTRUCTIVE, READ_ONLY, CallContext, method
+from binlens.corpus.fingerprints import tail_calls
 from binlens.corpus.records import BinaryRecord, CorpusInfo
 from binlens.corpus.store import MAX_LIMIT, CorpusStore, open_store
 from binlens.errors import BinlensError
 from binlens.jobs.state import analysis_of
 from binlens.store.analysis import AnalysisView
-from binlens.store.fingerprints import all_function_refs
 from binlens.workspace import Program, Workspace
 
 STORE_KEY = "corpus.store"  # Workspace.extensions key of the open CorpusStore
@@ -91,20 +91,8 @@ def binary_record(prog: Program, view: AnalysisView, seconds: float = 0.0) -> Bi
         strings=sorted({text for _a, _n, _e, text, _s, _r in view.strings()}),
         imports=sorted({i.name for i in prog.image.imports}),
         seconds=seconds,
-        tail_calls=_tail_calls(prog, view),
+        tail_calls=tail_calls(prog.db, view),
     )
-
-
-def _tail_calls(prog: Program, view: AnalysisView) -> dict[int, list[int]]:
-    """Each function's tail jumps to other functions, by function (the corpus's inlining context
-    counts them with its calls)."""
-    entries = {f.address for f in view.functions}
-    out: dict[int, list[int]] = {}
-    for fn, refs in all_function_refs(prog.db).items():
-        targets = [d for _s, d, kind in refs if kind == "tail_call" and d in entries and d != fn]
-        if targets:
-            out[fn] = targets
-    return out
 
 
 class CorpusSummary(Result):

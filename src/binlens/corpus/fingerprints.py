@@ -82,6 +82,18 @@ def stored_or_computed(image: Image, db: ProgramDatabase, view: AnalysisView, de
     return fps
 
 
+def tail_calls(db: ProgramDatabase, view: AnalysisView) -> dict[int, list[int]]:
+    """Each function's tail jumps to other functions, by function (the corpus's inlining context
+    counts them with its calls)."""
+    entries = {f.address for f in view.functions}
+    out: dict[int, list[int]] = {}
+    for fn, refs in all_function_refs(db).items():
+        targets = [d for _s, d, kind in refs if kind == "tail_call" and d in entries and d != fn]
+        if targets:
+            out[fn] = targets
+    return out
+
+
 def _text(name: object) -> str:
     if isinstance(name, str):
         return name

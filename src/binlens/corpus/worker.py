@@ -55,9 +55,10 @@ def index_file(path: str, sha256: str, home: str, max_bytes: int, parse_timeout:
     try:
         db.record_image(ident.sha256, ident.file_name, ident.size, ident.format, ident.arch, ident.slice)
         view = _analysis(image, db)
-        from binlens.corpus.fingerprints import new_decoder, stored_or_computed
+        from binlens.corpus.fingerprints import new_decoder, stored_or_computed, tail_calls
 
         fps = stored_or_computed(image, db, view, new_decoder(image))
+        tails = tail_calls(db, view)
         strings = _strings(t for _a, _n, _e, t, _s, _r in view.strings())
         imports = sorted({_text(i.name) for i in image.imports if i.name})
     finally:
@@ -73,6 +74,7 @@ def index_file(path: str, sha256: str, home: str, max_bytes: int, parse_timeout:
         strings=strings,
         imports=imports,
         seconds=round(time.perf_counter() - t0, 4),
+        tail_calls=tails,
     )
     del image, view
     gc.collect()  # (the worker lives on: the analysis's cycles go before the next file)
