@@ -153,15 +153,24 @@ def run_index(corpus: str, files: list[str], home: Path, store: CorpusStore, wor
 
 
 def stored_fingerprints(home: Path, sha256: str) -> list[Any]:
+    """The fingerprints stored in the program database of `sha256` under `home`."""
+    return stored_program(home, sha256)[0]
+
+
+def stored_program(home: Path, sha256: str) -> tuple[list[Any], dict[int, list[int]]]:
+    """The stored fingerprints of `sha256`'s program and its functions' tail jumps: what
+    `corpus.search_function` passes as a query's context when the program is served."""
+    from binlens.corpus.fingerprints import tail_calls
     from binlens.store import ProgramDatabase
+    from binlens.store.analysis import AnalysisView
     from binlens.store.fingerprints import load_fingerprints
 
     found = sorted(glob.glob(str(home / "db" / f"{sha256}*.sqlite")))
     if not found:
-        return []
+        return [], {}
     db = ProgramDatabase(Path(found[0]))
     try:
-        return load_fingerprints(db)
+        return load_fingerprints(db), tail_calls(db, AnalysisView(db))
     finally:
         db.close()
 
@@ -203,12 +212,14 @@ def quality(
     totals = {"searched": 0, "top1": 0, "top10": 0, "searched8": 0, "top10_8": 0}
     for name, o2, o3 in builds:
         sha2, sha3 = sha256_hex(o2.read_bytes()), sha256_hex(o3.read_bytes())
-        fp2 = stored_fingerprints(home, sha2)
+        fp2, tails2 = stored_program(home, sha2)
         names3 = {fp.name for fp in stored_fingerprints(home, sha3) if fp.name}
         wanted = [fp for fp in fp2 if fp.name and fp.name in names3 and fp.name not in CRT and "@plt" not in fp.name]
         top1 = top10 = searched8 = top10_8 = 0
         for fp in wanted:
-            hits = [h for h in store.search_function(corpus, fp, limit=40) if h.sha256 != sha2][:10]
+            # searched as corpus.search_function searches a served program's function: with its context
+            found_all = store.search_function(corpus, fp, 40, context=fp2, tail_calls=tails2.get(fp.address, ()))
+            hits = [h for h in found_all if h.sha256 != sha2][:10]
             found = [i for i, h in enumerate(hits) if h.sha256 == sha3 and h.name == fp.name]
             top10 += bool(found)
             top1 += bool(found and found[0] == 0)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from binlens.analysis.fingerprint.features import minhash_similarity, shared_values
+from binlens.analysis.fingerprint.features import Weights, similarity
 from binlens.analysis.fingerprint.model import Fingerprint
 from binlens.corpus.codec import stored_form
 
@@ -28,10 +28,6 @@ INLINE_MIN_INSTRUCTIONS = 3  # a callee smaller is a thunk or a stub: nothing to
 INLINE_MAX_INSTRUCTIONS = 200  # a callee larger is rarely inlined whole
 INLINE_MAX_CALLEES = 16  # the context a function keeps at most (its first callees by call site)
 _MAX_CONSTANTS = 64  # as a fingerprint keeps them
-
-
-def _ratio(a: int, b: int) -> float:
-    return (min(a, b) + 1) / (max(a, b) + 1)
 
 
 def inline_callees(
@@ -87,27 +83,15 @@ def query_view(
     return inlined(stored_form(query), [stored_form(c) for c in callees])
 
 
+# code shape counts for less across builds, shared constants, strings and imports for more
+CORPUS_WEIGHTS: Weights = (0.4, 0.1, 0.25, 0.25)
+
+
 def corpus_similarity(a: Fingerprint, b: Fingerprint) -> float:
-    """How alike two functions of possibly different builds are, 0..1: 1.0 exactly when their
-    exact fingerprints agree; else a weighted mean of the MinHash estimate (0.4), the
-    instruction-class histogram (0.25), the constants, strings and imports they share (0.25) and
-    the CFG shape (0.1), at most 0.99."""
-    if a.exact == b.exact:
-        return 1.0
-    shape = (
-        _ratio(a.blocks, b.blocks)
-        + _ratio(a.edges, b.edges)
-        + _ratio(a.instructions, b.instructions)
-        + _ratio(a.loops, b.loops)
-    ) / 4
-    total = sum(a.classes) + sum(b.classes)
-    hist = 1.0 - sum(abs(x - y) for x, y in zip(a.classes, b.classes, strict=True)) / total if total else 1.0
-    parts = [(0.4, minhash_similarity(a.minhash, b.minhash)), (0.1, shape), (0.25, hist)]
-    values = shared_values(a, b)
-    if values is not None:
-        parts.append((0.25, values))
-    score = sum(w * v for w, v in parts) / sum(w for w, _ in parts)
-    return min(0.99, round(score, 4))
+    """How alike two functions of possibly different builds are, 0..1: `similarity` weighing the
+    MinHash estimate 0.4, the instruction-class histogram 0.25, the constants, strings and imports
+    they share 0.25 and the CFG shape 0.1 (at most 0.99; 1.0 exactly when the exact fingerprints agree)."""
+    return similarity(a, b, CORPUS_WEIGHTS)
 
 
 def may_have_inlined(query: Fingerprint, stored: Fingerprint) -> bool:

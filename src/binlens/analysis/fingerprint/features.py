@@ -124,10 +124,15 @@ def shared_values(a: Fingerprint, b: Fingerprint) -> float | None:
     )
 
 
-def similarity(a: Fingerprint, b: Fingerprint) -> float:
+# the weights of `similarity`'s parts: (MinHash, CFG shape, class histogram, shared values)
+Weights = tuple[float, float, float, float]
+PAIR_WEIGHTS: Weights = (0.4, 0.2, 0.25, 0.15)
+
+
+def similarity(a: Fingerprint, b: Fingerprint, weights: Weights = PAIR_WEIGHTS) -> float:
     """How alike two functions are, 0..1: 1.0 exactly when their exact fingerprints agree; else a
-    weighted mean of the MinHash estimate, the CFG shape, the instruction-class histogram and the
-    constants, strings and imports they share (at most 0.99)."""
+    weighted mean (`weights`) of the MinHash estimate, the CFG shape, the instruction-class
+    histogram and the constants, strings and imports they share (at most 0.99)."""
     if a.exact == b.exact:
         return 1.0
     shape = (
@@ -138,10 +143,10 @@ def similarity(a: Fingerprint, b: Fingerprint) -> float:
     ) / 4
     total = sum(a.classes) + sum(b.classes)
     hist = 1.0 - sum(abs(x - y) for x, y in zip(a.classes, b.classes, strict=True)) / total if total else 1.0
-    mh = minhash_similarity(a.minhash, b.minhash)
-    parts = [(0.4, mh), (0.2, shape), (0.25, hist)]
+    w_mh, w_shape, w_hist, w_values = weights
+    parts = [(w_mh, minhash_similarity(a.minhash, b.minhash)), (w_shape, shape), (w_hist, hist)]
     sets = shared_values(a, b)
     if sets is not None:
-        parts.append((0.15, sets))
+        parts.append((w_values, sets))
     score = sum(w * v for w, v in parts) / sum(w for w, _ in parts)
     return min(0.99, round(score, 4))
