@@ -158,9 +158,13 @@ def test_discovery_reports_unreadable_files(binaries: dict[str, Path], tmp_path:
         shutil.rmtree(top)
 
 
-def test_a_worker_record_equals_the_served_programs(compile_c: Callable[..., Path], tmp_path: Path) -> None:
+def test_a_worker_record_equals_the_served_programs(
+    compile_c: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An indexing worker hands the store what `binary_record` builds for a served program,
     the tail jumps of the inlining context included."""
+    # (a worker sets BINLENS_SERIAL for its process: here that is the test run's, restored after)
+    monkeypatch.setenv("BINLENS_SERIAL", "1")
     from binlens.api import REGISTRY  # noqa: F401 - registers the domains
     from binlens.corpus.worker import index_file
     from binlens.loader.digest import sha256_hex
