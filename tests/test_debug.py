@@ -112,6 +112,9 @@ def test_break_by_user_name_in_a_stripped_pie_step_watch_and_run_to_exit(home: P
     assert event["function"]["name"] == "accumulate"
     regs = {r["name"]: r["value"] for r in call(ws, "register.get", debug_id=d)["registers"]}
     assert int(regs["rdi"], 16) == 2 and int(regs["rip"], 16) == work + slide
+    # a frame or thread the target does not have: an error at the param that named it
+    assert fails("invalid_argument", ws, "register.get", debug_id=d, frame=99).target == "/params/frame"
+    assert fails("invalid_argument", ws, "register.get", debug_id=d, thread=9).target == "/params/thread"
 
     # memory at the static selector is the file's bytes there
     mem = call(ws, "debug_memory.read", debug_id=d, selector={"name": "accumulate"}, size=16)

@@ -246,6 +246,25 @@ def frame_options(entry: DebugEntry, thread: int | None, frame: int) -> str:
     return f" --thread {thread} --frame {frame}"
 
 
+def frame_error(err: BinlensError) -> BinlensError:
+    """gdb's refusals of a thread or frame as errors at the params that named them."""
+    message = err.message.removeprefix("gdb: ")
+    if message.startswith(("Invalid thread id", "Unknown thread")):
+        err.target = "/params/thread"
+    elif message.startswith(("Invalid frame id", "No frame at level")):
+        err.target = "/params/frame"
+    return err
+
+
+def framed_command(entry: DebugEntry, text: str) -> dict[str, Any]:
+    """One MI command of a call that names a thread and frame: gdb's refusals of either point at
+    the param (`frame_error`)."""
+    try:
+        return entry.session.command(text, timeout=10, check=True)
+    except BinlensError as err:
+        raise frame_error(err) from None
+
+
 def hex_text(value: int | None) -> str | None:
     return None if value is None else hex(value)
 

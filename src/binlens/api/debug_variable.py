@@ -14,12 +14,13 @@ from pydantic import Field
 
 from binlens.api.debug_target import (
     REQUIRES,
-    DebugEntry,
     DebugId,
     FunctionRef,
     assigns,
     entry_of,
+    frame_error,
     frame_options,
+    framed_command,
     function_ref,
     hex_text,
     locate,
@@ -83,23 +84,6 @@ def _cut(text: Any, limit: int) -> tuple[str | None, bool]:
     return (value[:limit], True) if len(value) > limit else (value, False)
 
 
-def _frame_error(err: BinlensError) -> BinlensError:
-    """gdb's refusals of a thread or frame as errors at the params that named them."""
-    message = err.message.removeprefix("gdb: ")
-    if message.startswith(("Invalid thread id", "Unknown thread")):
-        err.target = "/params/thread"
-    elif message.startswith(("Invalid frame id", "No frame at level")):
-        err.target = "/params/frame"
-    return err
-
-
-def _command(entry: DebugEntry, text: str) -> dict[str, Any]:
-    try:
-        return entry.session.command(text, timeout=10, check=True)
-    except BinlensError as err:
-        raise _frame_error(err) from None
-
-
 @method("debug_variable.list", effect=READ_ONLY, requires=REQUIRES)
 def debug_variable_list(ws: Any, p: FrameParams) -> FrameVariables:
     """The arguments and local variables of a stopped frame, with their types and values, from the
@@ -108,9 +92,10 @@ def debug_variable_list(ws: Any, p: FrameParams) -> FrameVariables:
     entry.session.require_stopped()
     thread = p.thread or (entry.session.last_stop or {}).get("thread") or 1
     where = f" --thread {thread} --frame {p.frame}"
-    frame = _command(entry, f"-stack-info-frame{where}").get("frame") or {}
-    typed = _command(entry, f"-stack-list-variables{where} --skip-unavailable --simple-values").get("variables") or []
-    valued = _command(entry, f"-stack-list-variables{where} --skip-unavailable --all-values").get("variables") or []
+    frame = framed_command(entry, f"-stack-info-frame{where}").get("frame") or {}
+    listed = f"-stack-list-variables{where} --skip-unavailable"
+    typed = framed_command(entry, f"{listed} --simple-values").get("variables") or []
+    valued = framed_command(entry, f"{listed} --all-values").get("variables") or []
     items = []
     for i, row in enumerate(typed[:MAX_VARIABLES]):
         if not isinstance(row, dict):
@@ -190,7 +175,7 @@ def debug_variable_evaluate(ws: Any, p: EvaluateParams) -> Evaluated:
             f"-data-evaluate-expression{where} {mi_quote(p.expression)}", timeout=10, check=True
         )
     except BinlensError as err:
-        err = _frame_error(err)
+        err = frame_error(err)
         if err.code == "invalid_argument" and err.target is None:
             err.target = "/params/expression"
         raise err from None

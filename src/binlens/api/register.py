@@ -15,6 +15,7 @@ from binlens.api.debug_target import (
     RuntimeAddress,
     entry_of,
     frame_options,
+    framed_command,
     hex_text,
     runtime_of,
     static_of,
@@ -89,10 +90,8 @@ def register_get(ws: Any, p: RegisterGetParams) -> Registers:
                 raise BinlensError("not_found", f"no register {name!r}", target=f"/params/names/{i}")
             numbers.append(names.index(name))
     where = frame_options(entry, p.thread, p.frame)
-    got = entry.session.command(
-        f"-data-list-register-values{where} --skip-unavailable x {' '.join(map(str, numbers))}".rstrip(),
-        timeout=10,
-        check=True,
+    got = framed_command(
+        entry, f"-data-list-register-values{where} --skip-unavailable x {' '.join(map(str, numbers))}".rstrip()
     )
     out = []
     for row in got.get("register-values") or []:
@@ -122,9 +121,7 @@ def register_set(ws: Any, p: RegisterSetParams) -> Registers:
     if p.name not in _register_names(entry):
         raise BinlensError("not_found", f"no register {p.name!r}", target="/params/name")
     where = frame_options(entry, p.thread, p.frame)
-    entry.session.command(
-        f"-data-evaluate-expression{where} {mi_quote(f'${p.name}={p.value}')}", timeout=10, check=True
-    )
+    framed_command(entry, f"-data-evaluate-expression{where} {mi_quote(f'${p.name}={p.value}')}")
     return register_get(ws, RegisterGetParams(debug_id=p.debug_id, names=[p.name], thread=p.thread, frame=p.frame))
 
 
