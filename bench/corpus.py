@@ -154,11 +154,11 @@ def run_index(corpus: str, files: list[str], home: Path, store: CorpusStore, wor
 
 def stored_fingerprints(home: Path, sha256: str) -> list[Any]:
     """The fingerprints stored in the program database of `sha256` under `home`."""
-    return stored_program(home, sha256)[0]
+    return stored_program(home, sha256, tails=False)[0]
 
 
-def stored_program(home: Path, sha256: str) -> tuple[list[Any], dict[int, list[int]]]:
-    """The stored fingerprints of `sha256`'s program and its functions' tail jumps: what
+def stored_program(home: Path, sha256: str, tails: bool = True) -> tuple[list[Any], dict[int, list[int]]]:
+    """The stored fingerprints of `sha256`'s program and (`tails`) its functions' tail jumps: what
     `corpus.search_function` passes as a query's context when the program is served."""
     from binlens.corpus.fingerprints import tail_calls
     from binlens.store import ProgramDatabase
@@ -170,7 +170,7 @@ def stored_program(home: Path, sha256: str) -> tuple[list[Any], dict[int, list[i
         return [], {}
     db = ProgramDatabase(Path(found[0]))
     try:
-        return load_fingerprints(db), tail_calls(db, AnalysisView(db))
+        return load_fingerprints(db), tail_calls(db, AnalysisView(db)) if tails else {}
     finally:
         db.close()
 
